@@ -1,0 +1,389 @@
+"""A machine: its device, node, network and collective tuning, in SI units.
+
+A machine is a TOML file in this package (frontier.toml, perlmutter.toml,
+alps.toml) or anywhere on disk: a new machine is a new file, not new code.
+The files use human units named in each key (``hbm_bw_gb_per_s``,
+``kernel_overhead_us``); ``load_machine`` converts them once, here, so that
+everything downstream works in bytes, seconds and flop/s (1 GB = 1e9 bytes).
+The file's numbers with their sources stay available in ``Machine.sources``.
+
+``node_graph`` and ``network_graph`` return networkx graphs for inspection
+and figures; the simulator's hot path uses ``topologies.fabric.Fabric``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import networkx as nx
+
+from topologies import dragonfly
+from topologies.schema import Fields, Sourced
+from twin.errors import TwinError
+
+__all__ = [
+    "Sourced", "DeviceSpec", "NodeLink", "NicSpec", "NodeSpec", "NetworkSpec",
+    "CollectiveTuning", "Machine", "load_machine", "list_machines",
+]
+
+_DIR = Path(__file__).resolve().parent
+GB, TFLOP, US = 1e9, 1e12, 1e-6
+LAYOUTS = ("NN", "NT", "TN")
+ALGORITHMS = ("ring", "tree")
+PROTOCOLS = ("ll", "ll128", "simple")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator as a process sees it (a GCD on MI250X)."""
+
+    name: str
+    peak_flop_per_s: float
+    empirical_gemm_flop_per_s: float
+    hbm_bytes: float
+    hbm_bw_bytes_per_s: float
+    compute_units: int
+    gemm_tile_m: int
+    gemm_tile_n: int
+    gemm_k_half: float
+    layout_efficiency: dict[str, float]  # "NN", "NT", "TN" -> rate relative to the best layout
+    tn_penalty_min_dim: int  # the TN penalty applies when min(m, n, k) >= this
+    attention_efficiency: float  # flash attention rate / empirical GEMM rate
+    hbm_efficiency: float  # achieved / peak HBM bandwidth for streaming kernels
+    comm_compute_slowdown: float  # fraction of compute rate lost while a collective runs
+    kernel_overhead_s: float
+
+
+@dataclass(frozen=True)
+class NodeLink:
+    """Direct links between two local devices; bandwidth is the pair's peak per direction."""
+
+    a: int
+    b: int
+    count: int
+    bw_bytes_per_s: float
+    kind: str
+
+
+@dataclass(frozen=True)
+class NicSpec:
+    index: int
+    attach_gpu: int
+    bw_bytes_per_s: float  # port peak per direction
+    attach_bw_bytes_per_s: float  # device <-> NIC path peak per direction
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    gpus_per_node: int
+    links: tuple[NodeLink, ...]
+    nics: tuple[NicSpec, ...]  # sorted by index, indices 0..n-1
+    link_efficiency: dict[str, float]  # link kinds + "nic" + "attach"; network links use "nic"
+
+
+ROUTINGS = ("minimal", "adaptive")
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    kind: str
+    nodes_per_group: int
+    switches_per_group: int
+    endpoint_ports_per_switch: int
+    global_links_per_group_pair: int
+    link_bw_bytes_per_s: float
+    n_groups: int
+    switch_latency_s: float
+    nic_latency_s: float
+    routing: str = "minimal"  # "minimal" | "adaptive" (see topologies.fabric)
+
+
+@dataclass(frozen=True)
+class CollectiveTuning:
+    """NCCL/RCCL's latency/bandwidth tuning model inputs (NVIDIA/nccl tuning.cc)."""
+
+    protocols: tuple[str, ...]  # protocols the library may use on this machine
+    base_latency_s: dict[tuple[str, str], float]  # (algorithm, protocol)
+    intra_hop_latency_s: dict[str, float]  # per protocol
+    inter_hop_latency_s: dict[str, float]  # per protocol
+    protocol_bw_fraction: dict[str, float]  # per protocol
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    description: str
+    device: DeviceSpec
+    node: NodeSpec
+    network: NetworkSpec
+    collectives: CollectiveTuning
+    sources: dict[str, Sourced]  # dotted key path -> number as written, with provenance
+    path: str
+
+    @property
+    def max_nodes(self) -> int:
+        return self.network.n_groups * self.network.nodes_per_group
+
+    @property
+    def max_gpus(self) -> int:
+        return self.max_nodes * self.node.gpus_per_node
+
+    def node_graph(self) -> nx.DiGraph:
+        """One node: ("gpu", i) and ("nic", k), each link as two directed edges.
+
+        Edge attributes: bw_bytes_per_s (peak per direction), kind, count.
+        """
+        g = nx.DiGraph(name=f"{self.name} node")
+        g.add_nodes_from(("gpu", i) for i in range(self.node.gpus_per_node))
+        g.add_nodes_from(("nic", nic.index) for nic in self.node.nics)
+        for link in self.node.links:
+            attrs = dict(bw_bytes_per_s=link.bw_bytes_per_s, kind=link.kind, count=link.count)
+            g.add_edge(("gpu", link.a), ("gpu", link.b), **attrs)
+            g.add_edge(("gpu", link.b), ("gpu", link.a), **attrs)
+        for nic in self.node.nics:
+            attrs = dict(bw_bytes_per_s=nic.attach_bw_bytes_per_s, kind="attach", count=1)
+            g.add_edge(("gpu", nic.attach_gpu), ("nic", nic.index), **attrs)
+            g.add_edge(("nic", nic.index), ("gpu", nic.attach_gpu), **attrs)
+        return g
+
+    def network_graph(self, n_nodes: int) -> nx.DiGraph:
+        """The first ``n_nodes`` nodes and every switch of the groups they use.
+
+        Vertices: ("gpu", node, i), ("nic", node, k), ("switch", group, s).
+        Edges (directed, both ways): node links, NIC attach links ("attach"),
+        NIC <-> switch ("nic"), all-to-all switch links inside each group
+        ("local"), and the global links between every pair of used groups
+        ("global"). Attributes: bw_bytes_per_s (peak per direction), kind,
+        count. The placement of endpoints and global links follows
+        ``topologies.dragonfly`` and matches ``Fabric`` link for link.
+        """
+        if not 1 <= n_nodes <= self.max_nodes:
+            raise TwinError(f"n_nodes: {n_nodes} is outside 1..{self.max_nodes} for machine '{self.name}'")
+        net, node = self.network, self.node
+        g = nx.DiGraph(name=f"{self.name} {n_nodes} nodes")
+        local = self.node_graph()
+        for n in range(n_nodes):
+            g.add_nodes_from((kind, n, i) for kind, i in local.nodes)
+            for (ku, u), (kv, v), attrs in local.edges(data=True):
+                g.add_edge((ku, n, u), (kv, n, v), **attrs)
+        n_used = -(-n_nodes // net.nodes_per_group)
+        link = dict(bw_bytes_per_s=net.link_bw_bytes_per_s, count=1)
+        for grp in range(n_used):
+            g.add_nodes_from(("switch", grp, s) for s in range(net.switches_per_group))
+            for a in range(net.switches_per_group):
+                for b in range(net.switches_per_group):
+                    if a != b:
+                        g.add_edge(("switch", grp, a), ("switch", grp, b), kind="local", **link)
+        for n in range(n_nodes):
+            for nic in node.nics:
+                sw = ("switch", *dragonfly.nic_switch(net, len(node.nics), n, nic.index))
+                attrs = dict(bw_bytes_per_s=nic.bw_bytes_per_s, kind="nic", count=1)
+                g.add_edge(("nic", n, nic.index), sw, **attrs)
+                g.add_edge(sw, ("nic", n, nic.index), **attrs)
+        for ga in range(n_used):
+            for gb in range(ga + 1, n_used):
+                for j in range(net.global_links_per_group_pair):
+                    u = ("switch", ga, dragonfly.global_port(net, ga, gb, j))
+                    v = ("switch", gb, dragonfly.global_port(net, gb, ga, j))
+                    for x, y in ((u, v), (v, u)):
+                        if g.has_edge(x, y):
+                            g[x][y]["count"] += 1
+                            g[x][y]["bw_bytes_per_s"] += net.link_bw_bytes_per_s
+                        else:
+                            g.add_edge(x, y, kind="global", **link)
+        return g
+
+
+# ---------------------------------------------------------------- loading
+
+
+def list_machines() -> list[str]:
+    """Names of the machine files shipped in this package."""
+    return sorted(p.stem for p in _DIR.glob("*.toml"))
+
+
+def _resolve(name_or_path: str) -> Path:
+    looks_like_path = name_or_path.endswith(".toml") or "/" in name_or_path or "\\" in name_or_path
+    known = ", ".join(list_machines())
+    if looks_like_path:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise TwinError(f"machine: file '{name_or_path}' not found; pass an existing .toml file or one of {known}")
+        return path
+    path = _DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise TwinError(f"machine: unknown machine '{name_or_path}'; known: {known} (or a path to a .toml file)")
+    return path
+
+
+def load_machine(name_or_path: str) -> Machine:
+    """Load a machine by bare name (a file of this package) or by path."""
+    path = _resolve(name_or_path)
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise TwinError(f"machine: cannot read '{path}': {e.strerror}; check the path and permissions") from e
+    except tomllib.TOMLDecodeError as e:
+        msg = " ".join(str(e).split())
+        raise TwinError(f"{path}: invalid TOML ({msg}); fix the syntax") from e
+    sources: dict[str, Sourced] = {}
+    top = Fields(data, "", str(path), sources)
+    meta = top.table("machine")
+    name, description = meta.text("name"), meta.text("description")
+    meta.finish()
+    device = _device(top.table("device"))
+    node = _node(top.table("node"))
+    network = _network(top.table("network"), node)
+    collectives = _collectives(top.table("collectives"))
+    top.finish()
+    return Machine(name, description, device, node, network, collectives, sources, str(path))
+
+
+def _device(f: Fields) -> DeviceSpec:
+    lay = f.table("layout_efficiency")
+    layout = {k.upper(): lay.number(k, "fraction") for k in ("nn", "nt", "tn")}
+    lay.finish()
+    spec = DeviceSpec(
+        name=f.text("name"),
+        peak_flop_per_s=f.number("peak_bf16_tflop_per_s") * TFLOP,
+        empirical_gemm_flop_per_s=f.number("empirical_gemm_bf16_tflop_per_s") * TFLOP,
+        hbm_bytes=f.number("hbm_gb") * GB,
+        hbm_bw_bytes_per_s=f.number("hbm_bw_gb_per_s") * GB,
+        compute_units=f.integer("compute_units"),
+        gemm_tile_m=f.integer("gemm_tile_m"),
+        gemm_tile_n=f.integer("gemm_tile_n"),
+        gemm_k_half=f.number("gemm_k_half", "nonneg"),
+        layout_efficiency=layout,
+        tn_penalty_min_dim=f.integer("tn_penalty_min_dim", "nonneg"),
+        attention_efficiency=f.number("attention_efficiency", "fraction"),
+        hbm_efficiency=f.number("hbm_efficiency", "fraction"),
+        comm_compute_slowdown=f.number("comm_compute_slowdown", "nonneg"),
+        kernel_overhead_s=f.number("kernel_overhead_us", "nonneg") * US,
+    )
+    if spec.empirical_gemm_flop_per_s > spec.peak_flop_per_s:
+        f.fail("empirical_gemm_bf16_tflop_per_s", "exceeds peak_bf16_tflop_per_s; check both values")
+    if spec.comm_compute_slowdown >= 1:
+        f.fail("comm_compute_slowdown", "must be < 1 (a fraction of the compute rate)")
+    f.finish()
+    return spec
+
+
+def _node(f: Fields) -> NodeSpec:
+    n = f.integer("gpus_per_node")
+    links: list[NodeLink] = []
+    seen: set[tuple[int, int]] = set()
+    for lf in f.tables("links"):
+        a, b = lf.structure("a"), lf.structure("b")
+        for key, v in (("a", a), ("b", b)):
+            if v >= n:
+                lf.fail(key, f"is GPU {v} but gpus_per_node is {n}; use 0..{n - 1}")
+        if a == b or (min(a, b), max(a, b)) in seen:
+            lf.fail("b", f"link {a}-{b} is a self-loop or a duplicate; list each GPU pair once")
+        seen.add((min(a, b), max(a, b)))
+        links.append(NodeLink(a, b, lf.structure("count", "positive"),
+                              lf.number("bw_per_direction_gb_per_s") * GB, lf.text("kind")))
+        lf.finish()
+    nics: list[NicSpec] = []
+    for nf in f.tables("nics"):
+        index, gpu = nf.structure("index"), nf.structure("attach_gpu")
+        if gpu >= n:
+            nf.fail("attach_gpu", f"is GPU {gpu} but gpus_per_node is {n}; use 0..{n - 1}")
+        nics.append(NicSpec(index, gpu, nf.number("bw_per_direction_gb_per_s") * GB,
+                            nf.number("attach_bw_per_direction_gb_per_s") * GB))
+        nf.finish()
+    nics.sort(key=lambda x: x.index)
+    if [x.index for x in nics] != list(range(len(nics))):
+        f.fail("nics", f"indices are {[x.index for x in nics]}; number the NICs 0..{len(nics) - 1}")
+    ef = f.table("link_efficiency")
+    eff = {k: ef.number(k, "fraction") for k in ef.keys()}
+    for kind in sorted({lk.kind for lk in links} | {"nic", "attach"}):
+        if kind not in eff:
+            ef.fail(kind, f'is missing; add {kind} = {{ value = 0.8, estimate = "..." }} (achieved/peak)')
+    ef.finish()
+    _check_connected(f, n, links)
+    f.finish()
+    return NodeSpec(n, tuple(links), tuple(nics), eff)
+
+
+def _check_connected(f: Fields, n: int, links: list[NodeLink]) -> None:
+    """Every pair of local devices must be joined by some path of links."""
+    reach, todo = {0}, [0]
+    adj: dict[int, set[int]] = {i: set() for i in range(n)}
+    for lk in links:
+        adj[lk.a].add(lk.b)
+        adj[lk.b].add(lk.a)
+    while todo:
+        for m in adj[todo.pop()] - reach:
+            reach.add(m)
+            todo.append(m)
+    if len(reach) < n:
+        lost = min(set(range(n)) - reach)
+        f.fail("links", f"leave GPU {lost} unreachable from GPU 0; add a [[node.links]] entry for it")
+
+
+def _network(f: Fields, node: NodeSpec) -> NetworkSpec:
+    kind = f.text("kind")
+    if kind != "dragonfly":
+        f.fail("kind", f"is '{kind}'; only \"dragonfly\" is supported")
+    net = NetworkSpec(
+        kind=kind,
+        nodes_per_group=f.integer("nodes_per_group"),
+        switches_per_group=f.integer("switches_per_group"),
+        endpoint_ports_per_switch=f.integer("endpoint_ports_per_switch"),
+        global_links_per_group_pair=f.integer("global_links_per_group_pair"),
+        link_bw_bytes_per_s=f.number("link_bw_per_direction_gb_per_s") * GB,
+        n_groups=f.integer("n_groups"),
+        switch_latency_s=f.number("switch_latency_us", "nonneg") * US,
+        nic_latency_s=f.number("nic_latency_us", "nonneg") * US,
+        routing=f.text("routing") if f.has("routing") else "minimal",
+    )
+    if net.routing not in ROUTINGS:
+        f.fail("routing", f"is '{net.routing}'; use one of {', '.join(ROUTINGS)}")
+    need = dragonfly.switches_needed(net, len(node.nics))
+    if need > net.switches_per_group:
+        f.fail("switches_per_group", f"is {net.switches_per_group} but {net.nodes_per_group} nodes x "
+               f"{len(node.nics)} NICs need {need} switches of {net.endpoint_ports_per_switch} "
+               "endpoint ports; raise it")
+    if net.global_links_per_group_pair > net.switches_per_group:
+        f.fail("global_links_per_group_pair", "exceeds switches_per_group; each link of a pair needs its own switch")
+    f.finish()
+    return net
+
+
+def _per_protocol(f: Fields, allowed: tuple[str, ...], check: str, scale: float) -> dict[str, float]:
+    out = {k: f.number(k, check) * scale for k in f.keys()}
+    for k in out:
+        if k not in PROTOCOLS:
+            f.fail(k, f"is not a protocol; use {', '.join(PROTOCOLS)}")
+    for k in allowed:
+        if k not in out:
+            f.fail(k, "is missing for an allowed protocol; add it")
+    f.finish()
+    return out
+
+
+def _collectives(f: Fields) -> CollectiveTuning:
+    pf = f.table("protocols")
+    allowed = pf.texts("allowed")
+    for p in allowed:
+        if p not in PROTOCOLS:
+            pf.fail("allowed", f"lists '{p}'; use some of {', '.join(PROTOCOLS)}")
+    pf.finish()
+    bf = f.table("base_latency_us")
+    base: dict[tuple[str, str], float] = {}
+    for algo in ALGORITHMS:
+        for proto, value in _per_protocol(bf.table(algo), allowed, "nonneg", US).items():
+            base[(algo, proto)] = value
+    bf.finish()
+    tuning = CollectiveTuning(
+        protocols=allowed,
+        base_latency_s=base,
+        intra_hop_latency_s=_per_protocol(f.table("intra_hop_latency_us"), allowed, "nonneg", US),
+        inter_hop_latency_s=_per_protocol(f.table("inter_hop_latency_us"), allowed, "nonneg", US),
+        protocol_bw_fraction=_per_protocol(f.table("protocol_bw_fraction"), allowed, "fraction", 1.0),
+    )
+    f.finish()
+    return tuning

@@ -1,0 +1,170 @@
+"""Reading sourced numbers out of a machine file.
+
+Every number in a machine file carries where it came from, so that a reader
+of a prediction can tell a datasheet figure from a guess:
+
+    hbm_gb = { value = 64.0, source = "OLCF Frontier user guide" }
+    gemm_k_half = { value = 256.0, estimate = "why this value" }
+
+A number may carry both (a sourced figure with a stated assumption). Pure
+structure (device and NIC indices, link counts) may be a plain integer when
+the table holding it carries a table-level ``source`` or ``estimate``.
+
+``Fields`` walks one TOML table. It returns values in the file's units (the
+caller converts to SI), records each number's provenance under its dotted
+path (``node.links[3].bw_per_direction_gb_per_s``), and turns each mistake
+into a one-line ``TwinError`` naming the file, the field and the fix. It also
+rejects keys nobody read, so a typo fails loudly instead of being ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NoReturn
+
+from twin.errors import TwinError
+
+NOTE_KEYS = ("source", "estimate")
+
+# Range checks by name: (predicate, what the message says it must be).
+_RANGES = {
+    "positive": (lambda x: x > 0, "> 0"),
+    "nonneg": (lambda x: x >= 0, ">= 0"),
+    "fraction": (lambda x: 0 < x <= 1, "in (0, 1]"),
+}
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """One number of a machine file, in the file's units, with its provenance."""
+
+    value: float
+    source: str | None
+    estimate: str | None
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _note(x: Any) -> str | None:
+    return x if isinstance(x, str) and x.strip() else None
+
+
+class Fields:
+    """A view of one TOML table that records provenance and reports errors."""
+
+    def __init__(self, table: dict[str, Any], path: str, origin: str, sources: dict[str, Sourced]):
+        self._table = table
+        self._path = path
+        self._origin = origin
+        self._sources = sources
+        self._used: set[str] = set(NOTE_KEYS)
+
+    # -- errors ---------------------------------------------------------
+    def where(self, key: str | None = None) -> str:
+        """The dotted path of ``key`` in this table (of the table if None)."""
+        if key is None:
+            return self._path or "<top>"
+        return f"{self._path}.{key}" if self._path else key
+
+    def fail(self, key: str | None, message: str) -> NoReturn:
+        """Raise a TwinError naming the file and the field."""
+        raise TwinError(f"{self._origin}: field '{self.where(key)}' {message}")
+
+    def _get(self, key: str) -> Any:
+        if key not in self._table:
+            self.fail(key, "is missing; add it to the machine file")
+        self._used.add(key)
+        return self._table[key]
+
+    def has(self, key: str) -> bool:
+        return key in self._table
+
+    def finish(self) -> None:
+        """Fail on keys nobody read: they are typos or unsupported fields."""
+        extra = sorted(set(self._table) - self._used)
+        if extra:
+            self.fail(extra[0], "is not a known field; remove it or fix its spelling")
+
+    # -- nested tables --------------------------------------------------
+    def table(self, key: str) -> Fields:
+        value = self._get(key)
+        if not isinstance(value, dict):
+            self.fail(key, "must be a table, e.g. [" + self.where(key) + "]")
+        return Fields(value, self.where(key), self._origin, self._sources)
+
+    def tables(self, key: str) -> list[Fields]:
+        """An array of tables ([[key]] entries), possibly empty if absent."""
+        if key not in self._table:
+            self._used.add(key)
+            return []
+        value = self._get(key)
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            self.fail(key, "must be an array of tables, e.g. [[" + self.where(key) + "]]")
+        return [Fields(v, f"{self.where(key)}[{i}]", self._origin, self._sources) for i, v in enumerate(value)]
+
+    def keys(self) -> list[str]:
+        """The table's keys other than source/estimate notes, in file order."""
+        return [k for k in self._table if k not in NOTE_KEYS]
+
+    # -- leaves ---------------------------------------------------------
+    def text(self, key: str) -> str:
+        value = self._get(key)
+        if not isinstance(value, str) or not value.strip():
+            self.fail(key, 'must be a non-empty string, e.g. "..."')
+        return value
+
+    def texts(self, key: str) -> tuple[str, ...]:
+        value = self._get(key)
+        if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+            self.fail(key, 'must be a non-empty list of strings, e.g. ["ll", "simple"]')
+        return tuple(value)
+
+    def number(self, key: str, check: str = "positive") -> float:
+        """A sourced number ``{ value, source | estimate }``, range-checked."""
+        raw = self._get(key)
+        if _is_number(raw):
+            self.fail(key, 'has no source; write { value = %s, source = "..." } or estimate = "why"' % raw)
+        if not isinstance(raw, dict) or "value" not in raw:
+            self.fail(key, 'must be { value = <number>, source = "..." } or { value = ..., estimate = "..." }')
+        unknown = sorted(set(raw) - {"value", *NOTE_KEYS})
+        if unknown:
+            self.fail(key, f"has unknown key '{unknown[0]}'; allowed: value, source, estimate")
+        value = raw["value"]
+        if not _is_number(value):
+            self.fail(key, f"value must be a number, got {value!r}")
+        source, estimate = _note(raw.get("source")), _note(raw.get("estimate"))
+        if source is None and estimate is None:
+            self.fail(key, 'needs a non-empty source = "..." or estimate = "why"')
+        ok, bound = _RANGES[check]
+        if not ok(value):
+            self.fail(key, f"must be {bound}, got {value}")
+        self._sources[self.where(key)] = Sourced(float(value), source, estimate)
+        return float(value)
+
+    def integer(self, key: str, check: str = "positive") -> int:
+        """A sourced number that must be integral."""
+        value = self.number(key, check)
+        if not value.is_integer():
+            self.fail(key, f"must be an integer, got {value}")
+        return int(value)
+
+    def structure(self, key: str, check: str = "nonneg") -> int:
+        """A plain structural integer (an index, a link count).
+
+        Allowed plain only when this table carries a source or estimate note;
+        a sourced inline table is accepted as well.
+        """
+        raw = self._table.get(key)
+        if isinstance(raw, dict):
+            return self.integer(key, check)
+        raw = self._get(key)
+        if not isinstance(raw, int) or isinstance(raw, bool):
+            self.fail(key, f"must be an integer, got {raw!r}")
+        if not any(_note(self._table.get(k)) for k in NOTE_KEYS):
+            self.fail(key, f'is a plain integer; add source = "..." or estimate = "..." to [{self.where()}]')
+        ok, bound = _RANGES[check]
+        if not ok(raw):
+            self.fail(key, f"must be {bound}, got {raw}")
+        return raw

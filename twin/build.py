@@ -1,0 +1,35 @@
+"""From user inputs to a validated, memory-checked schedule.
+
+The one path every command takes (simulate, export, later search and run), so
+a plan is checked the same way wherever it comes from: divisibility and
+world size first (twin.plan), then the micro-batch is resolved and the memory
+fit checked against the device (twin.memory), then the builder runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topologies.machine import Machine
+from twin.builders.axonn import build_axonn
+from twin.errors import TwinError
+from twin.ir import Schedule
+from twin.memory import MemoryBreakdown, check_fit, resolve_micro_batch
+from twin.model import ModelSpec
+from twin.plan import ParallelPlan, validate_plan
+
+
+@dataclass(frozen=True)
+class BuiltStep:
+    schedule: Schedule
+    plan: ParallelPlan  # with mbs and ga resolved
+    memory: MemoryBreakdown
+
+
+def build_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> BuiltStep:
+    if gpus > machine.max_gpus:
+        raise TwinError(f"--gpus {gpus} exceeds {machine.name}'s {machine.max_gpus} GPUs; use at most that many")
+    validate_plan(plan, model, gpus)
+    resolved = resolve_micro_batch(model, plan, machine.device.hbm_bytes)
+    memory = check_fit(model, resolved, machine.device.hbm_bytes)
+    return BuiltStep(build_axonn(model, resolved), resolved, memory)

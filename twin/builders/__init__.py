@@ -1,0 +1,1 @@
+"""Builders: pure functions (ModelSpec, ParallelPlan) -> Schedule. The parallel algorithms live here and nowhere else."""

@@ -1,0 +1,50 @@
+"""A small helper for writing one rank program in issue order.
+
+It encodes the stream semantics real frameworks have, so builders state only
+the algorithm:
+
+- a collective issued from PyTorch on an NCCL/RCCL stream first waits for the
+  work already enqueued on the compute stream (ProcessGroupNCCL syncs the comm
+  stream with the current stream), so every collective depends on the last
+  compute op issued before it;
+- `wait(op)` is a handle's .wait(): the next compute op depends on it.
+"""
+
+from __future__ import annotations
+
+from twin.ir import Op, Work
+
+COMPUTE_STREAM = "compute"
+
+
+def comm_stream(group: str) -> str:
+    """One stream per process group, as ProcessGroupNCCL has one per communicator."""
+    return f"comm:{group}"
+
+
+class ProgramWriter:
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+        self._last_compute: int | None = None
+        self._pending_waits: list[int] = []
+
+    def compute(self, name: str, work: Work, deps: tuple[int, ...] = ()) -> int:
+        """Enqueue a compute op; it also waits on everything `wait`ed so far."""
+        all_deps = tuple(sorted(set(deps) | set(self._pending_waits)))
+        self._pending_waits.clear()
+        op_id = self._append(name, COMPUTE_STREAM, work, all_deps)
+        self._last_compute = op_id
+        return op_id
+
+    def collective(self, name: str, group: str, work: Work, deps: tuple[int, ...] = ()) -> int:
+        """Issue an async collective on the group's stream; call `wait` to block on it."""
+        ordered = deps + ((self._last_compute,) if self._last_compute is not None else ())
+        return self._append(name, comm_stream(group), work, tuple(sorted(set(ordered))))
+
+    def wait(self, *op_ids: int) -> None:
+        self._pending_waits.extend(op_ids)
+
+    def _append(self, name: str, stream: str, work: Work, deps: tuple[int, ...]) -> int:
+        op_id = len(self.ops)
+        self.ops.append(Op(id=op_id, name=name, stream=stream, work=work, deps=deps))
+        return op_id

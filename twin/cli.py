@@ -1,0 +1,238 @@
+"""The `twin` command line.
+
+Every user error (a TwinError) becomes one line on stderr and exit code 2;
+argparse's own usage errors exit 2 as well. Output files (traces, figures,
+schedules) are written atomically, after the work succeeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from twin.errors import TwinError
+
+DEFAULT_BATCH_TOKENS = 16_777_216  # AxoNN SC'24 Table I: 16.8M tokens per batch
+
+
+def _add_step_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """The arguments that describe a step; optional for simulate, which can read --schedule instead."""
+    p.add_argument("--machine", required=required, help="machine name (see `twin machines`) or path to a machine .toml")
+    model = p.add_mutually_exclusive_group(required=required)
+    model.add_argument("--model", help="catalog model (see `twin models`), e.g. GPT-80B")
+    model.add_argument("--model-spec", help="any GPT-style model: layers=..,hidden=..,heads=..[,seq=..,vocab=..,ffn=..]")
+    p.add_argument("--gpus", type=int, required=required, help="number of GPUs (GCDs on Frontier)")
+    p.add_argument(
+        "--plan", required=required,
+        help="parallel plan: gx=..,gy=..,gz=..,gdata=..[,mbs=..,ga=..,recompute=full|none,oar=0|1,ors=..,oag=..,tune=0|1]",
+    )
+    p.add_argument("--global-batch", type=int, help="sequences per step (default: 16.8M tokens / seq, as AxoNN)")
+    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--no-overlap", action="store_true", help="switch off AxoNN's OAR, ORS and OAG overlap")
+    p.add_argument("--no-tune", action="store_true", help="switch off GEMM-layout tuning (use the framework's layouts)")
+
+
+def _step_inputs(args: argparse.Namespace):
+    """(model, plan, machine) from the common step arguments."""
+    from dataclasses import replace
+
+    from topologies.machine import load_machine
+    from twin.model import get_model, parse_model_spec
+    from twin.plan import parse_plan
+
+    machine = load_machine(args.machine)
+    model = get_model(args.model) if args.model else parse_model_spec(args.model_spec)
+    if args.seq is not None:
+        if args.seq <= 0:
+            raise TwinError("--seq must be a positive number of tokens")
+        model = replace(model, seq=args.seq)
+    if args.gpus <= 0:
+        raise TwinError("--gpus must be a positive number")
+    batch = args.global_batch if args.global_batch is not None else max(1, DEFAULT_BATCH_TOKENS // model.seq)
+    if batch <= 0:
+        raise TwinError("--global-batch must be a positive number of sequences")
+    plan = parse_plan(args.plan, replace(parse_plan(""), global_batch=batch))
+    if args.no_overlap:
+        plan = plan.without_overlap()
+    if args.no_tune:
+        plan = replace(plan, tune_gemm=False)
+    return model, plan, machine
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from twin.build import build_step
+    from twin.figures import timeline_figure
+    from twin.ir_io import load_schedule
+    from twin.report import critical_timeline, format_summary, summarize
+    from twin.sim.engine import simulate
+    from twin.trace import write_trace
+
+    if args.schedule:
+        from topologies.machine import load_machine
+
+        if args.machine is None:
+            raise TwinError("--machine is required with --schedule")
+        schedule, machine = load_schedule(args.schedule), load_machine(args.machine)
+    else:
+        missing = [f"--{n}" for n in ("machine", "gpus", "plan") if getattr(args, n) is None]
+        if not (args.model or args.model_spec):
+            missing.append("--model")
+        if missing:
+            raise TwinError(f"simulate needs {', '.join(missing)} (or --schedule FILE); see `twin simulate --help`")
+        model, plan, machine = _step_inputs(args)
+        schedule = build_step(model, plan, machine, args.gpus).schedule
+    run = simulate(schedule, machine, full=args.full)
+    summary = summarize(run, args.flops_formula)
+    if args.trace:
+        write_trace(args.trace, schedule.programs, run.timelines, summary.to_json_dict())
+    if args.figure:
+        timeline = critical_timeline(run)
+        title = f"{summary.model} on {summary.gpus} {machine.name} GPUs ({summary.plan}): step {summary.step_time_s:.2f} s"
+        timeline_figure(args.figure, schedule.programs[timeline.program], timeline, title)
+    if args.json:
+        print(json.dumps(summary.to_json_dict(), indent=2))
+    else:
+        print(format_summary(summary))
+        for what, path in (("trace", args.trace), ("figure", args.figure)):
+            if path:
+                print(f"  {what} written to {path}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from twin.build import build_step
+    from twin.ir_io import save_schedule
+
+    model, plan, machine = _step_inputs(args)
+    built = build_step(model, plan, machine, args.gpus)
+    save_schedule(built.schedule, args.output)
+    ops = sum(len(p.ops) for p in built.schedule.programs)
+    print(f"wrote {args.output}: {built.schedule.world_size} ranks, {ops} ops per program, plan {built.plan.describe()}")
+    return 0
+
+
+def cmd_machines(args: argparse.Namespace) -> int:
+    from topologies.machine import list_machines, load_machine
+
+    names = [args.name] if args.name else list_machines()
+    machines = [load_machine(n) for n in names]
+    rows = []
+    for m in machines:
+        d, n, net = m.device, m.node, m.network
+        rows.append({
+            "name": m.name,
+            "device": d.name,
+            "gpus_per_node": n.gpus_per_node,
+            "peak_tflops": d.peak_flop_per_s / 1e12,
+            "empirical_gemm_tflops": d.empirical_gemm_flop_per_s / 1e12,
+            "hbm_gb": d.hbm_bytes / 1e9,
+            "hbm_bw_gb_per_s": d.hbm_bw_bytes_per_s / 1e9,
+            "nics_per_node": len(n.nics),
+            "network": f"{net.kind}, {net.n_groups} groups x {net.nodes_per_group} nodes",
+            "max_gpus": m.max_gpus,
+            "description": m.description,
+        })
+        if args.name:
+            rows[-1]["sources"] = {
+                key: {"value": s.value, "source": s.source, "estimate": s.estimate} for key, s in m.sources.items()
+            }
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'machine':<12}{'device':<16}{'GPUs/node':>10}{'peak TF/s':>11}{'GEMM TF/s':>11}{'HBM GB':>8}{'NICs':>6}  network")
+    for r in rows:
+        print(
+            f"{r['name']:<12}{r['device']:<16}{r['gpus_per_node']:>10}{r['peak_tflops']:>11.1f}"
+            f"{r['empirical_gemm_tflops']:>11.1f}{r['hbm_gb']:>8.0f}{r['nics_per_node']:>6}  {r['network']}"
+        )
+    if args.name:
+        print()
+        for key, s in rows[0]["sources"].items():
+            why = f"source: {s['source']}" if s["source"] else f"ESTIMATE: {s['estimate']}"
+            print(f"  {key} = {s['value']:g}  ({why})")
+    else:
+        print("\n`twin machines NAME` lists every number of one machine with its source.")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from twin.model import CATALOG, SOURCES
+
+    rows = [
+        {
+            "name": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "ffn": m.ffn,
+            "seq": m.seq, "vocab": m.vocab, "params_billion": m.params / 1e9, "source": SOURCES[m.name],
+        }
+        for m in CATALOG.values()
+    ]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'model':<10}{'layers':>7}{'hidden':>8}{'heads':>6}{'ffn':>7}{'seq':>6}{'vocab':>7}{'params':>10}  source")
+    for r in rows:
+        print(
+            f"{r['name']:<10}{r['layers']:>7}{r['hidden']:>8}{r['heads']:>6}{r['ffn']:>7}{r['seq']:>6}"
+            f"{r['vocab']:>7}{r['params_billion']:>9.2f}B  {r['source']}"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="twin",
+        description="exatwin: a digital twin of large-scale LLM training (AxoNN 4D parallelism on Frontier, "
+        "Perlmutter and Alps).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("machines", help="list the machine models, or one machine's numbers with their sources")
+    p.add_argument("name", nargs="?", help="a machine name or .toml path")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_machines)
+
+    p = sub.add_parser("models", help="list the catalog models")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser(
+        "simulate", help="simulate one training step: summary, trace, timeline figure",
+        description="Simulate one training step of AxoNN's 4D algorithm on a machine model. Example: "
+        "twin simulate --machine frontier --model GPT-80B --gpus 8192 --plan gx=8,gy=1,gz=16,gdata=64 "
+        "--global-batch 8192 --trace step.json --figure figures/timeline.png",
+    )
+    _add_step_arguments(p, required=False)
+    p.add_argument("--schedule", help="simulate a schedule IR file (from `twin export`) instead of building one")
+    p.add_argument("--full", action="store_true", help="simulate every rank, not one per symmetry class (slow; exact)")
+    p.add_argument("--flops-formula", choices=("hardware", "model"), default="hardware",
+                   help="Narayanan's FLOP count with full recompute (hardware, the papers' choice) or without (model)")
+    p.add_argument("--trace", help="write a Chrome trace JSON (opens in Perfetto)")
+    p.add_argument("--figure", help="write a timeline figure (PNG) of the critical rank")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("export", help="write the schedule IR of a step as versioned JSON")
+    _add_step_arguments(p)
+    p.add_argument("-o", "--output", required=True, help="the IR file to write")
+    p.set_defaults(func=cmd_export)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except TwinError as err:
+        print(f"twin: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `twin models | head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("twin: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

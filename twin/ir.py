@@ -1,0 +1,195 @@
+"""The schedule IR: what every rank does in one training step.
+
+Plain, typed, frozen data. A Schedule holds
+
+- `groups`: named process-group axes ("x", "y", "z", "data", ...), each a
+  partition of (some of) the ranks into instances;
+- `programs`: ordered op lists, each shared by the set of ranks that run it.
+  Ranks whose programs are identical up to group membership share one Program;
+  a collective names a group *axis* and each rank resolves its own instance.
+  That is what makes one representative per class enough for the simulator
+  (twin.sim.symmetry) and keeps a 32,768-rank schedule small on disk.
+
+Semantics every backend implements:
+
+- ops of a program are issued in program order; an op starts when each op in
+  `deps` has completed and the previous op on the same `stream` has completed;
+- a collective completes for all members of its group instance together, and
+  starts once every member has started it;
+- overlap is expressed, not flagged: a collective on a comm stream that a
+  later op depends on is an async collective waited at that later op.
+
+Byte conventions (as nccl-tests): `Collective.nbytes` is the full buffer: the
+all-reduce buffer, the all-gather *output*, the reduce-scatter *input*.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+IR_VERSION = 1
+
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+GEMM_LAYOUTS = ("NN", "NT", "TN")
+P2P_KINDS = ("send", "recv")
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """C[m, n] = op(A)[m, k] op(B)[k, n], repeated `batch` times.
+
+    `layout` is (A, B) as BLAS sees them, N = as stored, T = transposed.
+    `tunable`: the layout may be replaced by the fastest equivalent one.
+    """
+
+    m: int
+    n: int
+    k: int
+    layout: str = "NN"
+    dtype: str = "bf16"
+    batch: int = 1
+    tunable: bool = False
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class Attention:
+    """Fused (flash) attention over `batch` sequences of `seq` tokens and `heads` local heads."""
+
+    batch: int
+    seq: int
+    heads: int
+    head_dim: int
+    backward: bool = False
+    causal: bool = False
+    dtype: str = "bf16"
+
+    @property
+    def flops(self) -> float:
+        # QK^T and PV: 2 GEMMs of 2 b s^2 d flops per head; backward does 2.5x
+        # the forward's matmul work (dQ, dK, dV, dP and the recomputed P).
+        fwd = 4.0 * self.batch * self.seq * self.seq * self.heads * self.head_dim
+        if self.causal:
+            fwd /= 2
+        return fwd * (2.5 if self.backward else 1.0)
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """Memory-bound work: bytes moved to and from HBM, and the flops it does."""
+
+    nbytes: float
+    flops: float = 0.0
+
+
+@dataclass(frozen=True)
+class Collective:
+    kind: str
+    group: str
+    nbytes: float
+    dtype: str = "bf16"
+
+
+@dataclass(frozen=True)
+class P2P:
+    """A send to, or receive from, the rank `peer` steps along the `group` axis."""
+
+    kind: str
+    group: str
+    peer: int
+    nbytes: float
+
+
+Work = Union[Gemm, Attention, Elementwise, Collective, P2P]
+WORK_TYPES: dict[str, type] = {
+    "gemm": Gemm,
+    "attention": Attention,
+    "elementwise": Elementwise,
+    "collective": Collective,
+    "p2p": P2P,
+}
+
+
+def work_type_name(work: Work) -> str:
+    for name, cls in WORK_TYPES.items():
+        if isinstance(work, cls):
+            return name
+    raise TypeError(type(work))
+
+
+def op_class(work: Work) -> str:
+    """The class an op is reported under: gemm, attention, elementwise, or the collective kind."""
+    if isinstance(work, Collective):
+        return work.kind
+    if isinstance(work, P2P):
+        return work.kind
+    return work_type_name(work)
+
+
+@dataclass(frozen=True)
+class Op:
+    id: int
+    name: str
+    stream: str
+    work: Work
+    deps: tuple[int, ...] = ()
+
+    @property
+    def is_comm(self) -> bool:
+        return isinstance(self.work, (Collective, P2P))
+
+
+@dataclass(frozen=True)
+class Program:
+    """The ops run, in this order, by every rank in `ranks`."""
+
+    ranks: tuple[int, ...]
+    ops: tuple[Op, ...]
+
+
+@dataclass(frozen=True)
+class GroupAxis:
+    """A named family of process groups: `instances` partition the ranks that use it."""
+
+    name: str
+    instances: tuple[tuple[int, ...], ...]
+
+    def instance_of(self) -> dict[int, int]:
+        """rank -> index of the instance that holds it."""
+        return {rank: i for i, members in enumerate(self.instances) for rank in members}
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What the step computes, for reports: not needed to run it."""
+
+    model: str
+    plan: str
+    global_batch: int
+    seq: int
+    flops_hardware: float
+    flops_model: float
+    memory_per_gpu_bytes: float
+
+
+@dataclass(frozen=True)
+class Schedule:
+    world_size: int
+    groups: tuple[GroupAxis, ...]
+    programs: tuple[Program, ...]
+    info: StepInfo
+    version: int = IR_VERSION
+
+    def group(self, name: str) -> GroupAxis:
+        for axis in self.groups:
+            if axis.name == name:
+                return axis
+        raise KeyError(name)
+
+    def program_of(self) -> dict[int, int]:
+        """rank -> index of its program."""
+        return {rank: i for i, prog in enumerate(self.programs) for rank in prog.ranks}

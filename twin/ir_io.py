@@ -1,0 +1,233 @@
+"""Versioned JSON for the schedule IR.
+
+The file is the contract between the builder, the simulator and the executor
+(which may run on another machine, days later), so it is strict:
+
+    {"format": "exatwin-schedule", "version": 1, "world_size": 8,
+     "info": {...StepInfo fields...},
+     "groups": [{"name": "x", "instances": [[0, 1], [2, 3]]}, ...],
+     "programs": [{"ranks": [0, 1, 2, 3],
+                   "ops": [{"id": 0, "name": "L0.qkv.fwd", "stream": "compute", "deps": [],
+                            "type": "gemm", "work": {"m": 8192, "n": 3072, ...}}, ...]}]}
+
+- `type` is the key of `twin.ir.WORK_TYPES`; the work's own fields sit in a
+  nested `work` object (Collective and P2P have a field named `kind` too, so a
+  flat op would clash).
+- A field equal to its dataclass default is left out (deps [], layout "NN",
+  batch 1, ...): that keeps a 5,000-op program to a few hundred KB. So a
+  change to any IR default is a format change: bump IR_VERSION with it.
+  Loading is otherwise strict: a missing field that has no default, an
+  unknown field, or a value of the wrong JSON type is an error naming the
+  op and the field, never a silent guess.
+- (De)serialization walks `dataclasses.fields` and the type hints of the IR
+  classes, so a new Work type needs no code here, only a WORK_TYPES entry.
+- Saving is deterministic (field order, compact separators: same schedule,
+  same bytes) and atomic (temp file in the same folder + os.replace).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import secrets
+import typing
+from pathlib import Path
+from typing import Any
+
+from twin.errors import TwinError
+from twin.ir import IR_VERSION, WORK_TYPES, Op, Schedule, work_type_name
+from twin.ir_validate import validate_schedule
+
+FORMAT = "exatwin-schedule"
+
+
+def schedule_to_dict(s: Schedule) -> dict[str, Any]:
+    """Plain JSON-ready data, in the on-disk layout above."""
+    body = _fields(s)
+    body.pop("version", None)  # always written, first, even though it equals its default
+    head = {"format": FORMAT, "version": s.version, "world_size": body.pop("world_size"), "info": body.pop("info")}
+    return {**head, **body}
+
+
+def schedule_from_dict(d: Any) -> Schedule:
+    """Inverse of schedule_to_dict, checking format, version, fields and types (not semantics)."""
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        got = repr(d.get("format")) if isinstance(d, dict) else f"a JSON {_json_type(d)}"
+        raise TwinError(f"not an exatwin schedule: 'format' is {got}, expected '{FORMAT}'; pass a schedule written by exatwin")
+    version = d.get("version")
+    if type(version) is not int:
+        raise TwinError(f"schedule 'version' is {version!r}, expected an integer: re-export the schedule")
+    if version != IR_VERSION:
+        raise TwinError(f"IR version {version} is not supported; this exatwin reads version {IR_VERSION}: re-export the schedule")
+    body = {k: v for k, v in d.items() if k != "format"}
+    return _decode_dataclass(Schedule, body, "schedule")
+
+
+def save_schedule(s: Schedule, path: str | os.PathLike[str]) -> None:
+    """Write `s` to `path`: byte-identical for equal schedules, never half-written."""
+    data = (json.dumps(schedule_to_dict(s), separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n").encode()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    # O_EXCL: never clobber another writer's temp file; mode 0o666 lets the umask apply as for any new file.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load_schedule(path: str | os.PathLike[str]) -> Schedule:
+    """Read, check and validate a schedule file; every problem is a one-line TwinError naming the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TwinError(f"schedule file {path} does not exist: check the path") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise TwinError(f"schedule file {path} cannot be read ({type(e).__name__}: {e}): check the path and permissions") from None
+    try:
+        d = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise TwinError(f"schedule file {path} is not JSON ({e.msg} at line {e.lineno} column {e.colno}): re-export the schedule") from None
+    except ValueError as e:
+        raise TwinError(f"schedule file {path} is not valid IR JSON ({e}): re-export the schedule") from None
+    try:
+        s = schedule_from_dict(d)
+        validate_schedule(s)
+    except TwinError as e:
+        raise TwinError(f"schedule file {path}: {e}") from None
+    return s
+
+
+# ---- encoding ---------------------------------------------------------------
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """A dataclass as a dict in field order, defaults left out.
+
+    An Op's work goes last, as {"type": name, "work": fields}, so a line reads
+    id, name, stream, deps, then what the op does.
+    """
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(obj, Op) and f.name == "work":
+            continue
+        if f.default is dataclasses.MISSING or type(value) is not type(f.default) or value != f.default:
+            out[f.name] = _plain(value)
+    if isinstance(obj, Op):
+        out["type"] = work_type_name(obj.work)
+        out["work"] = _fields(obj.work)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return _fields(value)
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+# ---- decoding ---------------------------------------------------------------
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _decode_dataclass(cls: type, d: Any, where: str, extra: tuple[str, ...] = ()) -> Any:
+    """Build `cls` from `d`: every field without a default (plus `extra`), no unknown key, each of the hinted type."""
+    if not isinstance(d, dict):
+        raise TwinError(f"{where} must be a JSON object, got a JSON {_json_type(d)}: re-export the schedule")
+    fields = dataclasses.fields(cls)
+    names = [f.name for f in fields]
+    required = [f.name for f in fields if f.default is dataclasses.MISSING] + list(extra)
+    missing = [n for n in required if n not in d]
+    unknown = [k for k in d if k not in names and k not in extra]
+    if missing or unknown:
+        problem = f"is missing field '{missing[0]}'" if missing else f"has unknown field '{unknown[0]}'"
+        raise TwinError(f"{where} {problem} (fields: {', '.join((*names, *extra))}): re-export the schedule")
+    hints = _hints(cls)
+    kwargs = {}
+    for n in names:
+        if n not in d:
+            continue  # an optional field left out: the dataclass default applies
+        if cls is Op and n == "work":
+            kwargs[n] = _decode_work(d, where)
+        else:
+            kwargs[n] = _decode_value(hints[n], d[n], f"{where}.{n}")
+    return cls(**kwargs)
+
+
+def _decode_op(d: Any, where: str) -> Op:
+    if isinstance(d, dict) and isinstance(d.get("name"), str):
+        where = f"{where} '{d['name']}'"
+    return _decode_dataclass(Op, d, where, extra=("type",))
+
+
+def _decode_work(op: dict[str, Any], where: str) -> Any:
+    kind = op["type"]
+    if kind not in WORK_TYPES:
+        raise TwinError(f"{where}.type {kind!r} is not a work type: use one of {', '.join(WORK_TYPES)}")
+    return _decode_dataclass(WORK_TYPES[kind], op["work"], f"{where}.work")
+
+
+def _decode_value(hint: Any, value: Any, where: str) -> Any:
+    """Check `value` against a field's type hint and convert lists back to tuples."""
+    if hint is bool or hint is str:
+        if type(value) is not hint:
+            raise _type_error(where, "a boolean" if hint is bool else "a string", value)
+        return value
+    if hint is int:
+        if type(value) is not int:
+            raise _type_error(where, "an integer", value)
+        return value
+    if hint is float:
+        if type(value) not in (int, float):
+            raise _type_error(where, "a number", value)
+        return float(value)
+    if typing.get_origin(hint) is tuple:
+        item = typing.get_args(hint)[0]
+        if not isinstance(value, list):
+            raise _type_error(where, "a list", value)
+        if item is int and all(type(v) is int for v in value):
+            return tuple(value)  # fast path: rank lists hold up to world_size ints
+        if item is Op:
+            return tuple(_decode_op(v, f"{where}[{i}]") for i, v in enumerate(value))
+        return tuple(_decode_value(item, v, f"{where}[{i}]") for i, v in enumerate(value))
+    if dataclasses.is_dataclass(hint):
+        return _decode_dataclass(hint, value, where)
+    raise TypeError(f"ir_io cannot decode fields of type {hint!r} ({where}): teach _decode_value about it")
+
+
+def _type_error(where: str, expected: str, value: Any) -> TwinError:
+    shown = json.dumps(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return TwinError(f"{where} must be {expected}, got {shown}: re-export the schedule")
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return names.get(type(value), "null")
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key '{dup}' appears twice in one object")
+    return d
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a valid number")

@@ -1,0 +1,85 @@
+"""Rank <-> mesh coordinates <-> process groups.
+
+One torch-free module that both the simulator and the executor use, so a
+simulated run and a measured run talk about the very same groups.
+
+Axes are listed innermost first. AxoNN's nesting is X, Y, Z, data: rank
+r = x + gx (y + gy (z + gz d)), so an X group is gx consecutive ranks, which the
+placement (topologies.placement) puts on consecutive devices of one node.
+
+Example: gx=2, gy=2, gz=1, gdata=2 (8 ranks)
+
+    >>> m = Mesh((("x", 2), ("y", 2), ("z", 1), ("data", 2)))
+    >>> m.groups("x")
+    [(0, 1), (2, 3), (4, 5), (6, 7)]
+    >>> m.groups("y")
+    [(0, 2), (1, 3), (4, 6), (5, 7)]
+    >>> m.groups("data")
+    [(0, 4), (1, 5), (2, 6), (3, 7)]
+    >>> m.coords(5)
+    {'x': 1, 'y': 0, 'z': 0, 'data': 1}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A logical grid of ranks; `axes` is ((name, size), ...) innermost first."""
+
+    axes: tuple[tuple[str, int], ...]
+
+    @property
+    def size(self) -> int:
+        return prod(size for _, size in self.axes)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.axes)
+
+    def axis_size(self, axis: str) -> int:
+        return dict(self.axes)[axis]
+
+    def stride(self, axis: str) -> int:
+        """Distance in rank numbers between neighbours along `axis`."""
+        stride = 1
+        for name, size in self.axes:
+            if name == axis:
+                return stride
+            stride *= size
+        raise KeyError(axis)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        out = {}
+        for name, size in self.axes:
+            out[name] = rank % size
+            rank //= size
+        return out
+
+    def rank(self, coords: dict[str, int]) -> int:
+        rank, stride = 0, 1
+        for name, size in self.axes:
+            rank += coords.get(name, 0) * stride
+            stride *= size
+        return rank
+
+    def groups(self, axis: str) -> list[tuple[int, ...]]:
+        """Every group along `axis`, each ordered by its coordinate on the axis.
+
+        Groups are listed in order of their lowest rank, so the list is
+        deterministic and group i of the same axis is the same on every run.
+        """
+        size, stride = self.axis_size(axis), self.stride(axis)
+        out = []
+        for rank in range(self.size):
+            if (rank // stride) % size == 0:
+                out.append(tuple(rank + i * stride for i in range(size)))
+        return out
+
+
+def axonn_mesh(gx: int, gy: int, gz: int, gdata: int) -> Mesh:
+    """AxoNN's 4D mesh: X innermost, then Y, Z, data."""
+    return Mesh((("x", gx), ("y", gy), ("z", gz), ("data", gdata)))

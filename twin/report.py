@@ -1,0 +1,128 @@
+"""What a simulated (or measured) step amounts to: the numbers a user asks for.
+
+Throughput uses the FLOP formula named in `flops_formula` (default the
+recompute, "hardware", form of Narayanan et al., as the AxoNN and Frontier
+papers report). Exposed communication is the time on the critical rank when a
+communication op is in flight and no compute op is: what overlap did not hide.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from twin.ir import Program, op_class
+from twin.sim.engine import RankTimeline, SimRun
+
+
+@dataclass(frozen=True)
+class Summary:
+    machine: str
+    model: str
+    plan: str
+    gpus: int
+    global_batch: int
+    seq: int
+    step_time_s: float
+    flops_formula: str
+    pflops_total: float
+    tflops_per_gpu: float
+    pct_peak_advertised: float
+    pct_peak_empirical: float
+    exposed_comm_s: float
+    memory_per_gpu_gb: float
+    time_by_class_s: dict[str, float]
+    simulated_ranks: int
+    sim_wall_s: float
+
+    def to_json_dict(self) -> dict:
+        return asdict(self)
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, -np.inf
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _intervals(program: Program, timeline: RankTimeline, comm: bool) -> list[tuple[float, float]]:
+    return [
+        (float(timeline.start_s[op.id]), float(timeline.end_s[op.id]))
+        for op in program.ops
+        if op.is_comm == comm
+    ]
+
+
+def exposed_comm_s(program: Program, timeline: RankTimeline) -> float:
+    """Time with communication in flight and the compute stream idle."""
+    comm = _intervals(program, timeline, comm=True)
+    compute = _intervals(program, timeline, comm=False)
+    return _union_length(comm + compute) - _union_length(compute)
+
+
+def time_by_class(program: Program, timeline: RankTimeline) -> dict[str, float]:
+    totals: dict[str, float] = defaultdict(float)
+    durations = timeline.end_s - timeline.start_s
+    for op in program.ops:
+        totals[op_class(op.work)] += float(durations[op.id])
+    return dict(sorted(totals.items()))
+
+
+def critical_timeline(run: SimRun) -> RankTimeline:
+    """The simulated rank that finishes last."""
+    return max(run.timelines, key=lambda t: float(np.nanmax(t.end_s)) if len(t.end_s) else 0.0)
+
+
+def summarize(run: SimRun, flops_formula: str = "hardware") -> Summary:
+    sched, machine = run.schedule, run.machine
+    info = sched.info
+    flops = info.flops_hardware if flops_formula == "hardware" else info.flops_model
+    timeline = critical_timeline(run)
+    program = sched.programs[timeline.program]
+    per_gpu = flops / run.step_time_s / sched.world_size if run.step_time_s > 0 else 0.0
+    dev = machine.device
+    return Summary(
+        machine=machine.name,
+        model=info.model,
+        plan=info.plan,
+        gpus=sched.world_size,
+        global_batch=info.global_batch,
+        seq=info.seq,
+        step_time_s=run.step_time_s,
+        flops_formula=flops_formula,
+        pflops_total=per_gpu * sched.world_size / 1e15,
+        tflops_per_gpu=per_gpu / 1e12,
+        pct_peak_advertised=100 * per_gpu / dev.peak_flop_per_s,
+        pct_peak_empirical=100 * per_gpu / dev.empirical_gemm_flop_per_s,
+        exposed_comm_s=exposed_comm_s(program, timeline),
+        memory_per_gpu_gb=info.memory_per_gpu_bytes / 1e9,
+        time_by_class_s=time_by_class(program, timeline),
+        simulated_ranks=len(run.timelines),
+        sim_wall_s=run.wall_s,
+    )
+
+
+def format_summary(s: Summary) -> str:
+    """A human-readable block; the same numbers as to_json_dict."""
+    lines = [
+        f"{s.model} on {s.gpus} x {s.machine} GPUs, plan {s.plan}",
+        f"  global batch {s.global_batch} sequences x {s.seq} tokens",
+        f"  step time              {s.step_time_s:10.3f} s",
+        f"  throughput             {s.pflops_total:10.1f} PF/s total, {s.tflops_per_gpu:.1f} TF/s per GPU "
+        f"({s.flops_formula} FLOPs)",
+        f"  % of peak              {s.pct_peak_advertised:10.1f} % advertised, {s.pct_peak_empirical:.1f} % empirical",
+        f"  exposed communication  {s.exposed_comm_s:10.3f} s ({100 * s.exposed_comm_s / s.step_time_s:.1f} % of step)"
+        if s.step_time_s > 0 else "  exposed communication  0",
+        f"  memory per GPU         {s.memory_per_gpu_gb:10.1f} GB",
+        "  time by op class (critical rank, busy time per stream, overlapping):",
+    ]
+    for name, seconds in sorted(s.time_by_class_s.items(), key=lambda kv: -kv[1]):
+        lines.append(f"    {name:<16} {seconds:10.3f} s")
+    lines.append(f"  simulated {s.simulated_ranks} rank(s) in {s.sim_wall_s:.2f} s of wall time")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The discrete-event simulator: runs a Schedule on a machine model (SimPy)."""

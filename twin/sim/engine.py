@@ -1,0 +1,217 @@
+"""Run a Schedule on a machine model with SimPy.
+
+Each simulated rank has one SimPy process per stream; an op starts when its
+dependencies have completed and the previous op on its stream has. Compute
+ops take their time from the device model (twin.sim.compute), slowed by the
+device's comm_compute_slowdown while a collective the rank takes part in is
+running (NCCL/RCCL kernels occupy SMs/CUs and HBM bandwidth). A collective
+starts when every class that takes part has issued it (a rendezvous), pays
+its latency, then moves its bytes as one flow of the flow network
+(twin.sim.network), which shares link bandwidth with every other transfer in
+flight. Which ranks are simulated, and which collective instances run as one
+flow, is twin.sim.symmetry's business.
+
+A schedule that cannot finish (collectives nobody else issues, a dependency
+cycle that validation missed) ends the run with a TwinError naming the stuck
+ops, never a hang.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from topologies.fabric import Fabric
+from topologies.machine import Machine
+from topologies.placement import place_ranks
+from twin.errors import TwinError
+from twin.ir import Collective, P2P, Program, Schedule
+from twin.sim.collectives import CollectiveModel
+from twin.sim.compute import ComputeModel
+from twin.sim.flowtypes import FlowTypes
+from twin.sim.network import FlowNetwork
+from twin.sim.symmetry import Symmetry, classify
+
+
+class ComputeUnit:
+    """The compute stream's engine on one rank: one op at a time, slowed while comms run."""
+
+    def __init__(self, env: simpy.Environment, slowdown: float) -> None:
+        self.env, self.slowdown = env, slowdown
+        self.comm_active = 0
+        self._remaining = 0.0
+        self._rate = 1.0
+        self._last = 0.0
+        self._done: simpy.Event | None = None
+        self._generation = 0
+
+    def run(self, work_s: float) -> simpy.Event:
+        self._done = self.env.event()
+        self._remaining, self._last = work_s, self.env.now
+        self._rate = self._current_rate()
+        self._arm()
+        return self._done
+
+    def comm_changed(self, delta: int) -> None:
+        self.comm_active += delta
+        rate = self._current_rate()
+        if self._done is None or rate == self._rate:
+            return
+        now = self.env.now
+        self._remaining -= (now - self._last) * self._rate
+        self._last, self._rate = now, rate
+        self._arm()
+
+    def _current_rate(self) -> float:
+        return 1.0 - self.slowdown if self.comm_active > 0 else 1.0
+
+    def _arm(self) -> None:
+        self._generation += 1
+        generation = self._generation
+        timer = self.env.timeout(max(self._remaining, 0.0) / self._rate)
+        timer.callbacks.append(lambda _e: self._finish(generation))
+
+    def _finish(self, generation: int) -> None:
+        if generation != self._generation or self._done is None:
+            return
+        done, self._done = self._done, None
+        done.succeed()
+
+
+@dataclass
+class Rendezvous:
+    """One collective call of a family: starts when all its classes have arrived."""
+
+    expected: int
+    arrived: int
+    done: simpy.Event
+
+
+@dataclass(frozen=True)
+class RankTimeline:
+    """What one simulated rank did: per op of its program, start and end times."""
+
+    rank: int
+    program: int
+    start_s: np.ndarray
+    end_s: np.ndarray
+
+
+@dataclass(frozen=True)
+class SimRun:
+    schedule: Schedule
+    machine: Machine
+    symmetry: Symmetry
+    timelines: tuple[RankTimeline, ...]
+    step_time_s: float
+    wall_s: float
+    full: bool
+
+
+class Simulator:
+    def __init__(self, schedule: Schedule, machine: Machine, full: bool = False) -> None:
+        self.schedule, self.machine, self.full = schedule, machine, full
+        self.fabric = Fabric(machine, schedule.world_size)
+        self.gpu_of = place_ranks(schedule.world_size, machine)
+        self.compute = ComputeModel(machine.device)
+        self.collectives = CollectiveModel(self.fabric)
+        self.symmetry = classify(schedule, full)
+
+    def run(self) -> SimRun:
+        wall = time.perf_counter()
+        env = simpy.Environment()
+        sym = self.symmetry
+        flow_types = FlowTypes.build(self.schedule, sym, self.collectives, self.gpu_of)
+        network = FlowNetwork(env, flow_types.n_classes)
+        units = [ComputeUnit(env, self.machine.device.comm_compute_slowdown) for _ in sym.representatives]
+        rendezvous: dict[tuple[int, int], Rendezvous] = {}
+        timelines = []
+        all_done: list[tuple[int, list[simpy.Event]]] = []
+
+        def collective(cls: int, family: int, seq: int, type_id: int, nbytes: float):
+            key = (family, seq)
+            rv = rendezvous.get(key)
+            members = sym.families[family].classes
+            if rv is None:
+                rv = rendezvous[key] = Rendezvous(len(members), 0, env.event())
+            rv.arrived += 1
+            if rv.arrived == rv.expected:
+                del rendezvous[key]
+                env.process(run_collective(members, type_id, nbytes, rv.done))
+            return rv.done
+
+        def run_collective(members, type_id, nbytes, done):
+            for c in members:
+                units[c].comm_changed(+1)
+            latency, loads, s_per_byte = flow_types.cost(type_id)
+            if latency > 0:
+                yield env.timeout(latency)
+            yield network.start(loads, nbytes * s_per_byte)
+            for c in members:
+                units[c].comm_changed(-1)
+            done.succeed()
+
+        for cls, rank in enumerate(sym.representatives):
+            program = self.schedule.programs[sym.programs[cls]]
+            starts = np.full(len(program.ops), np.nan)
+            ends = np.full(len(program.ops), np.nan)
+            done = [env.event() for _ in program.ops]
+            all_done.append((cls, done))
+            timelines.append(RankTimeline(rank, sym.programs[cls], starts, ends))
+            plan = flow_types.per_op[cls]
+            for stream_ops in _by_stream(program).values():
+                env.process(self._stream(env, cls, stream_ops, done, starts, ends, units[cls], plan, collective))
+
+        env.run()
+        self._check_finished(all_done)
+        step = max(float(np.nanmax(t.end_s)) if len(t.end_s) else 0.0 for t in timelines)
+        return SimRun(
+            self.schedule, self.machine, sym, tuple(timelines), step, time.perf_counter() - wall, self.full
+        )
+
+    def _stream(self, env, cls, ops, done, starts, ends, unit, comm_plan, collective):
+        duration = self.compute.duration_s
+        for op in ops:
+            for dep in op.deps:
+                event = done[dep]
+                if not event.processed:
+                    yield event
+            starts[op.id] = env.now
+            if isinstance(op.work, (Collective, P2P)):
+                family, seq, type_id, nbytes = comm_plan[op.id]
+                yield collective(cls, family, seq, type_id, nbytes)
+            else:
+                yield unit.run(duration(op.work))
+            ends[op.id] = env.now
+            done[op.id].succeed()
+
+    def _check_finished(self, all_done: list[tuple[int, list[simpy.Event]]]) -> None:
+        stuck = []
+        for cls, events in all_done:
+            program = self.schedule.programs[self.symmetry.programs[cls]]
+            pending = [op for op, ev in zip(program.ops, events) if not ev.triggered]
+            if pending:
+                rank = self.symmetry.representatives[cls]
+                stuck.append(f"rank {rank} at op {pending[0].id} '{pending[0].name}'")
+        if stuck:
+            more = f" (and {len(stuck) - 3} more ranks)" if len(stuck) > 3 else ""
+            raise TwinError(
+                "schedule cannot finish, collectives are never matched: "
+                + "; ".join(stuck[:3]) + more + "; check that every group member issues the same collectives"
+            )
+
+
+def _by_stream(program: Program) -> dict[str, list]:
+    streams: dict[str, list] = defaultdict(list)
+    for op in program.ops:
+        streams[op.stream].append(op)
+    return streams
+
+
+def simulate(schedule: Schedule, machine: Machine, full: bool = False) -> SimRun:
+    """Simulate one training step; `full` simulates every rank instead of one per class."""
+    return Simulator(schedule, machine, full).run()

@@ -1,0 +1,65 @@
+"""Which ranks to simulate, and which collectives run as concurrent copies.
+
+Ranks that share a Program run the same ops up to group membership, so in
+the reduced simulation each Program is simulated once, by its first rank (the
+class representative). A collective that the representative issues on axis A
+stands for every instance of A whose members belong to the same set of
+classes (a "family"): all of them run at the same time, so the family's
+network load is the sum of its instances' loads, and it completes when its
+slowest instance would. With every rank its own class (full=True) each
+instance is its own family and the simulation is the exact per-rank one;
+tests compare the two on small cases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from twin.ir import Schedule
+
+
+@dataclass(frozen=True)
+class Family:
+    """Instances of one axis that run together, and the classes that take part."""
+
+    axis: str
+    classes: tuple[int, ...]
+    instances: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Symmetry:
+    representatives: tuple[int, ...]  # class index -> the rank simulated for it
+    programs: tuple[int, ...]  # class index -> program index
+    families: tuple[Family, ...]
+    family_of: dict[tuple[int, str], int]  # (class index, axis) -> family index
+
+
+def classify(schedule: Schedule, full: bool) -> Symmetry:
+    if full:
+        prog_of = schedule.program_of()
+        representatives = tuple(range(schedule.world_size))
+        programs = tuple(prog_of[r] for r in representatives)
+        class_of = {r: r for r in representatives}
+    else:
+        representatives = tuple(min(p.ranks) for p in schedule.programs)
+        programs = tuple(range(len(schedule.programs)))
+        class_of = {r: i for i, p in enumerate(schedule.programs) for r in p.ranks}
+
+    rep_class = {rank: c for c, rank in enumerate(representatives)}
+    families: list[Family] = []
+    family_of: dict[tuple[int, str], int] = {}
+    for axis in schedule.groups:
+        by_key: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+        for members in axis.instances:
+            key = tuple(sorted({class_of[r] for r in members}))
+            by_key.setdefault(key, []).append(members)
+        for key, instances in by_key.items():
+            index = len(families)
+            families.append(Family(axis.name, key, tuple(instances)))
+            for c in key:
+                family_of[(c, axis.name)] = index
+    # Every class must be able to resolve each axis its program uses: checked by
+    # validate_schedule (group mismatch); rep_class is only a sanity map here.
+    del rep_class
+    return Symmetry(representatives, programs, tuple(families), family_of)
