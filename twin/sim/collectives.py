@@ -1,23 +1,28 @@
 """Collective algorithms, lowered onto the links their members actually use.
 
 A Lowering says how many bytes cross each directed link of the fabric per
-byte of the collective's buffer (`loads`), and how many latency steps it
-takes. Its time alone is latency + nbytes * max_link(load / capacity) /
-protocol_efficiency; shared with other traffic, the simulator's flow network
+byte of the collective's buffer, in one or more phases run one after the
+other, and how many latency steps it takes. Its time alone is latency +
+nbytes * sum_phases max_link(load / capacity) / protocol_efficiency; shared with other traffic, the simulator's flow network
 (twin.sim.network) decides.
 
 Algorithms, in a registry by name (what NCCL/RCCL would choose between):
 
 - "ring": the ranks form rings; the buffer is split evenly over the rings
   (NCCL channels). Inside one node the rings are packed greedily from the
-  direct links, each directed ring using links no earlier ring used and
-  chosen to maximise its slowest link (RCCL's topology search finds the same
-  two Hamiltonian rings, both directions, on Frontier's 8 GCDs). Across nodes
-  there is one channel per NIC the node's members sit near: each channel
-  enters a node at the member nearest its NIC, walks the node's members, and
-  leaves through the same NIC to the next node.
+  direct links, each directed ring claiming one physical link of each GPU
+  pair it uses and chosen to maximise its slowest link (on Frontier's 8 GCDs
+  this finds machines.md's two Hamiltonian rings, in both directions). Across
+  nodes there is one channel per NIC the node's members sit near: each
+  channel enters a node at the member nearest its NIC, walks the node's
+  members on links packed the same way, and leaves through that NIC to the
+  next node.
 - "tree": all-reduce only, across nodes: a chain inside each node and
   NCCL's double binary tree across nodes, each tree carrying half the buffer.
+- "hierarchical": all-reduce only, across nodes with several members each:
+  reduce-scatter inside each node, all-reduce of each shard across nodes
+  (every NIC busy at once), all-gather inside each node (machines.md), as
+  three phases one after the other.
 - all_to_all is lowered pairwise (every rank sends nbytes / n to each other).
 
 Per rank and per byte of buffer a ring all-reduce sends 2(n-1)/n, an
@@ -42,21 +47,24 @@ from typing import Callable
 
 from topologies.fabric import Fabric
 
-ALLREDUCE_KINDS = ("all_reduce",)
+# NCCL's MAXCHANNELS (src/include/device.h): at most 32 rings per communicator.
+MAX_CHANNELS = 32
 
 
 @dataclass(frozen=True)
 class Lowering:
+    """Per-link bytes per buffer byte, in phases that run one after the other."""
+
     algorithm: str
     kind: str
-    loads: dict[int, float]  # link id -> bytes per byte of buffer
+    phases: tuple[dict[int, float], ...]  # per phase: link id -> bytes per byte of buffer
     n_ranks: int
     n_nodes: int
     ranks_per_node: int
 
     def bottleneck_s_per_byte(self, fabric: Fabric) -> float:
         cap = fabric.capacity_bytes_per_s
-        return max((load / cap[link] for link, load in self.loads.items()), default=0.0)
+        return sum(max((load / cap[link] for link, load in phase.items()), default=0.0) for phase in self.phases)
 
 
 def per_rank_traffic(kind: str, n: int) -> float:
@@ -74,14 +82,43 @@ def ring_steps(kind: str, n: int) -> int:
     return 2 * (n - 1) if kind == "all_reduce" else n - 1
 
 
-# ---- intra-node ring and path search (cached per set of local GPUs) ----------
+# ---- intra-node ring and chain search (cached per set of local GPUs) ---------
+#
+# A directed arc (a, b) between two GPUs is a bundle of `count` physical links
+# (Frontier's in-package pairs have 4 xGMI links, others 2 or 1). Like RCCL's
+# topology search, each ring (channel) claims one link of every arc it uses,
+# so a 4-link bundle can carry four rings while a 1-link arc carries one.
 
-def _bw(direct: dict[tuple[int, int], float], a: int, b: int) -> float:
-    return direct.get((a, b), 0.0)
+Arcs = dict[tuple[int, int], tuple[float, int]]  # (a, b) -> (bandwidth per link, link count)
 
 
-def pack_rings(members: tuple[int, ...], direct: dict[tuple[int, int], float]) -> list[tuple[int, ...]]:
-    """Directed rings over local GPUs, each on direct links unused by earlier rings.
+def _score(seq: tuple[int, ...], arcs: Arcs, used: dict[tuple[int, int], int], closed: bool):
+    """How good a ring or path is, or None if one of its arcs is missing or full.
+
+    Slowest per-link bandwidth first; then the fewest links left on its most
+    used arc, and the most links left in total, so rings spread over all the
+    pairs of a fully connected node rather than reuse one cycle; then speed.
+    """
+    hops = len(seq) if closed else len(seq) - 1
+    bws, left = [], []
+    for i in range(hops):
+        arc = (seq[i], seq[(i + 1) % len(seq)])
+        if arc not in arcs or used.get(arc, 0) >= arcs[arc][1]:
+            return None
+        bws.append(arcs[arc][0])
+        left.append(arcs[arc][1] - used.get(arc, 0))
+    return (min(bws), min(left), sum(left), sum(bws)) if bws else (0.0, 0, 0, 0.0)
+
+
+def _claim(seq: tuple[int, ...], used: dict[tuple[int, int], int], closed: bool) -> None:
+    hops = len(seq) if closed else len(seq) - 1
+    for i in range(hops):
+        arc = (seq[i], seq[(i + 1) % len(seq)])
+        used[arc] = used.get(arc, 0) + 1
+
+
+def pack_rings(members: tuple[int, ...], arcs: Arcs, max_rings: int = MAX_CHANNELS) -> list[tuple[int, ...]]:
+    """Directed rings over local GPUs, each claiming one free link of every arc it uses.
 
     Greedy: repeatedly take the ring whose slowest link is fastest (then the
     largest total). Falls back to one ring in the given order (routed over
@@ -89,42 +126,46 @@ def pack_rings(members: tuple[int, ...], direct: dict[tuple[int, int], float]) -
     """
     if len(members) < 2:
         return [members]
-    used: set[tuple[int, int]] = set()
+    used: dict[tuple[int, int], int] = {}
     rings: list[tuple[int, ...]] = []
     first, rest = members[0], members[1:]
-    while True:
+    while len(rings) < max_rings:
         best, best_score = None, None
         for perm in permutations(rest):
             cycle = (first,) + perm
-            arcs = [(cycle[i], cycle[(i + 1) % len(cycle)]) for i in range(len(cycle))]
-            if any(arc in used or arc not in direct for arc in arcs):
-                continue
-            bws = [direct[arc] for arc in arcs]
-            score = (min(bws), sum(bws))
-            if best_score is None or score > best_score:
+            score = _score(cycle, arcs, used, closed=True)
+            if score is not None and (best_score is None or score > best_score):
                 best, best_score = cycle, score
         if best is None:
             break
         rings.append(best)
-        used.update((best[i], best[(i + 1) % len(best)]) for i in range(len(best)))
-        if len(best) == 2:  # a 2-ring uses both directions of its only pair
-            break
+        _claim(best, used, closed=True)
     return rings or [members]
 
 
-def best_path(start: int, others: tuple[int, ...], direct: dict[tuple[int, int], float]) -> tuple[int, ...]:
-    """A Hamiltonian path from `start` through `others` maximising its slowest link."""
-    if not others:
-        return (start,)
-    best, best_score = None, None
-    for perm in permutations(others):
-        path = (start,) + perm
-        bws = [_bw(direct, path[i], path[i + 1]) for i in range(len(path) - 1)]
-        score = (min(bws), sum(bws))
-        if best_score is None or score > best_score:
-            best, best_score = path, score
-    assert best is not None
-    return best
+def pack_chains(members: tuple[int, ...], starts: tuple[int, ...], arcs: Arcs) -> list[tuple[int, ...]]:
+    """One Hamiltonian path per channel through a node's members, from that channel's start GPU.
+
+    Channels claim links as rings do, so chains spread over the node's links;
+    a channel that finds no free direct path takes the best path regardless.
+    """
+    used: dict[tuple[int, int], int] = {}
+    chains = []
+    for start in starts:
+        others = tuple(m for m in members if m != start)
+        best, best_score = None, None
+        for relaxed in (False, True):
+            for perm in permutations(others):
+                path = (start,) + perm
+                score = _score(path, arcs, {} if relaxed else used, closed=False)
+                if score is not None and (best_score is None or score > best_score):
+                    best, best_score = path, score
+            if best is not None:
+                break
+        path = best if best is not None else (start,) + others
+        _claim(path, used, closed=False)
+        chains.append(path)
+    return chains
 
 
 # ---- algorithms --------------------------------------------------------------
@@ -134,10 +175,15 @@ class _Lowerer:
 
     def __init__(self, fabric: Fabric) -> None:
         self.fabric = fabric
-        self.direct = fabric.local_direct_links()
-        self.gpn = fabric.machine.node.gpus_per_node
-        self._rings = lru_cache(maxsize=None)(lambda members: pack_rings(members, self.direct))
-        self._path = lru_cache(maxsize=None)(lambda start, others: best_path(start, others, self.direct))
+        node = fabric.machine.node
+        direct = fabric.local_direct_links()
+        self.arcs: Arcs = {}
+        for link in node.links:
+            for a, b in ((link.a, link.b), (link.b, link.a)):
+                self.arcs[(a, b)] = (direct[(a, b)] / link.count, link.count)
+        self.gpn = node.gpus_per_node
+        self._rings = lru_cache(maxsize=None)(lambda members: pack_rings(members, self.arcs))
+        self._chains = lru_cache(maxsize=None)(lambda members, starts: pack_chains(members, starts, self.arcs))
 
     def by_node(self, gpus: tuple[int, ...]) -> dict[int, list[int]]:
         nodes: dict[int, list[int]] = {}
@@ -149,18 +195,20 @@ class _Lowerer:
         for link in self.fabric.route(src, dst, nic):
             loads[link] += amount
 
-    def node_chain(self, locals_: list[int], nic: int) -> tuple[int, ...]:
-        """The members of one node in the order a channel through `nic` visits them."""
-        near = [l for l in sorted(locals_) if self.fabric.nearest_nic(l) == nic]
-        start = near[0] if near else min(locals_)
-        return self._path(start, tuple(sorted(l for l in locals_ if l != start)))
+    def channel_starts(self, locals_: tuple[int, ...], nics: list[int]) -> tuple[int, ...]:
+        """Per channel (one per NIC), the member it enters the node at: the one nearest that NIC."""
+        starts = []
+        for nic in nics:
+            near = [l for l in locals_ if self.fabric.nearest_nic(l) == nic]
+            starts.append(near[0] if near else locals_[0])
+        return tuple(starts)
 
-    def ring(self, gpus: tuple[int, ...], kind: str) -> Lowering:
-        n = len(gpus)
+    def ring_loads(self, gpus: tuple[int, ...], traffic: float) -> dict[int, float]:
+        """Link loads of rings over `gpus`, each rank sending `traffic` bytes (per buffer byte) onward."""
         nodes = self.by_node(gpus)
         loads: dict[int, float] = defaultdict(float)
-        traffic = per_rank_traffic(kind, n) if n > 1 else 0.0
-        ppn = max(len(v) for v in nodes.values())
+        if len(gpus) < 2:
+            return loads
         if len(nodes) == 1:
             (node, locals_), = nodes.items()
             rings = self._rings(tuple(sorted(locals_)))
@@ -168,21 +216,53 @@ class _Lowerer:
             base = node * self.gpn
             for ring in rings:
                 for i in range(len(ring)):
-                    if len(ring) > 1:
-                        self.add_route(loads, base + ring[i], base + ring[(i + 1) % len(ring)], share)
-        else:
-            node_ids = list(nodes)
-            nics = sorted({self.fabric.nearest_nic(l) for l in nodes[node_ids[0]]})
-            share = traffic / len(nics)
-            for nic in nics:
-                chains = [(node, self.node_chain(nodes[node], nic)) for node in node_ids]
-                for j, (node, chain) in enumerate(chains):
-                    base = node * self.gpn
-                    for a, b in zip(chain, chain[1:]):
-                        self.add_route(loads, base + a, base + b, share)
-                    next_node, next_chain = chains[(j + 1) % len(chains)]
-                    self.add_route(loads, base + chain[-1], next_node * self.gpn + next_chain[0], share, nic)
-        return Lowering("ring", kind, dict(loads), n, len(nodes), ppn)
+                    self.add_route(loads, base + ring[i], base + ring[(i + 1) % len(ring)], share)
+            return loads
+        node_ids = list(nodes)
+        nics = sorted({self.fabric.nearest_nic(l) for l in nodes[node_ids[0]]})
+        share = traffic / len(nics)
+        node_chains = {}
+        for node in node_ids:
+            members = tuple(sorted(nodes[node]))
+            node_chains[node] = self._chains(members, self.channel_starts(members, nics))
+        for c, nic in enumerate(nics):
+            for j, node in enumerate(node_ids):
+                chain = node_chains[node][c]
+                base = node * self.gpn
+                for a, b in zip(chain, chain[1:]):
+                    self.add_route(loads, base + a, base + b, share)
+                next_node = node_ids[(j + 1) % len(node_ids)]
+                entry = next_node * self.gpn + node_chains[next_node][c][0]
+                self.add_route(loads, base + chain[-1], entry, share, nic)
+        return loads
+
+    def ring(self, gpus: tuple[int, ...], kind: str) -> Lowering:
+        n = len(gpus)
+        nodes = self.by_node(gpus)
+        loads = self.ring_loads(gpus, per_rank_traffic(kind, n) if n > 1 else 0.0)
+        ppn = max(len(v) for v in nodes.values())
+        return Lowering("ring", kind, (dict(loads),), n, len(nodes), ppn)
+
+    def hierarchical(self, gpus: tuple[int, ...], kind: str) -> Lowering | None:
+        """All-reduce as reduce-scatter in each node, all-reduce of each shard across nodes
+        over all NICs at once (local rank i with the local rank i of every other node), all-gather
+        in each node: three phases, one after the other."""
+        nodes = self.by_node(gpus)
+        sizes = {len(v) for v in nodes.values()}
+        if kind != "all_reduce" or len(nodes) < 2 or len(sizes) != 1 or min(sizes) < 2:
+            return None
+        per_node, n_nodes = sizes.pop(), len(nodes)
+        ordered = {node: [node * self.gpn + l for l in sorted(locals_)] for node, locals_ in nodes.items()}
+        intra: dict[int, float] = defaultdict(float)
+        for members in ordered.values():
+            for link, load in self.ring_loads(tuple(members), per_rank_traffic("reduce_scatter", per_node)).items():
+                intra[link] += load
+        inter: dict[int, float] = defaultdict(float)
+        for i in range(per_node):
+            peers = tuple(members[i] for members in ordered.values())
+            for link, load in self.ring_loads(peers, per_rank_traffic("all_reduce", n_nodes) / per_node).items():
+                inter[link] += load
+        return Lowering("hierarchical", kind, (dict(intra), dict(inter), dict(intra)), len(gpus), n_nodes, per_node)
 
     def tree(self, gpus: tuple[int, ...], kind: str) -> Lowering | None:
         nodes = self.by_node(gpus)
@@ -191,8 +271,8 @@ class _Lowerer:
         loads: dict[int, float] = defaultdict(float)
         heads = []
         for node, locals_ in nodes.items():
-            nic = self.fabric.nearest_nic(min(locals_))
-            chain = self.node_chain(locals_, nic)
+            members = tuple(sorted(locals_))
+            chain = self._chains(members, members[:1])[0]
             base = node * self.gpn
             for a, b in zip(chain, chain[1:]):  # reduce up the chain, broadcast down
                 self.add_route(loads, base + a, base + b, 1.0)
@@ -205,7 +285,7 @@ class _Lowerer:
                 self.add_route(loads, child, parent, 0.5)
                 self.add_route(loads, parent, child, 0.5)
         ppn = max(len(v) for v in nodes.values())
-        return Lowering("tree", kind, dict(loads), len(gpus), len(nodes), ppn)
+        return Lowering("tree", kind, (dict(loads),), len(gpus), len(nodes), ppn)
 
     def pairwise(self, gpus: tuple[int, ...], kind: str) -> Lowering | None:
         if kind != "all_to_all":
@@ -217,7 +297,7 @@ class _Lowerer:
                 if src != dst:
                     self.add_route(loads, src, dst, 1.0 / n)
         nodes = self.by_node(gpus)
-        return Lowering("pairwise", kind, dict(loads), n, len(nodes), max(len(v) for v in nodes.values()))
+        return Lowering("pairwise", kind, (dict(loads),), n, len(nodes), max(len(v) for v in nodes.values()))
 
 
 def _ring(lowerer: _Lowerer, gpus: tuple[int, ...], kind: str) -> Lowering | None:
@@ -227,6 +307,7 @@ def _ring(lowerer: _Lowerer, gpus: tuple[int, ...], kind: str) -> Lowering | Non
 ALGORITHMS: dict[str, Callable[[_Lowerer, tuple[int, ...], str], Lowering | None]] = {
     "ring": _ring,
     "tree": lambda lowerer, gpus, kind: lowerer.tree(gpus, kind),
+    "hierarchical": lambda lowerer, gpus, kind: lowerer.hierarchical(gpus, kind),
     "pairwise": lambda lowerer, gpus, kind: lowerer.pairwise(gpus, kind),
 }
 
@@ -266,6 +347,9 @@ class CollectiveModel:
             base = t.base_latency_s[("tree", protocol)]
             return base + 2 * ((lowering.ranks_per_node - 1) * intra + log2(lowering.n_nodes) * inter)
         base = t.base_latency_s[("ring", protocol)]
+        if lowering.algorithm == "hierarchical":
+            base = t.base_latency_s[("ring", protocol)]
+            return base + 2 * (lowering.ranks_per_node - 1) * intra + 2 * (lowering.n_nodes - 1) * inter
         if lowering.algorithm == "pairwise":
             return base + (lowering.n_ranks - 1) * (inter if lowering.n_nodes > 1 else intra)
         steps = ring_steps(lowering.kind, lowering.n_ranks)

@@ -147,10 +147,11 @@ class Simulator:
         def run_collective(members, type_id, nbytes, done):
             for c in members:
                 units[c].comm_changed(+1)
-            latency, loads, s_per_byte = flow_types.cost(type_id)
+            latency, phases = flow_types.cost(type_id)
             if latency > 0:
                 yield env.timeout(latency)
-            yield network.start(loads, nbytes * s_per_byte)
+            for loads, s_per_byte in phases:
+                yield network.start(loads, nbytes * s_per_byte)
             for c in members:
                 units[c].comm_changed(-1)
             done.succeed()

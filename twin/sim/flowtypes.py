@@ -1,7 +1,7 @@
 """The network flows a schedule will create, prepared before the clock starts.
 
-Every collective op of a simulated rank becomes one flow of a *type*:
-(family, kind, algorithm, protocol). A type's load is the sum, over the
+Every collective op of a simulated rank becomes one flow per phase of its
+*type*: (family, kind, algorithm, protocol). A type's load in a phase is the sum, over the
 family's concurrent instances, of each instance's per-link bytes per buffer
 byte (twin.sim.collectives), divided by the protocol's bandwidth efficiency,
 and divided by each link's capacity: seconds per byte on each link.
@@ -32,17 +32,20 @@ _DOMINANCE_PRUNE_MAX_TYPES = 64
 @dataclass(frozen=True)
 class FlowTypes:
     per_op: tuple[dict[int, tuple[int, int, int, float]], ...]  # class -> op id -> (family, seq, type, nbytes)
-    latency_s: tuple[float, ...]
-    loads: np.ndarray  # types x link classes, each row's max = 1 (or all zero)
-    s_per_byte: np.ndarray  # types: seconds per byte alone
+    latency_s: tuple[float, ...]  # per type
+    phase_rows: tuple[tuple[int, ...], ...]  # per type: its phases' rows in `loads`
+    loads: np.ndarray  # (type, phase) rows x link classes, each row's max = 1 (or all zero)
+    s_per_byte: np.ndarray  # per row: seconds per byte alone
     keys: tuple[tuple[int, str, str, str], ...]  # (family, kind, algorithm, protocol)
 
     @property
     def n_classes(self) -> int:
         return self.loads.shape[1]
 
-    def cost(self, type_id: int) -> tuple[float, np.ndarray, float]:
-        return self.latency_s[type_id], self.loads[type_id], float(self.s_per_byte[type_id])
+    def cost(self, type_id: int) -> tuple[float, list[tuple[np.ndarray, float]]]:
+        """Latency, then per phase (loads over link classes, seconds per byte alone)."""
+        phases = [(self.loads[row], float(self.s_per_byte[row])) for row in self.phase_rows[type_id]]
+        return self.latency_s[type_id], phases
 
     @classmethod
     def build(cls, schedule: Schedule, sym: Symmetry, model: CollectiveModel, gpu_of: list[int]) -> "FlowTypes":
@@ -78,20 +81,25 @@ class FlowTypes:
         keys = tuple(type_ids)
         fabric = model.fabric
         capacity = fabric.capacity_bytes_per_s
-        rows: list[dict[int, float]] = []
+        rows: list[dict[int, float]] = []  # one per (type, phase)
+        phase_rows: list[tuple[int, ...]] = []
         latencies = []
         for family, kind, algorithm, protocol in keys:
             fraction = model.tuning.protocol_bw_fraction[protocol]
-            total: dict[int, float] = defaultdict(float)
             instances = sym.families[family].instances
-            for members in instances:
-                lowering = model.lowering(tuple(gpu_of[r] for r in members), kind, algorithm)
-                for link, load in lowering.loads.items():
-                    total[link] += load / (fraction * capacity[link])
-            rows.append(total)
-            latencies.append(model.latency_s(model.lowering(first_gpus(family), kind, algorithm), protocol))
-        loads, s_per_byte = _compress(rows, prune=len(keys) <= _DOMINANCE_PRUNE_MAX_TYPES)
-        return cls(tuple(per_op), tuple(latencies), loads, s_per_byte, keys)
+            lowerings = [model.lowering(tuple(gpu_of[r] for r in members), kind, algorithm) for members in instances]
+            indices = []
+            for phase in range(len(lowerings[0].phases)):
+                total: dict[int, float] = defaultdict(float)
+                for lowering in lowerings:
+                    for link, load in lowering.phases[phase].items():
+                        total[link] += load / (fraction * capacity[link])
+                indices.append(len(rows))
+                rows.append(total)
+            phase_rows.append(tuple(indices))
+            latencies.append(model.latency_s(lowerings[0], protocol))
+        loads, s_per_byte = _compress(rows, prune=len(rows) <= _DOMINANCE_PRUNE_MAX_TYPES)
+        return cls(tuple(per_op), tuple(latencies), tuple(phase_rows), loads, s_per_byte, keys)
 
 
 def _compress(rows: list[dict[int, float]], prune: bool) -> tuple[np.ndarray, np.ndarray]:
