@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+# The file format leaves out fields equal to their dataclass default
+# (twin.ir_io), so changing a default here changes the format: bump the version.
 IR_VERSION = 1
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
@@ -88,6 +90,12 @@ class Elementwise:
 
 @dataclass(frozen=True)
 class Collective:
+    """A collective on every member of this rank's instance of the `group` axis.
+
+    `nbytes` is the full buffer: the all-reduce buffer, the all-gather output,
+    the reduce-scatter input (as nccl-tests counts).
+    """
+
     kind: str
     group: str
     nbytes: float
@@ -96,7 +104,11 @@ class Collective:
 
 @dataclass(frozen=True)
 class P2P:
-    """A send to, or receive from, the rank `peer` steps along the `group` axis."""
+    """A send to, or receive from, the rank `peer` steps along the `group` axis.
+
+    The peer is the member at (own position in the instance + peer); it must
+    lie inside the instance (no wrap-around).
+    """
 
     kind: str
     group: str

@@ -21,7 +21,7 @@ NN/NT/TN layouts as AxoNN does in its first batch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from twin.errors import TwinError
 from twin.model import ModelSpec
@@ -164,7 +164,3 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
 def with_micro_batch(plan: ParallelPlan, mbs: int) -> ParallelPlan:
     """The plan with its micro-batch size fixed (and gradient accumulation implied)."""
     return replace(plan, mbs=mbs, ga=plan.sequences_per_rank // mbs)
-
-
-def plan_fields() -> list[str]:
-    return [f.name for f in fields(ParallelPlan)]

@@ -46,7 +46,6 @@ def classify(schedule: Schedule, full: bool) -> Symmetry:
         programs = tuple(range(len(schedule.programs)))
         class_of = {r: i for i, p in enumerate(schedule.programs) for r in p.ranks}
 
-    rep_class = {rank: c for c, rank in enumerate(representatives)}
     families: list[Family] = []
     family_of: dict[tuple[int, str], int] = {}
     for axis in schedule.groups:
@@ -59,7 +58,4 @@ def classify(schedule: Schedule, full: bool) -> Symmetry:
             families.append(Family(axis.name, key, tuple(instances)))
             for c in key:
                 family_of[(c, axis.name)] = index
-    # Every class must be able to resolve each axis its program uses: checked by
-    # validate_schedule (group mismatch); rep_class is only a sanity map here.
-    del rep_class
     return Symmetry(representatives, programs, tuple(families), family_of)
