@@ -13,7 +13,8 @@ from topologies import Fabric, dragonfly, list_machines, load_machine, place_ran
 from twin.errors import TwinError
 
 TOPO_DIR = Path(__file__).resolve().parents[1] / "topologies"
-MACHINES = ["frontier", "perlmutter", "alps"]
+MACHINES = ["frontier", "perlmutter", "alps"]  # the dragonfly seeds
+ALL_MACHINES = MACHINES + ["dgx-a100"]  # dgx-a100's fat tree: tests/test_fattree.py
 STRUCTURAL = {"a", "b", "count", "index", "attach_gpu"}
 
 # A small fake machine: 4 devices in a line 0-1-2-3, one NIC on device 0,
@@ -166,7 +167,7 @@ def _walk(table: dict, path: str, problems: list[str]) -> int:
     return count
 
 
-@pytest.mark.parametrize("name", MACHINES)
+@pytest.mark.parametrize("name", ALL_MACHINES)
 def test_every_number_has_a_source_or_an_estimate(name):
     with open(TOPO_DIR / f"{name}.toml", "rb") as f:
         data = tomllib.load(f)
@@ -176,8 +177,8 @@ def test_every_number_has_a_source_or_an_estimate(name):
     assert count == len(load_machine(name).sources) > 40
 
 
-def test_list_machines_has_the_three_seeds():
-    assert set(MACHINES) <= set(list_machines())
+def test_list_machines_has_the_seeds_and_dgx_a100():
+    assert set(ALL_MACHINES) <= set(list_machines())
 
 
 def test_units_are_si(frontier):
@@ -189,7 +190,8 @@ def test_units_are_si(frontier):
     assert c.base_latency_s[("ring", "ll")] == pytest.approx(6.6e-6)
     assert c.protocols == ("ll", "simple")
     assert frontier.network.link_bw_bytes_per_s == 25e9
-    assert frontier.max_gpus == 74 * 128 * 8
+    assert frontier.max_gpus == 74 * 128 * 8 and frontier.max_nodes == frontier.network.max_nodes
+    assert frontier.network.kind == "dragonfly" and frontier.node.switch is None
     assert frontier.sources["device.hbm_gb"].value == 64.0
 
 
@@ -414,6 +416,7 @@ def test_invalid_toml(tmp_path):
     ("attach_gpu = 1\n", "attach_gpu = 8\n", "node.nics[0].attach_gpu"),
     ("xgmi = { value = 0.75,", "xgmx = { value = 0.75,", "node.link_efficiency.xgmi"),
     ("n_groups = ", "n_group = ", "network.n_groups"),
+    ('kind = "dragonfly"', 'kind = "torus"', "network.kind"),
     ('allowed = ["ll", "simple"]', 'allowed = ["ll", "fast"]', "collectives.protocols.allowed"),
 ])
 def test_load_errors_name_the_field(tmp_path, old, new, field):

@@ -2,7 +2,7 @@
 
     load_machine("frontier")   -> Machine (SI units, every number's source kept)
     Machine.node_graph()       -> networkx graph of one node
-    Machine.network_graph(n)   -> networkx graph of a job's nodes and switches
+    Machine.network_graph(n)   -> networkx graph of a job's nodes and switches (dragonfly or fat tree)
     Fabric(machine, n_gpus)    -> link ids, capacities and cached routes (simulator)
     place_ranks(n, machine)    -> rank -> GPU
 """

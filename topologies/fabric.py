@@ -9,61 +9,60 @@ of a second, and routes are cached per (src, dst, nic).
 
 Link ids, in order:
 
-* per node n, a block of ``2 * len(node.links) + 4 * len(node.nics)`` ids:
-  each device link in both directions, then per NIC k its attach link up
+* per node n, a block of ``2 * len(node.links) + 2 * gpus_per_node`` (the
+  latter only with a node switch) ``+ 4 * len(node.nics)`` ids: each device
+  link in both directions; with a node switch (NVSwitch), per device its
+  port up (device -> switch) and down; then per NIC k its attach link up
   (device -> NIC) and down, its injection link (NIC -> switch) and its
   ejection link (switch -> NIC);
-* per used group, the all-to-all local links between its switches;
-* per pair of used groups, each global link in both directions;
-* with adaptive routing, per used group a global egress and ingress pool.
+* the network's own links, laid out by its kind's module:
+  ``topologies.dragonfly.Links`` (local, global links and adaptive-routing
+  pools) or ``topologies.fattree.Links`` (per leaf switch a spine pool up and
+  down). That module also routes between the NICs' switches.
 
-Routing between groups. "minimal": local hop to the switch owning the global
-link, the global link (one of the pair's parallel links, ECMP-spread), local
-hop. "adaptive" (Slingshot's UGAL-style routing) [estimate]: traffic leaving
-a group spreads over all its global links, minimally or through an
-intermediate group, so its bottleneck is the group's pooled global bandwidth:
-links_per_pair x (n_groups - 1) links, halved because a non-minimal path
-crosses two global links. The pool assumes the rest of the machine is idle;
-local hops inside the groups are left out (a switch's 31 local ports carry
-more than its 16 endpoints can inject).
+A network module's ``Links`` is built as ``Links(net, nics_per_node,
+n_nodes, base, nic_efficiency)`` and offers ``capacity_bytes_per_s``,
+``latency_s`` and ``kind`` (arrays over its ids, starting at ``base``),
+``names()``, ``nic_switch(node, nic)`` (the name of the switch a NIC is
+cabled to) and ``path(src_node, dst_node, nic)`` (link ids between the two
+nodes' switches for that NIC).
 
 Capacities are peak per direction times the achieved/peak efficiency of the
 link's kind (``node.link_efficiency``; switch-to-switch links use the "nic"
-efficiency, the same Slingshot link layer). Latencies: an injection link
-carries the NIC's end-to-end latency, every link leaving a switch (local,
-global, ejection) one switch hop; on-node links carry none (the collective
+efficiency, the same link layer). Latencies: an injection link carries the
+NIC's end-to-end latency, every link leaving a network switch one switch
+hop; on-node links, the node switch's included, carry none (the collective
 model's per-hop latencies cover them). Summing ``latency_s`` over a route
 gives its zero-load latency.
 
 The machine's first nodes are used, in order (see ``topologies.placement``).
-Where NICs and global links sit follows ``topologies.dragonfly``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from topologies import dragonfly
-from topologies.machine import Machine
+from topologies.machine import NETWORK_KINDS, Machine
 from twin.errors import TwinError
 
 
-def _best_paths(n: int, bw: dict[tuple[int, int], float]) -> dict[tuple[int, int], tuple[int, ...]]:
-    """For each ordered pair of local devices, the path a transfer takes.
+def _best_paths(n: int, n_vertices: int, bw: dict[tuple[int, int], float]) -> dict[tuple[int, int], tuple[int, ...]]:
+    """For each ordered pair of the n local devices, the path a transfer takes.
 
+    Local vertices are the devices 0..n-1 and, from n on, node switches.
     Fewest hops first (a direct link wins even where a 2-hop path is wider:
     NCCL/RCCL point-to-point uses the direct link), then the widest
-    bottleneck, then the lowest intermediate indices. Paths list the devices
+    bottleneck, then the lowest intermediate indices. Paths list the vertices
     visited, ends included. Nodes are small (<= 16 devices), so exhaustive
     search by increasing length is cheap and obviously right.
     """
-    adj = {i: sorted(b for (a, b) in bw if a == i) for i in range(n)}
+    adj = {i: sorted(b for (a, b) in bw if a == i) for i in range(n_vertices)}
     paths: dict[tuple[int, int], tuple[int, ...]] = {}
     for src in range(n):
         for dst in range(n):
             if src == dst:
                 continue
-            for hops in range(1, n):
+            for hops in range(1, n_vertices):
                 found: list[tuple[float, tuple[int, ...]]] = []
                 stack: list[tuple[int, ...]] = [(src,)]
                 while stack:
@@ -95,17 +94,27 @@ class Fabric:
         self.n_nodes = n_nodes = -(-n_gpus // gpn)
         eff = node.link_efficiency
 
-        # Per-node template: offsets within a node's block.
+        # Per-node template: offsets within a node's block. Local vertices:
+        # devices 0..gpn-1, the node switch (if any) gpn.
         cap, lat, kind = [], [], []
         label: list[tuple[str, int | None]] = []  # name template, NIC index if it names a switch
         self._offset: dict[tuple[int, int], int] = {}
+
+        def add(a: int, b: int, bw: float, link_kind: str, name: str) -> None:
+            self._offset[(a, b)] = len(cap)
+            cap.append(bw * eff[link_kind])
+            lat.append(0.0)
+            kind.append(link_kind)
+            label.append((name, None))
+
         for link in node.links:
             for a, b in ((link.a, link.b), (link.b, link.a)):
-                self._offset[(a, b)] = len(cap)
-                cap.append(link.bw_bytes_per_s * eff[link.kind])
-                lat.append(0.0)
-                kind.append(link.kind)
-                label.append((f"gpu{a}->gpu{b}", None))
+                add(a, b, link.bw_bytes_per_s, link.kind, f"gpu{a}->gpu{b}")
+        sw = node.switch
+        if sw is not None:
+            for i in range(gpn):
+                add(i, gpn, sw.bw_bytes_per_s, sw.link_kind, f"gpu{i}->{sw.kind}")
+                add(gpn, i, sw.bw_bytes_per_s, sw.link_kind, f"{sw.kind}->gpu{i}")
         self._nic_base = len(cap)  # NIC k: base + 4k + (0 up, 1 down, 2 inject, 3 eject)
         for nic in node.nics:
             g, k = nic.attach_gpu, nic.index
@@ -119,40 +128,19 @@ class Fabric:
         self._block = block = len(cap)
         self._nic_gpu = [nic.attach_gpu for nic in node.nics]
 
-        # Network links of the used groups.
-        S = net.switches_per_group
-        self._n_groups = n_groups = -(-n_nodes // net.nodes_per_group)
-        self._local_base = n_nodes * block
-        n_local = n_groups * S * (S - 1)
-        self._global_base = self._local_base + n_local
-        self._global: dict[tuple[int, int, int], int] = {}
-        glabel = []
-        for ga in range(n_groups):
-            for gb in range(ga + 1, n_groups):
-                for j in range(net.global_links_per_group_pair):
-                    self._global[(ga, gb, j)] = self._global_base + len(glabel)
-                    self._global[(gb, ga, j)] = self._global_base + len(glabel) + 1
-                    glabel += [f"g{ga}->g{gb}#{j}", f"g{gb}->g{ga}#{j}"]
-        net_cap = net.link_bw_bytes_per_s * eff["nic"]
-        # Adaptive routing: one egress and one ingress pool per used group.
-        self._pool_base = self._global_base + len(glabel)
-        n_pool = 2 * n_groups if net.routing == "adaptive" else 0
-        glabel += [f"g{g}:global-{d}" for g in range(n_groups) for d in ("out", "in")][:n_pool]
-        pool_cap = net.global_links_per_group_pair * (net.n_groups - 1) * net_cap / 2
-        n_net = n_local + len(glabel)
+        # The network's links, after the node blocks.
+        self._net = NETWORK_KINDS[net.kind].Links(net, len(node.nics), n_nodes, n_nodes * block, eff["nic"])
         self.capacity_bytes_per_s = np.concatenate(
-            [np.tile(np.asarray(cap, dtype=float), n_nodes), np.full(n_net - n_pool, net_cap),
-             np.full(n_pool, pool_cap)])
-        self.latency_s = np.concatenate(
-            [np.tile(np.asarray(lat, dtype=float), n_nodes), np.full(n_net, net.switch_latency_s)])
-        self.link_kind = (kind * n_nodes + ["local"] * n_local + ["global"] * (len(glabel) - n_pool)
-                          + ["global_pool"] * n_pool)
-        self._label, self._glabel = label, glabel
+            [np.tile(np.asarray(cap, dtype=float), n_nodes), self._net.capacity_bytes_per_s])
+        self.latency_s = np.concatenate([np.tile(np.asarray(lat, dtype=float), n_nodes), self._net.latency_s])
+        self.link_kind = kind * n_nodes + self._net.kind
+        self._label = label
         self._names: list[str] | None = None
 
         # Local routing tables.
-        self._direct = {pair: self.capacity_bytes_per_s[off] for pair, off in self._offset.items()}
-        self._path = _best_paths(gpn, self._direct)
+        local_bw = {pair: self.capacity_bytes_per_s[off] for pair, off in self._offset.items()}
+        self._direct = {(a, b): bw for (a, b), bw in local_bw.items() if a < gpn and b < gpn}
+        self._path = _best_paths(gpn, gpn + (sw is not None), local_bw)
         self._path_links = {pair: tuple(self._offset[(p[i], p[i + 1])] for i in range(len(p) - 1))
                             for pair, p in self._path.items()}
         self._nearest = [self._pick_nic(g) for g in range(gpn)]
@@ -165,23 +153,19 @@ class Fabric:
 
     @property
     def link_name(self) -> list[str]:
-        """Readable names, e.g. "n3:gpu0->gpu1", "n3:nic1->sw0.5", "g0:sw3->sw7", "g0->g1#2".
+        """Readable names, e.g. "n3:gpu0->gpu1", "n3:gpu0->nvswitch", "n3:nic1->sw0.5",
+        "g0:sw3->sw7", "g0->g1#2", "n3:nic1->leaf0.1", "leaf0.1->spine".
 
         Built on first use: the simulator needs ids, people need names.
         """
         if self._names is None:
-            net, nics = self.machine.network, len(self.machine.node.nics)
             names: list[str] = []
             for n in range(self.n_nodes):
                 for lab, k in self._label:
                     if k is not None:
-                        grp, s = dragonfly.nic_switch(net, nics, n, k)
-                        lab = lab.format(sw=f"sw{grp}.{s}")
+                        lab = lab.format(sw=self._net.nic_switch(n, k))
                     names.append(f"n{n}:{lab}")
-            S = net.switches_per_group
-            for grp in range(self._n_groups):
-                names += [f"g{grp}:sw{a}->sw{b}" for a in range(S) for b in range(S) if a != b]
-            self._names = names + self._glabel
+            self._names = names + self._net.names()
         return self._names
 
     def node_of(self, gpu: int) -> int:
@@ -191,8 +175,37 @@ class Fabric:
         return gpu % self._gpn
 
     def local_direct_links(self) -> dict[tuple[int, int], float]:
-        """(a, b) local indices with a direct link -> effective bytes/s per direction."""
+        """(a, b) local indices with a direct link -> effective bytes/s per direction.
+
+        Direct device-to-device links only: paths through a node switch are
+        not listed (see ``ring_arcs``).
+        """
         return {pair: float(bw) for pair, bw in self._direct.items()}
+
+    def ring_arcs(self) -> dict[tuple[int, int], tuple[float, int]]:
+        """(a, b) local devices -> (effective bytes/s per physical link, links) a ring may use.
+
+        What a collective's ring search packs its channels over. A direct
+        link bundle is one arc per direction whose ``count`` links each carry
+        a ``1/count`` share. Through a node switch, every ordered pair without
+        a direct link is a virtual arc of one link at the device's full port
+        bandwidth: any pair is reachable at full speed. The port itself is
+        still shared: ``route`` sends the transfer over the real
+        device -> switch -> device links, so every ring through a device
+        loads the same port.
+        """
+        node = self.machine.node
+        arcs: dict[tuple[int, int], tuple[float, int]] = {}
+        for link in node.links:
+            for a, b in ((link.a, link.b), (link.b, link.a)):
+                arcs[(a, b)] = (float(self._direct[(a, b)]) / link.count, link.count)
+        if node.switch is not None:
+            port = node.switch.bw_bytes_per_s * node.link_efficiency[node.switch.link_kind]
+            for a in range(self._gpn):
+                for b in range(self._gpn):
+                    if a != b:
+                        arcs.setdefault((a, b), (port, 1))
+        return arcs
 
     def nearest_nic(self, local_gpu: int) -> int:
         """The NIC NCCL/RCCL would use from this device.
@@ -225,9 +238,10 @@ class Fabric:
     def route(self, src_gpu: int, dst_gpu: int, nic: int | None = None) -> tuple[int, ...]:
         """Directed link ids from src_gpu to dst_gpu (empty if equal), cached.
 
-        Same node: the on-node path (direct link, else the widest 2-hop path).
-        Different nodes: on-node path to the NIC's device, attach, injection,
-        minimal dragonfly route, ejection, attach, on-node path. ``nic`` is
+        Same node: the on-node path (direct link, else the widest 2-hop path,
+        e.g. through the node switch). Different nodes: on-node path to the
+        NIC's device, attach, injection, the network's route between the two
+        NICs' switches, ejection, attach, on-node path. ``nic`` is
         the NIC index used on both nodes (default: ``nearest_nic`` of src).
         """
         key = (src_gpu, dst_gpu, nic)
@@ -251,27 +265,7 @@ class Fabric:
         bs, bd, nb = ns * self._block, nd * self._block, self._nic_base + 4 * k
         ids = [bs + o for o in self._path_links.get((ls, att), ())]
         ids += [bs + nb, bs + nb + 2]
-        ids += self._switch_path(ns, nd, k)
+        ids += self._net.path(ns, nd, k)
         ids += [bd + nb + 3, bd + nb + 1]
         ids += [bd + o for o in self._path_links.get((att, ld), ())]
         return tuple(ids)
-
-    def _local_link(self, group: int, a: int, b: int) -> int:
-        S = self.machine.network.switches_per_group
-        return self._local_base + (group * S + a) * (S - 1) + (b - (b > a))
-
-    def _switch_path(self, ns: int, nd: int, k: int) -> list[int]:
-        net, nics = self.machine.network, len(self._nic_gpu)
-        ga, sa = dragonfly.nic_switch(net, nics, ns, k)
-        gb, sb = dragonfly.nic_switch(net, nics, nd, k)
-        if ga == gb:
-            return [] if sa == sb else [self._local_link(ga, sa, sb)]
-        if net.routing == "adaptive":
-            return [self._pool_base + 2 * ga, self._pool_base + 2 * gb + 1]
-        j = dragonfly.global_link_index(net, ns, nd)
-        out_sw, in_sw = dragonfly.global_port(net, ga, gb, j), dragonfly.global_port(net, gb, ga, j)
-        ids = [] if sa == out_sw else [self._local_link(ga, sa, out_sw)]
-        ids.append(self._global[(ga, gb, j)])
-        if in_sw != sb:
-            ids.append(self._local_link(gb, in_sw, sb))
-        return ids

@@ -1,11 +1,20 @@
 """A machine: its device, node, network and collective tuning, in SI units.
 
 A machine is a TOML file in this package (frontier.toml, perlmutter.toml,
-alps.toml) or anywhere on disk: a new machine is a new file, not new code.
+alps.toml, dgx-a100.toml) or anywhere on disk: a new machine is a new file,
+not new code.
 The files use human units named in each key (``hbm_bw_gb_per_s``,
 ``kernel_overhead_us``); ``load_machine`` converts them once, here, so that
 everything downstream works in bytes, seconds and flop/s (1 GB = 1e9 bytes).
 The file's numbers with their sources stay available in ``Machine.sources``.
+
+A node is devices joined by direct links (``[[node.links]]``) and/or a node
+switch every device has a port on (``[node.switch]``, NVSwitch). The network
+``kind`` picks a spec and a module placing its switches (``NETWORK_KINDS``):
+"dragonfly" (``DragonflySpec``, ``topologies.dragonfly``) or "fat_tree"
+(``FatTreeSpec``, ``topologies.fattree``). Both specs offer ``kind``,
+``max_nodes``, ``nodes_per_group``, ``n_groups``, ``link_bw_bytes_per_s``,
+``switch_latency_s``, ``nic_latency_s`` and ``describe()``.
 
 ``node_graph`` and ``network_graph`` return networkx graphs for inspection
 and figures; the simulator's hot path uses ``topologies.fabric.Fabric``.
@@ -16,16 +25,18 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import networkx as nx
 
-from topologies import dragonfly
+from topologies import dragonfly, fattree
 from topologies.schema import Fields, Sourced
 from twin.errors import TwinError
 
 __all__ = [
-    "Sourced", "DeviceSpec", "NodeLink", "NicSpec", "NodeSpec", "NetworkSpec",
-    "CollectiveTuning", "Machine", "load_machine", "list_machines",
+    "Sourced", "DeviceSpec", "NodeLink", "NicSpec", "NodeSwitch", "NodeSpec", "NetworkSpec",
+    "DragonflySpec", "FatTreeSpec", "NETWORK_KINDS", "CollectiveTuning", "Machine",
+    "load_machine", "list_machines",
 ]
 
 _DIR = Path(__file__).resolve().parent
@@ -75,20 +86,44 @@ class NicSpec:
     attach_bw_bytes_per_s: float  # device <-> NIC path peak per direction
 
 
+# Switch kinds a node may hold -> the link kind of its ports.
+NODE_SWITCHES = {"nvswitch": "nvlink"}
+
+
+@dataclass(frozen=True)
+class NodeSwitch:
+    """A switch inside the node that every local device has one port on (NVSwitch).
+
+    Modelled as one vertex: each device has an uplink and a downlink of
+    ``bw_bytes_per_s`` to it, so device-to-device traffic crosses two links
+    and a device's port, not a pair's link, is the bottleneck. The switch
+    fabric itself (six NVSwitch chips on a DGX A100) is taken to be
+    non-blocking.
+    """
+
+    kind: str  # graph vertex name, e.g. "nvswitch"
+    link_kind: str  # kind of the device <-> switch links, e.g. "nvlink"
+    links_per_gpu: int  # physical links bundled in each device's port
+    bw_bytes_per_s: float  # per device port, peak per direction
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     gpus_per_node: int
     links: tuple[NodeLink, ...]
     nics: tuple[NicSpec, ...]  # sorted by index, indices 0..n-1
     link_efficiency: dict[str, float]  # link kinds + "nic" + "attach"; network links use "nic"
+    switch: NodeSwitch | None = None
 
 
 ROUTINGS = ("minimal", "adaptive")
 
 
 @dataclass(frozen=True)
-class NetworkSpec:
-    kind: str
+class DragonflySpec:
+    """A Slingshot-style dragonfly (see ``topologies.dragonfly``)."""
+
+    kind: ClassVar[str] = "dragonfly"
     nodes_per_group: int
     switches_per_group: int
     endpoint_ports_per_switch: int
@@ -98,6 +133,55 @@ class NetworkSpec:
     switch_latency_s: float
     nic_latency_s: float
     routing: str = "minimal"  # "minimal" | "adaptive" (see topologies.fabric)
+
+    @property
+    def max_nodes(self) -> int:
+        return self.n_groups * self.nodes_per_group
+
+    def describe(self) -> str:
+        return f"dragonfly, {self.n_groups} groups x {self.nodes_per_group} nodes, {self.routing} routing"
+
+
+@dataclass(frozen=True)
+class FatTreeSpec:
+    """A rail-optimized two-level fat tree (see ``topologies.fattree``).
+
+    ``nodes_per_group`` and ``n_groups`` name the leaf groups (scalable
+    units) in the dragonfly's terms, so code that prints a network's groups
+    works on both kinds.
+    """
+
+    kind: ClassVar[str] = "fat_tree"
+    nodes_per_leaf_group: int  # nodes whose NIC k shares leaf switch k (a scalable unit)
+    n_nodes: int
+    link_bw_bytes_per_s: float
+    switch_latency_s: float
+    nic_latency_s: float
+    oversubscription: float  # leaf downlink / uplink bandwidth; 1 = full bisection
+
+    @property
+    def max_nodes(self) -> int:
+        return self.n_nodes
+
+    @property
+    def nodes_per_group(self) -> int:
+        return self.nodes_per_leaf_group
+
+    @property
+    def n_groups(self) -> int:
+        return -(-self.n_nodes // self.nodes_per_leaf_group)
+
+    @property
+    def leaf_uplink_bw_bytes_per_s(self) -> float:
+        """Peak per direction of one leaf switch's uplinks, all together."""
+        return self.nodes_per_leaf_group * self.link_bw_bytes_per_s / self.oversubscription
+
+    def describe(self) -> str:
+        return (f"fat_tree, {self.n_groups} leaf groups x {self.nodes_per_leaf_group} nodes, "
+                f"oversubscription {self.oversubscription:g}")
+
+
+NetworkSpec = DragonflySpec | FatTreeSpec
 
 
 @dataclass(frozen=True)
@@ -124,16 +208,18 @@ class Machine:
 
     @property
     def max_nodes(self) -> int:
-        return self.network.n_groups * self.network.nodes_per_group
+        return self.network.max_nodes
 
     @property
     def max_gpus(self) -> int:
         return self.max_nodes * self.node.gpus_per_node
 
     def node_graph(self) -> nx.DiGraph:
-        """One node: ("gpu", i) and ("nic", k), each link as two directed edges.
+        """One node: ("gpu", i), ("nic", k) and, with a node switch, (switch.kind, 0).
 
-        Edge attributes: bw_bytes_per_s (peak per direction), kind, count.
+        Each link is two directed edges. Attributes: bw_bytes_per_s (peak per
+        direction), kind, count (physical links bundled). A node switch has one
+        edge each way per device: devices talk through it, not directly.
         """
         g = nx.DiGraph(name=f"{self.name} node")
         g.add_nodes_from(("gpu", i) for i in range(self.node.gpus_per_node))
@@ -142,6 +228,12 @@ class Machine:
             attrs = dict(bw_bytes_per_s=link.bw_bytes_per_s, kind=link.kind, count=link.count)
             g.add_edge(("gpu", link.a), ("gpu", link.b), **attrs)
             g.add_edge(("gpu", link.b), ("gpu", link.a), **attrs)
+        sw = self.node.switch
+        if sw is not None:
+            attrs = dict(bw_bytes_per_s=sw.bw_bytes_per_s, kind=sw.link_kind, count=sw.links_per_gpu)
+            for i in range(self.node.gpus_per_node):
+                g.add_edge(("gpu", i), (sw.kind, 0), **attrs)
+                g.add_edge((sw.kind, 0), ("gpu", i), **attrs)
         for nic in self.node.nics:
             attrs = dict(bw_bytes_per_s=nic.attach_bw_bytes_per_s, kind="attach", count=1)
             g.add_edge(("gpu", nic.attach_gpu), ("nic", nic.index), **attrs)
@@ -149,50 +241,26 @@ class Machine:
         return g
 
     def network_graph(self, n_nodes: int) -> nx.DiGraph:
-        """The first ``n_nodes`` nodes and every switch of the groups they use.
+        """The first ``n_nodes`` nodes and every switch they use.
 
-        Vertices: ("gpu", node, i), ("nic", node, k), ("switch", group, s).
-        Edges (directed, both ways): node links, NIC attach links ("attach"),
-        NIC <-> switch ("nic"), all-to-all switch links inside each group
-        ("local"), and the global links between every pair of used groups
-        ("global"). Attributes: bw_bytes_per_s (peak per direction), kind,
-        count. The placement of endpoints and global links follows
-        ``topologies.dragonfly`` and matches ``Fabric`` link for link.
+        Node vertices are the ``node_graph`` ones with the node inserted:
+        ("gpu", node, i), ("nic", node, k), ("nvswitch", node, 0). The
+        network's switches and links come from its kind's module, which also
+        gives ``Fabric`` its link table, so the two match link for link:
+        ``topologies.dragonfly`` (("switch", group, s); "nic", "local",
+        "global" edges) or ``topologies.fattree`` (("leaf", unit, rail),
+        ("spine", 0); "nic", "spine_pool" edges). Attributes as in
+        ``node_graph``.
         """
         if not 1 <= n_nodes <= self.max_nodes:
             raise TwinError(f"n_nodes: {n_nodes} is outside 1..{self.max_nodes} for machine '{self.name}'")
-        net, node = self.network, self.node
         g = nx.DiGraph(name=f"{self.name} {n_nodes} nodes")
         local = self.node_graph()
         for n in range(n_nodes):
             g.add_nodes_from((kind, n, i) for kind, i in local.nodes)
             for (ku, u), (kv, v), attrs in local.edges(data=True):
                 g.add_edge((ku, n, u), (kv, n, v), **attrs)
-        n_used = -(-n_nodes // net.nodes_per_group)
-        link = dict(bw_bytes_per_s=net.link_bw_bytes_per_s, count=1)
-        for grp in range(n_used):
-            g.add_nodes_from(("switch", grp, s) for s in range(net.switches_per_group))
-            for a in range(net.switches_per_group):
-                for b in range(net.switches_per_group):
-                    if a != b:
-                        g.add_edge(("switch", grp, a), ("switch", grp, b), kind="local", **link)
-        for n in range(n_nodes):
-            for nic in node.nics:
-                sw = ("switch", *dragonfly.nic_switch(net, len(node.nics), n, nic.index))
-                attrs = dict(bw_bytes_per_s=nic.bw_bytes_per_s, kind="nic", count=1)
-                g.add_edge(("nic", n, nic.index), sw, **attrs)
-                g.add_edge(sw, ("nic", n, nic.index), **attrs)
-        for ga in range(n_used):
-            for gb in range(ga + 1, n_used):
-                for j in range(net.global_links_per_group_pair):
-                    u = ("switch", ga, dragonfly.global_port(net, ga, gb, j))
-                    v = ("switch", gb, dragonfly.global_port(net, gb, ga, j))
-                    for x, y in ((u, v), (v, u)):
-                        if g.has_edge(x, y):
-                            g[x][y]["count"] += 1
-                            g[x][y]["bw_bytes_per_s"] += net.link_bw_bytes_per_s
-                        else:
-                            g.add_edge(x, y, kind="global", **link)
+        NETWORK_KINDS[self.network.kind].add_network(g, self.network, self.node.nics, n_nodes)
         return g
 
 
@@ -297,15 +365,29 @@ def _node(f: Fields) -> NodeSpec:
     nics.sort(key=lambda x: x.index)
     if [x.index for x in nics] != list(range(len(nics))):
         f.fail("nics", f"indices are {[x.index for x in nics]}; number the NICs 0..{len(nics) - 1}")
+    switch = _switch(f.table("switch")) if f.has("switch") else None
     ef = f.table("link_efficiency")
     eff = {k: ef.number(k, "fraction") for k in ef.keys()}
-    for kind in sorted({lk.kind for lk in links} | {"nic", "attach"}):
+    kinds = {lk.kind for lk in links} | {"nic", "attach"} | ({switch.link_kind} if switch else set())
+    for kind in sorted(kinds):
         if kind not in eff:
             ef.fail(kind, f'is missing; add {kind} = {{ value = 0.8, estimate = "..." }} (achieved/peak)')
     ef.finish()
-    _check_connected(f, n, links)
+    if switch is None:
+        _check_connected(f, n, links)
     f.finish()
-    return NodeSpec(n, tuple(links), tuple(nics), eff)
+    return NodeSpec(n, tuple(links), tuple(nics), eff, switch)
+
+
+def _switch(f: Fields) -> NodeSwitch:
+    """``[node.switch]``: a switch every device has one port on (NVSwitch)."""
+    kind = f.text("kind")
+    if kind not in NODE_SWITCHES:
+        f.fail("kind", f"is '{kind}'; use one of {', '.join(repr(k) for k in NODE_SWITCHES)}")
+    sw = NodeSwitch(kind, NODE_SWITCHES[kind], f.integer("links_per_gpu"),
+                    f.number("bw_per_direction_gb_per_s") * GB)
+    f.finish()
+    return sw
 
 
 def _check_connected(f: Fields, n: int, links: list[NodeLink]) -> None:
@@ -326,10 +408,15 @@ def _check_connected(f: Fields, n: int, links: list[NodeLink]) -> None:
 
 def _network(f: Fields, node: NodeSpec) -> NetworkSpec:
     kind = f.text("kind")
-    if kind != "dragonfly":
-        f.fail("kind", f"is '{kind}'; only \"dragonfly\" is supported")
-    net = NetworkSpec(
-        kind=kind,
+    if kind not in _NETWORK_READERS:
+        f.fail("kind", f"is '{kind}'; use one of {', '.join(repr(k) for k in _NETWORK_READERS)}")
+    net = _NETWORK_READERS[kind](f, node)
+    f.finish()
+    return net
+
+
+def _dragonfly(f: Fields, node: NodeSpec) -> DragonflySpec:
+    net = DragonflySpec(
         nodes_per_group=f.integer("nodes_per_group"),
         switches_per_group=f.integer("switches_per_group"),
         endpoint_ports_per_switch=f.integer("endpoint_ports_per_switch"),
@@ -349,8 +436,28 @@ def _network(f: Fields, node: NodeSpec) -> NetworkSpec:
                "endpoint ports; raise it")
     if net.global_links_per_group_pair > net.switches_per_group:
         f.fail("global_links_per_group_pair", "exceeds switches_per_group; each link of a pair needs its own switch")
-    f.finish()
     return net
+
+
+def _fat_tree(f: Fields, node: NodeSpec) -> FatTreeSpec:
+    net = FatTreeSpec(
+        nodes_per_leaf_group=f.integer("nodes_per_leaf_group"),
+        n_nodes=f.integer("n_nodes"),
+        link_bw_bytes_per_s=f.number("link_bw_per_direction_gb_per_s") * GB,
+        switch_latency_s=f.number("switch_latency_us", "nonneg") * US,
+        nic_latency_s=f.number("nic_latency_us", "nonneg") * US,
+        oversubscription=f.number("oversubscription"),
+    )
+    if net.oversubscription < 1:
+        f.fail("oversubscription", f"is {net.oversubscription:g}; use >= 1 (1 = full bisection, 2 = half)")
+    if not node.nics:
+        f.fail("kind", "is \"fat_tree\" but the node has no NIC; add [[node.nics]] entries (one rail each)")
+    return net
+
+
+_NETWORK_READERS = {"dragonfly": _dragonfly, "fat_tree": _fat_tree}
+# Network kind -> the module placing its switches (graph, Fabric link table).
+NETWORK_KINDS = {"dragonfly": dragonfly, "fat_tree": fattree}
 
 
 def _per_protocol(f: Fields, allowed: tuple[str, ...], check: str, scale: float) -> dict[str, float]:

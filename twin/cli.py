@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from twin.errors import TwinError
@@ -60,6 +61,24 @@ def _step_inputs(args: argparse.Namespace):
     return model, plan, machine
 
 
+FIGURE_FORMATS = ("png", "pdf", "svg")
+
+
+def check_output_path(path: str, what: str, suffixes: tuple[str, ...] | None = None) -> None:
+    """Fail before any work if an output file could not be written (no half-done runs)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise TwinError(f"{what} {path}: folder {directory} does not exist; create it or choose another path")
+    if not os.access(directory, os.W_OK):
+        raise TwinError(f"{what} {path}: folder {directory} is not writable; choose another path")
+    if os.path.isdir(path):
+        raise TwinError(f"{what} {path} is a folder; give a file name")
+    if suffixes is not None:
+        suffix = os.path.splitext(path)[1].lstrip(".").lower()
+        if suffix not in suffixes:
+            raise TwinError(f"{what} {path}: unsupported format {suffix!r}; use one of {', '.join(suffixes)}")
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     from twin.build import build_step
     from twin.figures import timeline_figure
@@ -68,6 +87,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from twin.sim.engine import simulate
     from twin.trace import write_trace
 
+    if args.trace:
+        check_output_path(args.trace, "--trace")
+    if args.figure:
+        check_output_path(args.figure, "--figure", FIGURE_FORMATS)
     if args.schedule:
         from topologies.machine import load_machine
 
@@ -104,6 +127,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from twin.build import build_step
     from twin.ir_io import save_schedule
 
+    check_output_path(args.output, "--output")
     model, plan, machine = _step_inputs(args)
     built = build_step(model, plan, machine, args.gpus)
     save_schedule(built.schedule, args.output)

@@ -114,6 +114,7 @@ class P2P:
     group: str
     peer: int
     nbytes: float
+    tag: str = ""  # sends and receives match in order per (sender, receiver, tag)
 
 
 Work = Union[Gemm, Attention, Elementwise, Collective, P2P]

@@ -1,31 +1,42 @@
-"""Per-GPU memory of a 4D plan, and the micro-batch that fits.
+"""Per-GPU memory of a plan, stage by stage, and the micro-batch that fits.
 
 Accounting (reference/algorithms.md section 6), per GPU, for the layout the
-AxoNN builder uses (twin.builders.axonn): the residual stream of a micro-batch
-is split over gz (tokens) and gy (hidden) and replicated over gx; Q, K, V, the
-attention output and the MLP's 4h activations are split over gx.
+builder uses (twin.builders.hybrid): the residual stream of a micro-batch is
+split over gz (tokens) and gy (hidden) and replicated over gx (split over gx
+too with sequence parallelism); Q, K, V, the attention output and the MLP's
+4h activations are split over gx.
 
-- Model state, sharded over the whole gx x gy x gz grid: bf16 weight (2 B),
-  fp32 master weight (4), two fp32 Adam moments (8), bf16 gradient (2):
-  16 bytes per local parameter.
+- Model state per local parameter (a stage's parameters / (gx gy gz)): bf16
+  weight 2 B, bf16 gradient 2, fp32 master 4, two fp32 Adam moments 8 = 16 B;
+  ZeRO over gdata shards the optimizer state (stage 1: 4 + 12/gdata), also the
+  gradients (stage 2: 2 + 14/gdata), also the weights (stage 3: 16/gdata).
 - Gathered weights: the all-gathered (gx x gy) weight blocks of one block (and
   the next linear's when oag prefetches it), plus the unreduced dW block.
   Without recompute the forward keeps every layer's gathered weights for its
   backward, as autograd does.
 - Activations per micro-batch of m = mbs x seq tokens, for one layer, in bf16
   (Korthikanti et al. arXiv 2205.05198, redone for this layout; flash
-  attention removes the 5as/h score term):
-      2m (4h/gy + 4h/gx + 2f/gx) + 2 m h/gy   (the last term: two 1-byte dropout masks)
-  which for gy = 1, gx = t, f = 4h is Korthikanti's s b h (10 + 24/t).
-  Full recompute keeps only each layer's input (2 m h/gy bytes) plus one layer's
-  working set; no recompute keeps every layer's working set.
-- Logits of the LM head: m V/gx elements in bf16 plus an fp32 copy for the loss.
+  attention removes the 5as/h score term), with r = gx under sequence
+  parallelism, else 1:
+      2m (4h/(gy r) + 4h/gx + 2f/gx) + 2 m h/(gy r)   (the last term: two 1-byte dropout masks)
+  which for gy = 1, gx = t, f = 4h is Korthikanti's s b h (10 + 24/t), and
+  with sp s b h 34/t. Full recompute keeps only each layer's input
+  (2 m h/(gy r) bytes) plus one layer's working set; no recompute keeps every
+  layer's working set. With flash attention, selective recompute has nothing
+  left to drop (the attention core is never stored), so it counts as none.
+- A pipeline stage holds the activations of its in-flight micro-batches:
+  min(pp - s, m) under 1F1B (the first stage holds the most), and
+  min(2 (pp - s - 1) + (vpp - 1) pp + 1, m vpp) model chunks under interleaving.
+- Logits of the LM head, on the last stage: m V/gx elements in bf16 plus an
+  fp32 copy for the loss.
 - RUNTIME_RESERVE_FRACTION of HBM is not usable.
+
+The plan's memory is its worst stage's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from twin.errors import TwinError
 from twin.model import ModelSpec
@@ -35,8 +46,19 @@ from twin.plan import ParallelPlan, with_micro_batch
 # fragmentation: PyTorch training typically cannot use the last 5-15% of HBM.
 RUNTIME_RESERVE_FRACTION = 0.10
 
-MODEL_STATE_BYTES_PER_PARAM = 2 + 4 + 8 + 2
 LOGIT_BYTES_PER_ELEMENT = 2 + 4
+
+
+def model_state_bytes_per_param(zero: int, gdata: int) -> float:
+    """Bytes per parameter of one tensor-parallel shard, under a ZeRO stage over gdata ranks."""
+    weight, grad, optimizer = 2.0, 2.0, 12.0
+    if zero >= 1:
+        optimizer /= gdata
+    if zero >= 2:
+        grad /= gdata
+    if zero >= 3:
+        weight /= gdata
+    return weight + grad + optimizer
 
 
 @dataclass(frozen=True)
@@ -45,43 +67,75 @@ class MemoryBreakdown:
     gathered_weights: float
     activations: float
     logits: float
+    stage: int = 0
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, f.name) for f in fields(self))
+        return self.model_state + self.gathered_weights + self.activations + self.logits
 
 
 def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) -> float:
     """Saved activations of one layer for `tokens` tokens on one GPU."""
     h, f, b = model.hidden, model.ffn, model.dtype_bytes
-    return b * tokens * (4 * h / plan.gy + 4 * h / plan.gx + 2 * f / plan.gx) + 2 * tokens * h / plan.gy
+    residual = plan.gy * (plan.gx if plan.sp else 1)
+    return b * tokens * (4 * h / residual + 4 * h / plan.gx + 2 * f / plan.gx) + 2 * tokens * h / residual
 
 
-def memory_per_gpu(model: ModelSpec, plan: ParallelPlan) -> MemoryBreakdown:
-    """Peak memory of one GPU; `plan.mbs` must be resolved (non-zero)."""
-    if plan.mbs <= 0:
-        raise ValueError("memory_per_gpu needs a resolved micro-batch size")
+def stage_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
+    """Parameters a pipeline stage holds: its layers, the embedding on the first,
+    and on the last the LM head (tied to the embedding, so a second copy only when pp > 1)."""
+    params = model.layers // plan.pp * model.params_per_layer
+    if stage == 0:
+        params += model.embedding_params
+    if stage == plan.pp - 1:
+        params += 2 * model.hidden + (model.vocab * model.hidden if plan.pp > 1 else 0)
+    return params
+
+
+def in_flight_layers(model: ModelSpec, plan: ParallelPlan, stage: int) -> int:
+    """Layers whose activations a stage holds at its peak."""
+    chunk_layers = model.layers // (plan.pp * plan.vpp)
+    micro_batches = max(plan.ga, 1)
+    if plan.vpp == 1:
+        return min(plan.pp - stage, micro_batches) * chunk_layers
+    chunks = min(2 * (plan.pp - stage - 1) + (plan.vpp - 1) * plan.pp + 1, micro_batches * plan.vpp)
+    return chunks * chunk_layers
+
+
+def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBreakdown:
     b = model.dtype_bytes
-    model_state = MODEL_STATE_BYTES_PER_PARAM * model.params / plan.tensor_parallel_size
+    tp = plan.tensor_parallel_size
+    model_state = model_state_bytes_per_param(plan.zero, plan.gdata) * stage_params(model, plan, stage) / tp
 
+    shard_ways = plan.gz * (plan.gdata if plan.zero == 3 else 1)
+    stage_layers = model.layers // plan.pp
     block_params = model.params_per_layer / (plan.gx * plan.gy)
     largest_linear = max(k * n for _, k, n, _ in model.linear_shapes()) / (plan.gx * plan.gy)
-    if plan.recompute == "none":
-        gathered = b * model.layers * block_params if plan.gz > 1 else 0.0
-    else:
-        gathered = b * block_params if plan.gz > 1 else 0.0
-    if plan.gz > 1:
-        gathered += b * largest_linear * (2 if plan.oag else 1)  # in flight + prefetched
-    gathered += b * largest_linear  # dW before its reduce-scatter
+    gathered = 0.0
+    if shard_ways > 1:
+        gathered = b * block_params * (stage_layers if plan.recompute != "full" else 1)
+        gathered += b * largest_linear * (1 if plan.oag else 0)  # the next linear, prefetched
+    gathered += b * largest_linear  # dW before its reduction
 
     tokens = plan.mbs * model.seq
     working = layer_activation_bytes(model, plan, tokens)
+    layers = in_flight_layers(model, plan, stage)
     if plan.recompute == "full":
-        activations = model.layers * b * tokens * model.hidden / plan.gy + working
+        residual = plan.gy * (plan.gx if plan.sp else 1)
+        activations = layers * b * tokens * model.hidden / residual + working
     else:
-        activations = model.layers * working
-    logits = LOGIT_BYTES_PER_ELEMENT * tokens * model.vocab / plan.gx
-    return MemoryBreakdown(model_state, gathered, activations, logits)
+        activations = layers * working
+    logits = LOGIT_BYTES_PER_ELEMENT * tokens * model.vocab / plan.gx if stage == plan.pp - 1 else 0.0
+    return MemoryBreakdown(model_state, gathered, activations, logits, stage)
+
+
+def memory_per_gpu(model: ModelSpec, plan: ParallelPlan) -> MemoryBreakdown:
+    """Peak memory of the fullest GPU (the worst pipeline stage); mbs and ga must be resolved."""
+    if plan.mbs <= 0:
+        raise ValueError("memory_per_gpu needs a resolved micro-batch size")
+    if plan.ga <= 0:
+        plan = with_micro_batch(plan, plan.mbs)
+    return max((stage_memory(model, plan, s) for s in range(plan.pp)), key=lambda m: m.total)
 
 
 def usable_bytes(hbm_bytes: float) -> float:
@@ -94,8 +148,9 @@ def check_fit(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float) -> MemoryB
     usable = usable_bytes(hbm_bytes)
     if mem.total > usable:
         gb = 1e9
+        where = f" on pipeline stage {mem.stage}" if plan.pp > 1 else ""
         raise TwinError(
-            f"plan does not fit: needs {mem.total / gb:.1f} GB per GPU "
+            f"plan does not fit: needs {mem.total / gb:.1f} GB per GPU{where} "
             f"(model state {mem.model_state / gb:.1f}, gathered weights {mem.gathered_weights / gb:.1f}, "
             f"activations {mem.activations / gb:.1f}, logits {mem.logits / gb:.1f}) but "
             f"{usable / gb:.1f} GB are usable, over by {(mem.total - usable) / gb:.1f} GB; "
@@ -105,11 +160,13 @@ def check_fit(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float) -> MemoryB
 
 
 def resolve_micro_batch(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float) -> ParallelPlan:
-    """Fix mbs and ga: as given, or the largest micro-batch that fits in memory.
+    """Fix mbs and ga: as given, or derived.
 
-    A larger micro-batch means larger GEMMs (closer to peak) and fewer
-    latency-bound collectives, so the largest that fits is what a user tuning
-    by hand would pick first.
+    Without a pipeline, the largest micro-batch that fits: larger GEMMs run
+    closer to peak and there are fewer latency-bound collectives, so it is what
+    a user tuning by hand would pick first. With a pipeline, micro-batches of
+    one sequence first (Megatron-LM's usual choice): the bubble (pp-1)/m shrinks
+    with the micro-batch count; then larger ones only if needed to fit (never).
     """
     per_rank = plan.sequences_per_rank
     if plan.mbs:
@@ -117,6 +174,9 @@ def resolve_micro_batch(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float) 
     if plan.ga:
         return with_micro_batch(plan, per_rank // plan.ga)
     candidates = [d for d in range(per_rank, 0, -1) if per_rank % d == 0]
+    if plan.pp > 1:
+        candidates = [d for d in reversed(candidates) if plan.vpp == 1 or (per_rank // d) % plan.pp == 0]
+        return with_micro_batch(plan, candidates[0] if candidates else 1)
     usable = usable_bytes(hbm_bytes)
     for mbs in candidates:
         trial = with_micro_batch(plan, mbs)

@@ -69,17 +69,20 @@ class Mesh:
     def groups(self, axis: str) -> list[tuple[int, ...]]:
         """Every group along `axis`, each ordered by its coordinate on the axis.
 
-        Groups are listed in order of their lowest rank, so the list is
-        deterministic and group i of the same axis is the same on every run.
+        `axis` may join several axes with "+" ("z+data": ranks that differ
+        only in z and data, z varying fastest). Groups are listed in order of
+        their lowest rank, so group i of an axis is the same on every run.
         """
-        size, stride = self.axis_size(axis), self.stride(axis)
-        out = []
+        names = axis.split("+")
+        by_key: dict[tuple[int, ...], list[int]] = {}
         for rank in range(self.size):
-            if (rank // stride) % size == 0:
-                out.append(tuple(rank + i * stride for i in range(size)))
-        return out
+            coords = self.coords(rank)
+            key = tuple(v for name, v in coords.items() if name not in names)
+            by_key.setdefault(key, []).append(rank)
+        return sorted(tuple(members) for members in by_key.values())
 
 
-def axonn_mesh(gx: int, gy: int, gz: int, gdata: int) -> Mesh:
-    """AxoNN's 4D mesh: X innermost, then Y, Z, data."""
-    return Mesh((("x", gx), ("y", gy), ("z", gz), ("data", gdata)))
+def axonn_mesh(gx: int, gy: int, gz: int, gdata: int, pp: int = 1) -> Mesh:
+    """AxoNN's 4D mesh: X innermost, then Y, Z, data; pipeline stages outermost
+    (Megatron-LM's tp-dp-pp order: consecutive stages on different nodes)."""
+    return Mesh((("x", gx), ("y", gy), ("z", gz), ("data", gdata), ("pp", pp)))

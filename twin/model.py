@@ -145,6 +145,8 @@ def _parse_int_fields(text: str, what: str, allowed: set[str]) -> dict[str, str]
             raise TwinError(f"{what}: {item!r} is not key=value (example: layers=24,hidden=4096,heads=32)")
         if key not in allowed:
             raise TwinError(f"{what}: unknown key {key!r}; allowed keys are {', '.join(sorted(allowed))}")
+        if key in fields:
+            raise TwinError(f"{what}: {key} is given twice; give it once")
         fields[key] = value.strip()
     return fields
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 from twin.errors import TwinError
 from twin.model import ModelSpec
 
-RECOMPUTE_MODES = ("full", "none")
+RECOMPUTE_MODES = ("full", "selective", "none")
+ZERO_STAGES = (0, 1, 2, 3)
 _BOOL_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
 
 
@@ -40,6 +41,10 @@ class ParallelPlan:
     mbs: int = 0  # sequences per rank per micro-batch; 0 = derive
     ga: int = 0  # micro-batches per step (gradient accumulation); 0 = derive
     recompute: str = "full"
+    pp: int = 1  # pipeline stages (1F1B schedule)
+    vpp: int = 1  # virtual stages (model chunks) per pipeline rank: interleaved 1F1B when > 1
+    zero: int = 0  # ZeRO stage over the data axis
+    sp: bool = False  # Megatron sequence parallelism over gx (needs gy = 1)
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -47,12 +52,17 @@ class ParallelPlan:
 
     @property
     def world_size(self) -> int:
-        return self.gx * self.gy * self.gz * self.gdata
+        return self.gx * self.gy * self.gz * self.gdata * self.pp
 
     @property
     def tensor_parallel_size(self) -> int:
-        """GPUs that share one copy of the weights (the 3D tensor-parallel grid)."""
+        """GPUs that split one pipeline stage's weights (the 3D tensor-parallel grid)."""
         return self.gx * self.gy * self.gz
+
+    @property
+    def weight_shards(self) -> int:
+        """How many ways each stage's weights are split: the 3D grid, times gdata under ZeRO-3."""
+        return self.tensor_parallel_size * (self.gdata if self.zero == 3 else 1)
 
     @property
     def sequences_per_rank(self) -> int:
@@ -68,6 +78,14 @@ class ParallelPlan:
     def describe(self) -> str:
         """The plan as the --plan string that reproduces it."""
         parts = [f"gx={self.gx}", f"gy={self.gy}", f"gz={self.gz}", f"gdata={self.gdata}"]
+        if self.pp > 1:
+            parts.append(f"pp={self.pp}")
+        if self.vpp > 1:
+            parts.append(f"vpp={self.vpp}")
+        if self.zero:
+            parts.append(f"zero={self.zero}")
+        if self.sp:
+            parts.append("sp=1")
         if self.mbs:
             parts.append(f"mbs={self.mbs}")
         if self.ga:
@@ -79,17 +97,21 @@ class ParallelPlan:
         return ",".join(parts)
 
 
-_INT_KEYS = {"gx", "gy", "gz", "gdata", "mbs", "ga", "global_batch"}
-_BOOL_KEYS = {"oar", "ors", "oag", "tune"}
-_KEYS = _INT_KEYS | _BOOL_KEYS | {"recompute"}
+_INT_KEYS = {"gx", "gy", "gz", "gdata", "mbs", "ga", "global_batch", "pp", "vpp", "zero"}
+_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp"}
+_ALIASES = {"tp": "gx", "dp": "gdata"}  # Megatron-LM's names
+_KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | {"recompute"}
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
-    """Parse 'gx=8,gy=1,gz=16,gdata=64[,mbs=..,ga=..,recompute=full|none,oar=0,..,tune=0]'.
+    """Parse 'gx=8,gy=1,gz=16,gdata=64[,pp=..,vpp=..,zero=..,sp=..,mbs=..,ga=..,recompute=..,oar=0,..,tune=0]'.
 
-    Unknown keys and malformed values are one-line TwinErrors naming the item.
+    Megatron's names are accepted too: tp = gx, dp = gdata (so
+    'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and
+    malformed values are one-line TwinErrors naming the item.
     """
     values: dict[str, object] = {}
+    seen: dict[str, str] = {}  # canonical key -> the name it was given under
     for item in filter(None, (p.strip() for p in text.split(","))):
         key, sep, raw = item.partition("=")
         key, raw = key.strip().lower(), raw.strip()
@@ -97,12 +119,18 @@ def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
             raise TwinError(f"--plan: {item!r} is not key=value (example: gx=8,gy=1,gz=16,gdata=64)")
         if key not in _KEYS:
             raise TwinError(f"--plan: unknown key {key!r}; allowed keys are {', '.join(sorted(_KEYS))}")
+        given = key
+        key = _ALIASES.get(key, key)
+        if key in seen:
+            same = "is given twice" if seen[key] == given else f"and {seen[key]} are two names for {key}"
+            raise TwinError(f"--plan: {given} {same}; give it once")
+        seen[key] = given
         if key in _INT_KEYS:
             try:
                 values[key] = int(raw)
             except ValueError:
                 raise TwinError(f"--plan: {key}={raw!r} is not an integer") from None
-            if values[key] < (0 if key in ("mbs", "ga") else 1):  # type: ignore[operator]
+            if values[key] < (0 if key in ("mbs", "ga", "zero") else 1):  # type: ignore[operator]
                 raise TwinError(f"--plan: {key}={raw} must be a positive integer")
         elif key in _BOOL_KEYS:
             if raw.lower() not in _BOOL_WORDS:
@@ -128,6 +156,8 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
     device.
     """
     degrees = f"gx={plan.gx} x gy={plan.gy} x gz={plan.gz} x gdata={plan.gdata}"
+    if plan.pp > 1:
+        degrees += f" x pp={plan.pp}"
     if plan.world_size != n_gpus:
         raise TwinError(
             f"--plan: {degrees} = {plan.world_size} GPUs, but --gpus is {n_gpus}; "
@@ -135,6 +165,18 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
         )
     if plan.global_batch <= 0:
         raise TwinError("--global-batch must be a positive number of sequences")
+    if plan.zero not in ZERO_STAGES:
+        raise TwinError(f"--plan: zero={plan.zero} is not a ZeRO stage; use 0, 1, 2 or 3")
+    if plan.sp and plan.gy > 1:
+        raise TwinError(f"--plan: sp=1 is Megatron sequence parallelism over gx and needs gy=1 (got gy={plan.gy})")
+    stages = plan.pp * plan.vpp
+    if model.layers % stages:
+        raise TwinError(
+            f"--plan: {model.layers} layers do not split into pp x vpp = {plan.pp} x {plan.vpp} = {stages} "
+            "stages of equal size; choose pp*vpp dividing the layer count"
+        )
+    if plan.vpp > 1 and plan.pp == 1:
+        raise TwinError("--plan: vpp > 1 (interleaved 1F1B) needs pipeline parallelism; set pp > 1 or vpp=1")
     h, f = model.hidden, model.ffn
     _require_divides(plan.gx, model.heads, "model heads (split over gx)", "choose gx dividing the head count")
     _require_divides(plan.gx, h, "model hidden (split over gx)", "choose gx dividing hidden")
@@ -142,9 +184,11 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
     _require_divides(plan.gx, f, "model ffn (split over gx)", "choose gx dividing ffn")
     _require_divides(plan.gy, f, "model ffn (split over gy)", "choose gy dividing ffn")
     _require_divides(plan.gx, model.vocab, "model vocab (LM head split over gx)", "choose gx dividing the vocabulary")
-    for name, k, n, _ in model.linear_shapes():
+    shards = plan.gz * (plan.gdata if plan.zero == 3 else 1)
+    for name, k, n, _ in model.linear_shapes() + [("lm_head", model.hidden, model.vocab, False)]:
         block = k * n // (plan.gx * plan.gy)
-        _require_divides(plan.gz, block, f"{name} weight block k*n/(gx*gy) (sharded over gz)", "choose a gz that divides it")
+        _require_divides(shards, block, f"{name} weight block k*n/(gx*gy) (sharded over gz{'*gdata' if plan.zero == 3 else ''})",
+                         "choose a gz that divides it")
     _require_divides(
         plan.gdata * plan.gz, plan.global_batch, "--global-batch (split over gdata*gz)",
         f"use a multiple of gdata*gz = {plan.gdata * plan.gz} sequences",
@@ -159,6 +203,18 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
         _require_divides(plan.mbs, per_rank, "sequences per rank (global_batch / (gdata*gz))", "choose mbs dividing it")
     if plan.ga:
         _require_divides(plan.ga, per_rank, "sequences per rank (global_batch / (gdata*gz))", "choose ga dividing it")
+    micro_batches = plan.ga or (per_rank // plan.mbs if plan.mbs else 0)
+    if micro_batches:
+        validate_pipeline_micro_batches(plan, micro_batches)
+
+
+def validate_pipeline_micro_batches(plan: ParallelPlan, micro_batches: int) -> None:
+    """Interleaved 1F1B needs whole rounds of pp micro-batches (Megatron-LM asserts the same)."""
+    if plan.vpp > 1 and (micro_batches < plan.pp or micro_batches % plan.pp):
+        raise TwinError(
+            f"--plan: interleaved 1F1B (vpp={plan.vpp}) needs the micro-batch count ({micro_batches}) to be a "
+            f"multiple of pp={plan.pp} and at least pp; change mbs, ga or the global batch"
+        )
 
 
 def with_micro_batch(plan: ParallelPlan, mbs: int) -> ParallelPlan:

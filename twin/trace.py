@@ -42,6 +42,9 @@ def write_trace(path: str, programs: Iterable[Program], timelines: Iterable[Rank
     doc = {"traceEvents": trace_events(programs, timelines), "displayTimeUnit": "ms", "otherData": metadata}
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".trace-", suffix=".json")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a trace is an ordinary output file
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, separators=(",", ":"))

@@ -1,7 +1,7 @@
-"""AxoNN's 4D hybrid parallel training step as a schedule IR.
+"""AxoNN's 4D hybrid parallel training step, with Megatron's pipeline and ZeRO on top.
 
-reference/algorithms.md sections 1-2. Convention (written down once, used by
-the simulator and the executor alike): for a linear O[m, n] = I[m, k] W[k, n]
+reference/algorithms.md sections 1, 2 and 5. Convention (written down once,
+used by the simulator and the executor alike): for a linear O[m, n] = I[m, k] W[k, n]
 on rank (x, y, z, d) of a gx x gy x gz x gdata mesh (X innermost),
 
 - I is split over Z (rows: tokens) and Y (columns: k), replicated along X;
@@ -22,13 +22,27 @@ Overlap switches (AxoNN's axonn/intra_layer):
 - oar: dI's all-reduce is issued async and overlaps the dW GEMM; waited
   before the layer's backward returns;
 - ors: dW's reduce-scatter is issued async and waited after the whole
-  backward of the micro-batch;
+  backward of the micro-batch (of the model chunk, with a pipeline);
 - oag: the next linear's weight all-gather is issued one linear ahead in
   module order; the chain restarts in each activation-checkpoint recompute.
 
 With full recompute each block's forward is recomputed (all-gathers and
 forward all-reduces included) right before its backward, whose GEMMs then use
 the weights gathered by the recompute.
+
+Megatron-DeepSpeed on top (algorithms.md section 5):
+- gx alone is Megatron tensor parallelism; sp=1 turns its all-reduces into
+  reduce-scatter + all-gather and splits the residual stream over gx as well;
+- pp stages run twin.builders.pipeline's 1F1B (or interleaved, vpp chunks)
+  order; activations go forward and gradients back by point-to-point
+  transfers of tokens x hidden / (gy [x gx with sp]) bf16 values per micro-batch.
+  Sends never block compute (they complete in the background), receives do;
+- ZeRO over gdata: stage 0 all-reduces gradients; stages 1 and 2
+  reduce-scatter them, step the optimizer on the local shard and all-gather
+  the updated bf16 weights; stage 3 shards the weights over gz x gdata, so the
+  per-linear all-gather and reduce-scatter run on that combined group;
+- with pp > 1 the embedding and the LM head (tied) all-reduce their gradient
+  between the first and last stage.
 
 Memory-bound work (layer norms, GeLU, residual adds, dropout, loss, the
 embedding and the optimizer) is counted in bytes moved; attention is one fused
@@ -39,8 +53,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from twin.builders.pipeline import pipeline_order
 from twin.builders.program import ProgramWriter
-from twin.ir import Attention, Collective, Elementwise, Gemm, GroupAxis, Program, Schedule, StepInfo
+from twin.ir import P2P, Attention, Collective, Elementwise, Gemm, GroupAxis, Program, Schedule, StepInfo
 from twin.memory import memory_per_gpu
 from twin.mesh import axonn_mesh
 from twin.model import ModelSpec
@@ -78,26 +93,47 @@ class Linear:
         return "y" if self.transposed else "x"
 
 
-class _StepWriter:
-    """Writes the program every rank of the 4D mesh runs; one instance per build."""
+class _StageWriter:
+    """Writes the program every rank of one pipeline stage runs; one instance per stage."""
 
-    def __init__(self, model: ModelSpec, plan: ParallelPlan) -> None:
-        self.model, self.plan = model, plan
-        self.sizes = {"x": plan.gx, "y": plan.gy, "z": plan.gz, "data": plan.gdata}
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, stage: int) -> None:
+        self.model, self.plan, self.stage = model, plan, stage
+        self.sizes = {"x": plan.gx, "y": plan.gy, "z": plan.gz, "data": plan.gdata, "pp": plan.pp}
+        self.shard_axis = "z+data" if plan.zero == 3 and plan.gdata > 1 else "z"
+        self.sizes["z+data"] = plan.gz * plan.gdata
         self.tokens = plan.mbs * model.seq  # rows of every GEMM on this rank
+        self.residual_split = plan.gy * (plan.gx if plan.sp else 1)  # of the residual stream's hidden/tokens
         self.dtype = model.dtype
         self.b = model.dtype_bytes
         self.w = ProgramWriter()
-        self.blocks = [
-            [Linear(f"L{layer}.{name}", k, n, t) for name, k, n, t in model.linear_shapes()]
-            for layer in range(model.layers)
-        ]
+        self.n_virtual = plan.pp * plan.vpp
+        per_chunk = model.layers // self.n_virtual
+        self.chunks = []  # per chunk: the blocks (each four Linears) of this stage
+        for chunk in range(plan.vpp):
+            first = (chunk * plan.pp + stage) * per_chunk
+            self.chunks.append([
+                [Linear(f"L{layer}.{name}", k, n, t) for name, k, n, t in model.linear_shapes()]
+                for layer in range(first, first + per_chunk)
+            ])
         self.lm_head = Linear("lm_head", model.hidden, model.vocab, False)
         self.deferred_waits: list[int] = []  # ors: reduce-scatters waited at the end of backward
 
     # ---- sizes -------------------------------------------------------------
+    def virtual_stage(self, chunk: int) -> int:
+        return chunk * self.plan.pp + self.stage
+
+    def is_first(self, chunk: int) -> bool:
+        return self.virtual_stage(chunk) == 0
+
+    def is_last(self, chunk: int) -> bool:
+        return self.virtual_stage(chunk) == self.n_virtual - 1
+
+    def residual_elements(self) -> float:
+        """Elements of the residual stream (tokens x hidden) this rank holds."""
+        return self.tokens * self.model.hidden / self.residual_split
+
     def weight_block_bytes(self, lin: Linear) -> float:
-        """The gathered (x, y) block of W: what ALL_GATHER_z returns."""
+        """The gathered (x, y) block of W: what the weight all-gather returns."""
         return self.b * lin.k * lin.n / (self.sizes["x"] * self.sizes["y"])
 
     def gemm_dims(self, lin: Linear) -> tuple[int, int, int]:
@@ -107,47 +143,67 @@ class _StepWriter:
     def elementwise(self, name: str, elements: float, bytes_per_element: float, flops_per_element: float = 1.0) -> int:
         return self.w.compute(name, Elementwise(nbytes=elements * bytes_per_element, flops=elements * flops_per_element))
 
+    def blocking(self, name: str, kind: str, axis: str, nbytes: float, dtype: str | None = None) -> int:
+        """A collective the next compute op waits for."""
+        op = self.w.collective(name, axis, Collective(kind, axis, nbytes, dtype or self.dtype))
+        self.w.wait(op)
+        return op
+
     # ---- one linear --------------------------------------------------------
     def gather_weight(self, tag: str, lin: Linear) -> int | None:
-        if self.sizes["z"] == 1:
+        axis = self.shard_axis
+        if self.sizes[axis] == 1:
             return None
-        work = Collective("all_gather", "z", self.weight_block_bytes(lin), self.dtype)
-        return self.w.collective(f"{tag}.{lin.name}.ag_z", "z", work)
+        work = Collective("all_gather", axis, self.weight_block_bytes(lin), self.dtype)
+        return self.w.collective(f"{tag}.{lin.name}.ag_{axis.replace('+', '')}", axis, work)
 
     def linear_forward(self, tag: str, lin: Linear, gathered: int | None, prefetch: Linear | None) -> int | None:
         """Forward of one linear; returns the prefetched all-gather of `prefetch`, if issued."""
-        w = self.w
-        if self.sizes["z"] > 1 and gathered is None:
+        w, sp = self.w, self.plan.sp and self.sizes["x"] > 1
+        if self.sizes[self.shard_axis] > 1 and gathered is None:
             gathered = self.gather_weight(tag, lin)
         if gathered is not None:
             w.wait(gathered)
         next_gather = self.gather_weight(tag, prefetch) if (prefetch and self.plan.oag) else None
         rows, k_loc, n_loc = self.gemm_dims(lin)
+        if sp and not lin.transposed:  # sequence-parallel input gathered before a column-parallel linear
+            self.blocking(f"{tag}.{lin.name}.ag_x", "all_gather", "x", self.b * rows * k_loc)
         w.compute(f"{tag}.{lin.name}.gemm", Gemm(rows, n_loc, k_loc, "NT", self.dtype, tunable=self.plan.tune_gemm))
         axis = lin.forward_axis
         if self.sizes[axis] > 1:
-            work = Collective("all_reduce", axis, self.b * rows * n_loc, self.dtype)
-            w.wait(w.collective(f"{tag}.{lin.name}.ar_{axis}", axis, work))
+            if sp and lin.transposed:
+                self.blocking(f"{tag}.{lin.name}.rs_x", "reduce_scatter", "x", self.b * rows * n_loc)
+            else:
+                self.blocking(f"{tag}.{lin.name}.ar_{axis}", "all_reduce", axis, self.b * rows * n_loc)
         return next_gather
 
     def linear_backward(self, tag: str, lin: Linear) -> None:
         w, plan = self.w, self.plan
+        sp = plan.sp and self.sizes["x"] > 1
         rows, k_loc, n_loc = self.gemm_dims(lin)
         tune = plan.tune_gemm
+        regather = None
+        if sp and lin.transposed:  # the gradient arrives sequence-split: gather it first
+            self.blocking(f"{tag}.{lin.name}.ag_x", "all_gather", "x", self.b * rows * n_loc)
+        elif sp:  # the saved input is sequence-split: gather it again for dW, behind the dI GEMM
+            regather = w.collective(f"{tag}.{lin.name}.ag_in_x", "x", Collective("all_gather", "x", self.b * rows * k_loc, self.dtype))
         w.compute(f"{tag}.{lin.name}.dI", Gemm(rows, k_loc, n_loc, "NN", self.dtype, tunable=tune))
         axis = lin.backward_axis
         reduce_dI = None
-        if self.sizes[axis] > 1:
-            work = Collective("all_reduce", axis, self.b * rows * k_loc, self.dtype)
-            reduce_dI = w.collective(f"{tag}.{lin.name}.ar_{axis}", axis, work)
+        if self.sizes[axis] > 1 and not (sp and lin.transposed):
+            kind, short = ("reduce_scatter", "rs") if sp else ("all_reduce", "ar")
+            reduce_dI = w.collective(f"{tag}.{lin.name}.{short}_{axis}", axis, Collective(kind, axis, self.b * rows * k_loc, self.dtype))
             if not plan.oar:
                 w.wait(reduce_dI)
+        if regather is not None:
+            w.wait(regather)
         w.compute(f"{tag}.{lin.name}.dW", Gemm(n_loc, k_loc, rows, "TN", self.dtype, tunable=tune))
         if reduce_dI is not None and plan.oar:
             w.wait(reduce_dI)
-        if self.sizes["z"] > 1:
-            work = Collective("reduce_scatter", "z", self.weight_block_bytes(lin), self.dtype)
-            scatter = w.collective(f"{tag}.{lin.name}.rs_z", "z", work)
+        axis = self.shard_axis
+        if self.sizes[axis] > 1:
+            work = Collective("reduce_scatter", axis, self.weight_block_bytes(lin), self.dtype)
+            scatter = w.collective(f"{tag}.{lin.name}.rs_{axis.replace('+', '')}", axis, work)
             if plan.ors:
                 self.deferred_waits.append(scatter)
             else:
@@ -156,38 +212,38 @@ class _StepWriter:
     # ---- blocks ------------------------------------------------------------
     def block_forward(self, tag: str, linears: list[Linear], gathered: int | None, after: Linear | None) -> int | None:
         """One transformer block; `after` is the next linear in module order (for oag)."""
-        m, h, f = self.tokens, self.model.hidden, self.model.ffn
-        gy, gx = self.sizes["y"], self.sizes["x"]
+        res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
+        m = self.tokens
         qkv, attn_out, up, down = linears
         layer = qkv.name.split(".")[0]
-        self.elementwise(f"{tag}.{layer}.ln1", m * h / gy, LAYERNORM_BYTES, 5)
+        self.elementwise(f"{tag}.{layer}.ln1", res, LAYERNORM_BYTES, 5)
         gathered = self.linear_forward(tag, qkv, gathered, attn_out)
         self.w.compute(f"{tag}.{layer}.attn", self.attention(backward=False))
         gathered = self.linear_forward(tag, attn_out, gathered, up)
-        self.elementwise(f"{tag}.{layer}.resid1", m * h / gy, RESIDUAL_DROPOUT_BYTES, 2)
-        self.elementwise(f"{tag}.{layer}.ln2", m * h / gy, LAYERNORM_BYTES, 5)
+        self.elementwise(f"{tag}.{layer}.resid1", res, RESIDUAL_DROPOUT_BYTES, 2)
+        self.elementwise(f"{tag}.{layer}.ln2", res, LAYERNORM_BYTES, 5)
         gathered = self.linear_forward(tag, up, gathered, down)
         self.elementwise(f"{tag}.{layer}.gelu", m * f / gx, GELU_BYTES, 8)
         gathered = self.linear_forward(tag, down, gathered, after)
-        self.elementwise(f"{tag}.{layer}.resid2", m * h / gy, RESIDUAL_DROPOUT_BYTES, 2)
+        self.elementwise(f"{tag}.{layer}.resid2", res, RESIDUAL_DROPOUT_BYTES, 2)
         return gathered
 
     def block_backward(self, tag: str, linears: list[Linear]) -> None:
-        m, h, f = self.tokens, self.model.hidden, self.model.ffn
-        gy, gx = self.sizes["y"], self.sizes["x"]
+        res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
+        m = self.tokens
         qkv, attn_out, up, down = linears
         layer = qkv.name.split(".")[0]
         k = BACKWARD_ELEMENTWISE_FACTOR
-        self.elementwise(f"{tag}.{layer}.resid2_bwd", m * h / gy, k * RESIDUAL_DROPOUT_BYTES, 2)
+        self.elementwise(f"{tag}.{layer}.resid2_bwd", res, k * RESIDUAL_DROPOUT_BYTES, 2)
         self.linear_backward(tag, down)
         self.elementwise(f"{tag}.{layer}.gelu_bwd", m * f / gx, k * GELU_BYTES, 8)
         self.linear_backward(tag, up)
-        self.elementwise(f"{tag}.{layer}.ln2_bwd", m * h / gy, k * LAYERNORM_BYTES, 8)
-        self.elementwise(f"{tag}.{layer}.resid1_bwd", m * h / gy, k * RESIDUAL_DROPOUT_BYTES, 2)
+        self.elementwise(f"{tag}.{layer}.ln2_bwd", res, k * LAYERNORM_BYTES, 8)
+        self.elementwise(f"{tag}.{layer}.resid1_bwd", res, k * RESIDUAL_DROPOUT_BYTES, 2)
         self.linear_backward(tag, attn_out)
         self.w.compute(f"{tag}.{layer}.attn_bwd", self.attention(backward=True))
         self.linear_backward(tag, qkv)
-        self.elementwise(f"{tag}.{layer}.ln1_bwd", m * h / gy, k * LAYERNORM_BYTES, 8)
+        self.elementwise(f"{tag}.{layer}.ln1_bwd", res, k * LAYERNORM_BYTES, 8)
 
     def attention(self, backward: bool) -> Attention:
         model = self.model
@@ -202,64 +258,129 @@ class _StepWriter:
         logits = self.tokens * self.model.vocab / self.sizes["x"]
         self.elementwise(f"{tag}.loss", logits, LOSS_BYTES, 6)
         if self.sizes["x"] > 1:
-            work = Collective("all_reduce", "x", 2 * 4 * self.tokens, "fp32")
-            self.w.wait(self.w.collective(f"{tag}.loss.ar_x", "x", work))
+            self.blocking(f"{tag}.loss.ar_x", "all_reduce", "x", 2 * 4 * self.tokens, "fp32")
         self.elementwise(f"{tag}.loss_bwd", logits, LOSS_BYTES, 4)
 
-    # ---- the step ----------------------------------------------------------
-    def micro_batch(self, mb: int) -> None:
-        tag = f"mb{mb}"
-        m, h, gy = self.tokens, self.model.hidden, self.sizes["y"]
-        recompute = self.plan.recompute == "full"
-        self.elementwise(f"{tag}.embed", m * h / gy, 2 * self.b, 1)
-        order = [lin for block in self.blocks for lin in block] + [self.lm_head]
+    # ---- pipeline transfers ------------------------------------------------
+    def p2p_bytes(self) -> float:
+        return self.b * self.residual_elements()
+
+    def receive(self, tag: str, what: str, peer: int) -> None:
+        op = self.w.collective(f"{tag}.recv_{what}", "pp", P2P("recv", "pp", peer, self.p2p_bytes(), what), stream=f"p2p:recv_{what}")
+        self.w.wait(op)
+
+    def send(self, tag: str, what: str, peer: int) -> None:
+        self.w.collective(f"{tag}.send_{what}", "pp", P2P("send", "pp", peer, self.p2p_bytes(), what), stream=f"p2p:send_{what}")
+
+    def neighbour(self, chunk: int, step: int) -> int:
+        """Offset along the pp axis to the virtual stage `step` (+1 or -1) away (wrapping chunks)."""
+        target = (self.virtual_stage(chunk) + step) % self.plan.pp
+        return target - self.stage
+
+    # ---- passes --------------------------------------------------------------
+    def tag(self, mb: int, chunk: int) -> str:
+        return f"mb{mb}" + (f".c{chunk}" if self.plan.vpp > 1 else "")
+
+    def forward_chunk(self, mb: int, chunk: int) -> None:
+        tag = self.tag(mb, chunk)
+        blocks = self.chunks[chunk]
+        if self.is_first(chunk):
+            self.elementwise(f"{tag}.embed", self.residual_elements(), 2 * self.b, 1)
+        else:
+            self.receive(tag, "act", self.neighbour(chunk, -1))
+        order = [lin for block in blocks for lin in block] + ([self.lm_head] if self.is_last(chunk) else [])
         gathered = None
-        for layer, block in enumerate(self.blocks):
-            after = order[4 * layer + 4]
+        for i, block in enumerate(blocks):
+            after = order[4 * i + 4] if 4 * i + 4 < len(order) else None
             gathered = self.block_forward(f"{tag}.fwd", block, gathered, after)
-        self.elementwise(f"{tag}.ln_f", m * h / gy, LAYERNORM_BYTES, 5)
-        self.linear_forward(f"{tag}.fwd", self.lm_head, gathered, None)
-        self.loss(tag)
-        self.linear_backward(f"{tag}.bwd", self.lm_head)
-        self.elementwise(f"{tag}.ln_f_bwd", m * h / gy, BACKWARD_ELEMENTWISE_FACTOR * LAYERNORM_BYTES, 8)
-        for block in reversed(self.blocks):
-            if recompute:
+        if self.is_last(chunk):
+            self.elementwise(f"{tag}.ln_f", self.residual_elements(), LAYERNORM_BYTES, 5)
+            self.linear_forward(f"{tag}.fwd", self.lm_head, gathered, None)
+            self.loss(tag)
+        else:
+            self.send(tag, "act", self.neighbour(chunk, +1))
+
+    def backward_chunk(self, mb: int, chunk: int) -> None:
+        tag = self.tag(mb, chunk)
+        if self.is_last(chunk):
+            self.linear_backward(f"{tag}.bwd", self.lm_head)
+            self.elementwise(f"{tag}.ln_f_bwd", self.residual_elements(), BACKWARD_ELEMENTWISE_FACTOR * LAYERNORM_BYTES, 8)
+        else:
+            self.receive(tag, "grad", self.neighbour(chunk, +1))
+        for block in reversed(self.chunks[chunk]):
+            if self.plan.recompute == "full":
                 self.block_forward(f"{tag}.rc", block, None, None)
             self.block_backward(f"{tag}.bwd", block)
-        self.elementwise(f"{tag}.embed_bwd", m * h / gy, 2 * self.b, 1)
+        if self.is_first(chunk):
+            self.elementwise(f"{tag}.embed_bwd", self.residual_elements(), 2 * self.b, 1)
+        else:
+            self.send(tag, "grad", self.neighbour(chunk, -1))
         self.w.wait(*self.deferred_waits)
         self.deferred_waits.clear()
 
+    # ---- after the last backward ---------------------------------------------
+    def gradient_buckets(self) -> list[tuple[str, float]]:
+        """(name, parameters) per gradient bucket, in the order backward finishes them."""
+        layers = [lin.name.split(".")[0] for chunk in reversed(self.chunks) for block in reversed(chunk) for lin in block[:1]]
+        buckets = [(layer, float(self.model.params_per_layer)) for layer in layers]
+        final_norm = 2.0 * self.model.hidden
+        if self.plan.pp == 1:
+            buckets.append(("embed", self.model.embedding_params + final_norm))  # the LM head is tied to it
+            return buckets
+        if self.stage == self.plan.pp - 1:
+            buckets.insert(0, ("lm_head", final_norm + self.model.vocab * self.model.hidden))
+        if self.stage == 0:
+            buckets.append(("embed", float(self.model.embedding_params)))
+        return buckets
+
     def data_parallel_and_optimizer(self) -> None:
-        """Blocking gradient all-reduce over data (one bucket per block, embedding last), then Adam."""
-        tp = self.plan.gx * self.plan.gy * self.plan.gz
-        local_params = self.model.params / tp
-        if self.sizes["data"] > 1:
-            buckets = [(f"L{layer}", self.model.params_per_layer) for layer in reversed(range(self.model.layers))]
-            buckets.append(("embed", self.model.embedding_params + 2 * self.model.hidden))
-            reduces = []
-            for name, params in buckets:
-                work = Collective("all_reduce", "data", self.b * params / tp, self.dtype)
-                reduces.append(self.w.collective(f"dp.{name}.ar_data", "data", work))
-            self.w.wait(*reduces)
+        """Gradient sync over data (by ZeRO stage), the tied-embedding sync, then Adam."""
+        plan, tp = self.plan, self.plan.tensor_parallel_size
+        buckets = self.gradient_buckets()
+        local_params = sum(params for _, params in buckets) / tp
+        if plan.pp > 1 and self.stage in (0, plan.pp - 1):
+            self.blocking("tied.embed.ar", "all_reduce", "tied", self.b * self.model.vocab * self.model.hidden / tp)
+        gathers = []
+        if self.sizes["data"] > 1 and plan.zero in (0, 1, 2):
+            kind, short = ("all_reduce", "ar") if plan.zero == 0 else ("reduce_scatter", "rs")
+            ops = [self.w.collective(f"dp.{name}.{short}_data", "data", Collective(kind, "data", self.b * params / tp, self.dtype))
+                   for name, params in buckets]
+            self.w.wait(*ops)
+            gathers = buckets if plan.zero in (1, 2) else []
+        optimizer_params = local_params / (plan.gdata if plan.zero else 1)
         self.w.compute(
             "optimizer",
-            Elementwise(nbytes=OPTIMIZER_BYTES_PER_PARAM * local_params, flops=OPTIMIZER_FLOPS_PER_PARAM * local_params),
+            Elementwise(nbytes=OPTIMIZER_BYTES_PER_PARAM * optimizer_params, flops=OPTIMIZER_FLOPS_PER_PARAM * optimizer_params),
         )
+        for name, params in gathers:  # ZeRO-1/2: every rank needs the updated weights back
+            self.blocking(f"dp.{name}.ag_data", "all_gather", "data", self.b * params / tp)
+
+    def write(self) -> list:
+        for step in pipeline_order(self.plan.pp, self.plan.vpp, self.plan.ga, self.stage):
+            if step.kind == "F":
+                self.forward_chunk(step.micro_batch, step.chunk)
+            else:
+                self.backward_chunk(step.micro_batch, step.chunk)
+        self.data_parallel_and_optimizer()
+        return self.w.ops
 
 
 def build_axonn(model: ModelSpec, plan: ParallelPlan) -> Schedule:
-    """The whole training step of AxoNN's 4D algorithm; `plan` validated, mbs and ga resolved."""
+    """The whole training step; `plan` validated, mbs and ga resolved. One Program per pipeline stage."""
     if plan.mbs <= 0 or plan.ga <= 0:
         raise ValueError("build_axonn needs a plan with mbs and ga resolved (twin.memory.resolve_micro_batch)")
-    writer = _StepWriter(model, plan)
-    for mb in range(plan.ga):
-        writer.micro_batch(mb)
-    writer.data_parallel_and_optimizer()
+    mesh = axonn_mesh(plan.gx, plan.gy, plan.gz, plan.gdata, plan.pp)
+    stage_ranks = {s: tuple(r for r in range(mesh.size) if mesh.coords(r)["pp"] == s) for s in range(plan.pp)}
+    programs = tuple(Program(stage_ranks[s], tuple(_StageWriter(model, plan, s).write())) for s in range(plan.pp))
 
-    mesh = axonn_mesh(plan.gx, plan.gy, plan.gz, plan.gdata)
-    used_axes = sorted({op.work.group for op in writer.w.ops if isinstance(op.work, Collective)})
-    groups = tuple(GroupAxis(axis, tuple(mesh.groups(axis))) for axis in used_axes)
+    used = sorted({op.work.group for prog in programs for op in prog.ops if isinstance(op.work, (Collective, P2P))})
+    groups = []
+    for axis in used:
+        if axis == "tied":
+            instances = tuple((g[0], g[-1]) for g in mesh.groups("pp"))
+        else:
+            instances = tuple(mesh.groups(axis))
+        groups.append(GroupAxis(axis, instances))
     info = StepInfo(
         model=model.name,
         plan=plan.describe(),
@@ -269,5 +390,4 @@ def build_axonn(model: ModelSpec, plan: ParallelPlan) -> Schedule:
         flops_model=model.flops_per_step(plan.global_batch, "model"),
         memory_per_gpu_bytes=memory_per_gpu(model, plan).total,
     )
-    program = Program(ranks=tuple(range(mesh.size)), ops=tuple(writer.w.ops))
-    return Schedule(world_size=mesh.size, groups=groups, programs=(program,), info=info)
+    return Schedule(world_size=mesh.size, groups=tuple(groups), programs=programs, info=info)

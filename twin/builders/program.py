@@ -7,7 +7,8 @@ the algorithm:
   work already enqueued on the compute stream (ProcessGroupNCCL syncs the comm
   stream with the current stream), so every collective depends on the last
   compute op issued before it;
-- `wait(op)` is a handle's .wait(): the next compute op depends on it.
+- `wait(op)` is a handle's .wait(): the next compute op depends on it, and
+  so does every communication op issued before that compute op.
 """
 
 from __future__ import annotations
@@ -30,16 +31,24 @@ class ProgramWriter:
 
     def compute(self, name: str, work: Work, deps: tuple[int, ...] = ()) -> int:
         """Enqueue a compute op; it also waits on everything `wait`ed so far."""
-        all_deps = tuple(sorted(set(deps) | set(self._pending_waits)))
-        self._pending_waits.clear()
+        if self._pending_waits:
+            all_deps = tuple(sorted(set(deps) | set(self._pending_waits)))
+            self._pending_waits.clear()
+        else:
+            all_deps = deps
         op_id = self._append(name, COMPUTE_STREAM, work, all_deps)
         self._last_compute = op_id
         return op_id
 
-    def collective(self, name: str, group: str, work: Work, deps: tuple[int, ...] = ()) -> int:
-        """Issue an async collective on the group's stream; call `wait` to block on it."""
-        ordered = deps + ((self._last_compute,) if self._last_compute is not None else ())
-        return self._append(name, comm_stream(group), work, tuple(sorted(set(ordered))))
+    def collective(self, name: str, group: str, work: Work, deps: tuple[int, ...] = (), stream: str | None = None) -> int:
+        """Issue an async communication op on the group's stream (or `stream`); `wait` blocks on it.
+
+        It starts after the last compute op and after everything waited for
+        since: a wait orders the compute stream behind the waited op, and the
+        new op's stream syncs with the compute stream.
+        """
+        ordered = deps + tuple(self._pending_waits) + ((self._last_compute,) if self._last_compute is not None else ())
+        return self._append(name, stream or comm_stream(group), work, tuple(sorted(set(ordered))))
 
     def wait(self, *op_ids: int) -> None:
         self._pending_waits.extend(op_ids)

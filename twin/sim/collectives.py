@@ -176,11 +176,7 @@ class _Lowerer:
     def __init__(self, fabric: Fabric) -> None:
         self.fabric = fabric
         node = fabric.machine.node
-        direct = fabric.local_direct_links()
-        self.arcs: Arcs = {}
-        for link in node.links:
-            for a, b in ((link.a, link.b), (link.b, link.a)):
-                self.arcs[(a, b)] = (direct[(a, b)] / link.count, link.count)
+        self.arcs: Arcs = fabric.ring_arcs()
         self.gpn = node.gpus_per_node
         self._rings = lru_cache(maxsize=None)(lambda members: pack_rings(members, self.arcs))
         self._chains = lru_cache(maxsize=None)(lambda members, starts: pack_chains(members, starts, self.arcs))
@@ -338,11 +334,19 @@ class CollectiveModel:
                 return lowering
         raise KeyError(algorithm)
 
+    def transfer(self, src_gpu: int, dst_gpu: int) -> Lowering:
+        """A point-to-point send: one byte on every link of the route per byte sent."""
+        loads = {link: 1.0 for link in self.fabric.route(src_gpu, dst_gpu)}
+        nodes = len({self.fabric.node_of(src_gpu), self.fabric.node_of(dst_gpu)})
+        return Lowering("p2p", "send", (loads,), 2, nodes, 1)
+
     def latency_s(self, lowering: Lowering, protocol: str) -> float:
         t = self.tuning
         if lowering.n_ranks < 2:
             return 0.0
         intra, inter = t.intra_hop_latency_s[protocol], t.inter_hop_latency_s[protocol]
+        if lowering.algorithm == "p2p":  # [estimate] NCCL's ring base latency plus one hop
+            return t.base_latency_s[("ring", protocol)] + (inter if lowering.n_nodes > 1 else intra)
         if lowering.algorithm == "tree":
             base = t.base_latency_s[("tree", protocol)]
             return base + 2 * ((lowering.ranks_per_node - 1) * intra + log2(lowering.n_nodes) * inter)

@@ -29,57 +29,49 @@ from topologies.fabric import Fabric
 from topologies.machine import Machine
 from topologies.placement import place_ranks
 from twin.errors import TwinError
-from twin.ir import Collective, P2P, Program, Schedule
+from twin.ir import Program, Schedule
 from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
-from twin.sim.flowtypes import FlowTypes
+from twin.sim.flowtypes import CommCall, FlowTypes
 from twin.sim.network import FlowNetwork
 from twin.sim.symmetry import Symmetry, classify
 
 
 class ComputeUnit:
-    """The compute stream's engine on one rank: one op at a time, slowed while comms run."""
+    """The compute stream's engine on one rank: one op at a time, slowed while comms run.
+
+    A running op is a single SimPy timeout; when the rank's communication
+    starts or stops mid-op, the waiting stream process is interrupted and
+    re-arms with the remaining work at the new rate.
+    """
 
     def __init__(self, env: simpy.Environment, slowdown: float) -> None:
         self.env, self.slowdown = env, slowdown
         self.comm_active = 0
-        self._remaining = 0.0
-        self._rate = 1.0
-        self._last = 0.0
-        self._done: simpy.Event | None = None
-        self._generation = 0
+        self._running: simpy.Process | None = None
 
-    def run(self, work_s: float) -> simpy.Event:
-        self._done = self.env.event()
-        self._remaining, self._last = work_s, self.env.now
-        self._rate = self._current_rate()
-        self._arm()
-        return self._done
-
-    def comm_changed(self, delta: int) -> None:
-        self.comm_active += delta
-        rate = self._current_rate()
-        if self._done is None or rate == self._rate:
-            return
-        now = self.env.now
-        self._remaining -= (now - self._last) * self._rate
-        self._last, self._rate = now, rate
-        self._arm()
-
-    def _current_rate(self) -> float:
+    def rate(self) -> float:
         return 1.0 - self.slowdown if self.comm_active > 0 else 1.0
 
-    def _arm(self) -> None:
-        self._generation += 1
-        generation = self._generation
-        timer = self.env.timeout(max(self._remaining, 0.0) / self._rate)
-        timer.callbacks.append(lambda _e: self._finish(generation))
+    def run(self, work_s: float):
+        """Generator: `yield from unit.run(seconds)` inside the compute stream's process."""
+        remaining = work_s
+        while True:
+            rate, start = self.rate(), self.env.now
+            self._running = self.env.active_process
+            try:
+                yield self.env.timeout(remaining / rate)
+                self._running = None
+                return
+            except simpy.Interrupt:
+                remaining -= (self.env.now - start) * rate
 
-    def _finish(self, generation: int) -> None:
-        if generation != self._generation or self._done is None:
-            return
-        done, self._done = self._done, None
-        done.succeed()
+    def comm_changed(self, delta: int) -> None:
+        before = self.rate()
+        self.comm_active += delta
+        if self._running is not None and self.rate() != before:
+            running, self._running = self._running, None
+            running.interrupt()
 
 
 @dataclass
@@ -132,16 +124,14 @@ class Simulator:
         timelines = []
         all_done: list[tuple[int, list[simpy.Event]]] = []
 
-        def collective(cls: int, family: int, seq: int, type_id: int, nbytes: float):
-            key = (family, seq)
-            rv = rendezvous.get(key)
-            members = sym.families[family].classes
+        def communicate(call: CommCall):
+            rv = rendezvous.get(call.key)
             if rv is None:
-                rv = rendezvous[key] = Rendezvous(len(members), 0, env.event())
+                rv = rendezvous[call.key] = Rendezvous(call.expected, 0, env.event())
             rv.arrived += 1
             if rv.arrived == rv.expected:
-                del rendezvous[key]
-                env.process(run_collective(members, type_id, nbytes, rv.done))
+                del rendezvous[call.key]
+                env.process(run_collective(call.members, call.type_id, call.nbytes, rv.done))
             return rv.done
 
         def run_collective(members, type_id, nbytes, done):
@@ -160,50 +150,55 @@ class Simulator:
             program = self.schedule.programs[sym.programs[cls]]
             starts = np.full(len(program.ops), np.nan)
             ends = np.full(len(program.ops), np.nan)
-            done = [env.event() for _ in program.ops]
-            all_done.append((cls, done))
+            done = _completion_events(env, program)
             timelines.append(RankTimeline(rank, sym.programs[cls], starts, ends))
-            plan = flow_types.per_op[cls]
+            calls = flow_types.per_op[cls]
             for stream_ops in _by_stream(program).values():
-                env.process(self._stream(env, cls, stream_ops, done, starts, ends, units[cls], plan, collective))
+                env.process(self._stream(env, stream_ops, done, starts, ends, units[cls], calls, communicate))
 
         env.run()
-        self._check_finished(all_done)
+        self._check_finished(timelines)
         step = max(float(np.nanmax(t.end_s)) if len(t.end_s) else 0.0 for t in timelines)
         return SimRun(
             self.schedule, self.machine, sym, tuple(timelines), step, time.perf_counter() - wall, self.full
         )
 
-    def _stream(self, env, cls, ops, done, starts, ends, unit, comm_plan, collective):
+    def _stream(self, env, ops, done, starts, ends, unit, calls, communicate):
         duration = self.compute.duration_s
         for op in ops:
             for dep in op.deps:
                 event = done[dep]
-                if not event.processed:
+                if event is not None and not event.processed:
                     yield event
             starts[op.id] = env.now
-            if isinstance(op.work, (Collective, P2P)):
-                family, seq, type_id, nbytes = comm_plan[op.id]
-                yield collective(cls, family, seq, type_id, nbytes)
+            if op.id in calls:
+                yield communicate(calls[op.id])
             else:
-                yield unit.run(duration(op.work))
+                yield from unit.run(duration(op.work))
             ends[op.id] = env.now
-            done[op.id].succeed()
+            if done[op.id] is not None:
+                done[op.id].succeed()
 
-    def _check_finished(self, all_done: list[tuple[int, list[simpy.Event]]]) -> None:
+    def _check_finished(self, timelines: list[RankTimeline]) -> None:
         stuck = []
-        for cls, events in all_done:
-            program = self.schedule.programs[self.symmetry.programs[cls]]
-            pending = [op for op, ev in zip(program.ops, events) if not ev.triggered]
+        for timeline in timelines:
+            program = self.schedule.programs[timeline.program]
+            pending = [op for op in program.ops if np.isnan(timeline.end_s[op.id])]
             if pending:
-                rank = self.symmetry.representatives[cls]
-                stuck.append(f"rank {rank} at op {pending[0].id} '{pending[0].name}'")
+                stuck.append(f"rank {timeline.rank} at op {pending[0].id} '{pending[0].name}'")
         if stuck:
             more = f" (and {len(stuck) - 3} more ranks)" if len(stuck) > 3 else ""
             raise TwinError(
                 "schedule cannot finish, collectives are never matched: "
                 + "; ".join(stuck[:3]) + more + "; check that every group member issues the same collectives"
             )
+
+
+def _completion_events(env: simpy.Environment, program: Program) -> list[simpy.Event | None]:
+    """An event per op that an op on *another* stream waits for; None where stream order suffices."""
+    stream = [op.stream for op in program.ops]
+    needed = {dep for op in program.ops for dep in op.deps if stream[dep] != op.stream}
+    return [env.event() if i in needed else None for i in range(len(program.ops))]
 
 
 def _by_stream(program: Program) -> dict[str, list]:

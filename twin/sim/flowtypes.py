@@ -1,7 +1,9 @@
 """The network flows a schedule will create, prepared before the clock starts.
 
 Every collective op of a simulated rank becomes one flow per phase of its
-*type*: (family, kind, algorithm, protocol). A type's load in a phase is the sum, over the
+*type*: (family, kind, algorithm, protocol); every point-to-point transfer one
+flow of type (family, "p2p", sender position, receiver position), whose load
+sums the route of that transfer in every concurrent instance (every pipeline). A type's load in a phase is the sum, over the
 family's concurrent instances, of each instance's per-link bytes per buffer
 byte (twin.sim.collectives), divided by the protocol's bandwidth efficiency,
 and divided by each link's capacity: seconds per byte on each link.
@@ -21,7 +23,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from twin.errors import TwinError
 from twin.ir import Collective, P2P, Schedule
 from twin.sim.collectives import CollectiveModel
 from twin.sim.symmetry import Symmetry
@@ -30,13 +31,29 @@ _DOMINANCE_PRUNE_MAX_TYPES = 64
 
 
 @dataclass(frozen=True)
+class CommCall:
+    """What one communication op of a simulated rank does in the simulation.
+
+    `key` names the call across the classes that take part (the rendezvous):
+    a collective's (family, axis, sequence number on the axis); a transfer's
+    (family, sender position, receiver position, tag, sequence number).
+    """
+
+    key: tuple
+    expected: int  # arrivals that start it: one per class in a collective, sender and receiver for p2p
+    members: tuple[int, ...]  # classes whose compute it slows
+    type_id: int
+    nbytes: float
+
+
+@dataclass(frozen=True)
 class FlowTypes:
-    per_op: tuple[dict[int, tuple[int, int, int, float]], ...]  # class -> op id -> (family, seq, type, nbytes)
+    per_op: tuple[dict[int, CommCall], ...]  # class -> op id -> its call
     latency_s: tuple[float, ...]  # per type
     phase_rows: tuple[tuple[int, ...], ...]  # per type: its phases' rows in `loads`
     loads: np.ndarray  # (type, phase) rows x link classes, each row's max = 1 (or all zero)
     s_per_byte: np.ndarray  # per row: seconds per byte alone
-    keys: tuple[tuple[int, str, str, str], ...]  # (family, kind, algorithm, protocol)
+    keys: tuple[tuple, ...]  # per type: (family, kind, algorithm, protocol) or (family, "p2p", src, dst)
 
     @property
     def n_classes(self) -> int:
@@ -49,34 +66,43 @@ class FlowTypes:
 
     @classmethod
     def build(cls, schedule: Schedule, sym: Symmetry, model: CollectiveModel, gpu_of: list[int]) -> "FlowTypes":
-        type_ids: dict[tuple[int, str, str, str], int] = {}
+        type_ids: dict[tuple, int] = {}
         choices: dict[tuple[int, str, float], tuple[str, str]] = {}
-        per_op: list[dict[int, tuple[int, int, int, float]]] = []
+        per_op: list[dict[int, CommCall]] = []
 
         def first_gpus(family: int) -> tuple[int, ...]:
             return tuple(gpu_of[r] for r in sym.families[family].instances[0])
 
+        position = _positions(schedule, sym)
         for c, prog_index in enumerate(sym.programs):
-            counters: dict[str, int] = defaultdict(int)
-            plan: dict[int, tuple[int, int, int, float]] = {}
+            counters: dict[tuple, int] = defaultdict(int)
+            calls: dict[int, CommCall] = {}
             for op in schedule.programs[prog_index].ops:
                 work = op.work
-                if isinstance(work, P2P):
-                    raise TwinError(f"op {op.id} '{op.name}': point-to-point ops are not simulated yet")
-                if not isinstance(work, Collective):
-                    continue
-                family = sym.family_of[(c, work.group)]
-                seq = counters[work.group]
-                counters[work.group] += 1
-                choice_key = (family, work.kind, work.nbytes)
-                if choice_key not in choices:
-                    lowering, protocol = model.choose(first_gpus(family), work.kind, work.nbytes)
-                    choices[choice_key] = (lowering.algorithm, protocol)
-                algorithm, protocol = choices[choice_key]
-                key = (family, work.kind, algorithm, protocol)
-                type_id = type_ids.setdefault(key, len(type_ids))
-                plan[op.id] = (family, seq, type_id, work.nbytes)
-            per_op.append(plan)
+                if isinstance(work, Collective):
+                    family = sym.family_of[(c, work.group)]
+                    seq = counters[work.group]
+                    counters[work.group] += 1
+                    choice_key = (family, work.kind, work.nbytes)
+                    if choice_key not in choices:
+                        lowering, protocol = model.choose(first_gpus(family), work.kind, work.nbytes)
+                        choices[choice_key] = (lowering.algorithm, protocol)
+                    algorithm, protocol = choices[choice_key]
+                    type_id = type_ids.setdefault((family, work.kind, algorithm, protocol), len(type_ids))
+                    members = sym.families[family].classes
+                    calls[op.id] = CommCall((family, work.group, seq), len(members), members, type_id, work.nbytes)
+                elif isinstance(work, P2P):
+                    family = sym.family_of[(c, work.group)]
+                    own = position[(c, work.group)]
+                    src, dst = (own, own + work.peer) if work.kind == "send" else (own + work.peer, own)
+                    channel = (family, src, dst, work.tag)
+                    seq = counters[(work.kind,) + channel]
+                    counters[(work.kind,) + channel] += 1
+                    type_id = type_ids.setdefault((family, "p2p", src, dst), len(type_ids))
+                    instance = sym.families[family].instances[0]
+                    members = tuple(sorted({sym.class_of[instance[src]], sym.class_of[instance[dst]]}))
+                    calls[op.id] = CommCall(channel + (seq,), 2, members, type_id, work.nbytes)
+            per_op.append(calls)
 
         keys = tuple(type_ids)
         fabric = model.fabric
@@ -84,10 +110,18 @@ class FlowTypes:
         rows: list[dict[int, float]] = []  # one per (type, phase)
         phase_rows: list[tuple[int, ...]] = []
         latencies = []
-        for family, kind, algorithm, protocol in keys:
-            fraction = model.tuning.protocol_bw_fraction[protocol]
+        for key in keys:
+            family, kind = key[0], key[1]
             instances = sym.families[family].instances
-            lowerings = [model.lowering(tuple(gpu_of[r] for r in members), kind, algorithm) for members in instances]
+            if kind == "p2p":
+                _, _, src, dst = key
+                lowerings = [model.transfer(gpu_of[members[src]], gpu_of[members[dst]]) for members in instances]
+                fraction = 1.0
+                protocol = "simple"
+            else:
+                _, _, algorithm, protocol = key
+                fraction = model.tuning.protocol_bw_fraction[protocol]
+                lowerings = [model.lowering(tuple(gpu_of[r] for r in members), kind, algorithm) for members in instances]
             indices = []
             for phase in range(len(lowerings[0].phases)):
                 total: dict[int, float] = defaultdict(float)
@@ -100,6 +134,18 @@ class FlowTypes:
             latencies.append(model.latency_s(lowerings[0], protocol))
         loads, s_per_byte = _compress(rows, prune=len(rows) <= _DOMINANCE_PRUNE_MAX_TYPES)
         return cls(tuple(per_op), tuple(latencies), tuple(phase_rows), loads, s_per_byte, keys)
+
+
+def _positions(schedule: Schedule, sym: Symmetry) -> dict[tuple[int, str], int]:
+    """(class, axis) -> the class representative's position in its instance of the axis (for p2p peers)."""
+    out = {}
+    p2p_axes = {op.work.group for prog in schedule.programs for op in prog.ops if isinstance(op.work, P2P)}
+    for axis in p2p_axes:
+        where = {rank: members.index(rank) for members in schedule.group(axis).instances for rank in members}
+        for c, rank in enumerate(sym.representatives):
+            if rank in where:
+                out[(c, axis)] = where[rank]
+    return out
 
 
 def _compress(rows: list[dict[int, float]], prune: bool) -> tuple[np.ndarray, np.ndarray]:

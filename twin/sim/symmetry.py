@@ -8,7 +8,15 @@ classes (a "family"): all of them run at the same time, so the family's
 network load is the sum of its instances' loads, and it completes when its
 slowest instance would. With every rank its own class (full=True) each
 instance is its own family and the simulation is the exact per-rank one;
-tests compare the two on small cases.
+tests compare the two on small cases. A schedule whose classes meet different
+sets of classes on one axis has no such reduction and is simulated in full.
+
+The reduction is exact when every instance of an axis sees the same
+bottleneck, as on fully connected nodes (Perlmutter, Alps) and for most
+Frontier plans. Where instances of one axis take different links (Frontier
+GCD pairs with and without a direct xGMI link), the family runs at the pace
+of its slowest instance: conservative, and within a few percent of the full
+simulation in the tests.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ class Symmetry:
     programs: tuple[int, ...]  # class index -> program index
     families: tuple[Family, ...]
     family_of: dict[tuple[int, str], int]  # (class index, axis) -> family index
+    class_of: dict[int, int]  # rank -> class index
 
 
 def classify(schedule: Schedule, full: bool) -> Symmetry:
@@ -57,5 +66,9 @@ def classify(schedule: Schedule, full: bool) -> Symmetry:
             index = len(families)
             families.append(Family(axis.name, key, tuple(instances)))
             for c in key:
+                if (c, axis.name) in family_of:
+                    # One class meets different sets of classes on this axis: its
+                    # instances are not copies of each other, so no reduction is exact.
+                    return classify(schedule, full=True)
                 family_of[(c, axis.name)] = index
-    return Symmetry(representatives, programs, tuple(families), family_of)
+    return Symmetry(representatives, programs, tuple(families), family_of, class_of)

@@ -1,0 +1,146 @@
+"""Helpers shared by the core tests: hand-made machines and schedule queries.
+
+The small test machines written here (equal links, efficiencies 1, a single
+"simple" protocol) are simple enough that the time of a lone collective can be
+worked out by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from topologies import load_machine
+from twin.ir import Op, Program
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A small model every builder/simulator test can afford (a few hundred ops).
+SMALL_SPEC = "layers=2,hidden=512,heads=8,seq=128,vocab=1024"
+
+
+# ---- hand-made machines ------------------------------------------------------
+
+_DEVICE = """
+[machine]
+name = "{name}"
+description = "test machine"
+
+[device]
+name = "fake"
+peak_bf16_tflop_per_s = {{ value = 100, estimate = "test" }}
+empirical_gemm_bf16_tflop_per_s = {{ value = 80, estimate = "test" }}
+hbm_gb = {{ value = 16, estimate = "test" }}
+hbm_bw_gb_per_s = {{ value = 1000, estimate = "test" }}
+compute_units = {{ value = 10, estimate = "test" }}
+gemm_tile_m = {{ value = 128, estimate = "test" }}
+gemm_tile_n = {{ value = 128, estimate = "test" }}
+gemm_k_half = {{ value = 64, estimate = "test" }}
+tn_penalty_min_dim = {{ value = 0, estimate = "test" }}
+attention_efficiency = {{ value = 0.5, estimate = "test" }}
+hbm_efficiency = {{ value = 0.8, estimate = "test" }}
+comm_compute_slowdown = {{ value = {slowdown}, estimate = "test" }}
+kernel_overhead_us = {{ value = {overhead_us}, estimate = "test" }}
+layout_efficiency = {{ nn = {{ value = 1, estimate = "t" }}, nt = {{ value = 1, estimate = "t" }}, tn = {{ value = 1, estimate = "t" }} }}
+"""
+
+_REST = """
+[network]
+kind = "dragonfly"
+nodes_per_group = {{ value = 2, estimate = "t" }}
+switches_per_group = {{ value = 2, estimate = "t" }}
+endpoint_ports_per_switch = {{ value = 1, estimate = "t" }}
+global_links_per_group_pair = {{ value = 2, estimate = "t" }}
+link_bw_per_direction_gb_per_s = {{ value = {net_gb}, estimate = "t" }}
+n_groups = {{ value = 3, estimate = "t" }}
+switch_latency_us = {{ value = 1, estimate = "t" }}
+nic_latency_us = {{ value = 2, estimate = "t" }}
+
+[collectives]
+protocols = {{ allowed = ["simple"], estimate = "t" }}
+base_latency_us = {{ ring = {{ simple = {{ value = {ring_base_us}, estimate = "t" }} }}, tree = {{ simple = {{ value = {tree_base_us}, estimate = "t" }} }} }}
+intra_hop_latency_us = {{ simple = {{ value = {intra_us}, estimate = "t" }} }}
+inter_hop_latency_us = {{ simple = {{ value = {inter_us}, estimate = "t" }} }}
+protocol_bw_fraction = {{ simple = {{ value = 1, estimate = "t" }} }}
+"""
+
+# Latency parameters of the hand-made machines, in seconds (what the TOML says in us).
+RING_BASE_S = 8e-6
+TREE_BASE_S = 50e-6  # larger than the ring's, so the tuner picks the ring where both apply
+INTRA_HOP_S = 3e-6
+INTER_HOP_S = 14e-6
+
+
+def _write(tmp_path: Path, name: str, node: str, slowdown: float, overhead_us: float, net_gb: float):
+    text = _DEVICE.format(name=name, slowdown=slowdown, overhead_us=overhead_us) + node + _REST.format(
+        net_gb=net_gb, ring_base_us=RING_BASE_S * 1e6, tree_base_us=TREE_BASE_S * 1e6,
+        intra_us=INTRA_HOP_S * 1e6, inter_us=INTER_HOP_S * 1e6,
+    )
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return load_machine(str(path))
+
+
+def quad_machine(tmp_path: Path, link_gb: float = 10.0, slowdown: float = 0.2, overhead_us: float = 5.0):
+    """4 GPUs per node, every pair joined by one equal link of `link_gb` GB/s per direction; 1 NIC."""
+    links = ",\n".join(
+        f'  {{ a = {a}, b = {b}, count = 1, kind = "wire", '
+        f'bw_per_direction_gb_per_s = {{ value = {link_gb}, estimate = "t" }}, estimate = "t" }}'
+        for a in range(4) for b in range(a + 1, 4)
+    )
+    node = f"""
+[node]
+gpus_per_node = {{ value = 4, estimate = "test" }}
+links = [
+{links}
+]
+nics = [
+  {{ index = 0, attach_gpu = 0, bw_per_direction_gb_per_s = {{ value = 5, estimate = "t" }}, attach_bw_per_direction_gb_per_s = {{ value = 8, estimate = "t" }}, estimate = "t" }},
+]
+link_efficiency = {{ wire = {{ value = 1, estimate = "t" }}, nic = {{ value = 1, estimate = "t" }}, attach = {{ value = 1, estimate = "t" }} }}
+"""
+    return _write(tmp_path, "quad", node, slowdown, overhead_us, net_gb=5.0)
+
+
+def single_gpu_nodes_machine(tmp_path: Path, nic_gb: float, attach_gb: float, net_gb: float):
+    """1 GPU per node, one NIC on it; 2 nodes per group on 2 switches (the nodes sit on different switches)."""
+    node = f"""
+[node]
+gpus_per_node = {{ value = 1, estimate = "test" }}
+nics = [
+  {{ index = 0, attach_gpu = 0, bw_per_direction_gb_per_s = {{ value = {nic_gb}, estimate = "t" }}, attach_bw_per_direction_gb_per_s = {{ value = {attach_gb}, estimate = "t" }}, estimate = "t" }},
+]
+link_efficiency = {{ nic = {{ value = 1, estimate = "t" }}, attach = {{ value = 1, estimate = "t" }} }}
+"""
+    return _write(tmp_path, "solo", node, 0.1, 5.0, net_gb=net_gb)
+
+
+# ---- schedule helpers ----------------------------------------------------------
+
+
+def op_by_name(program: Program) -> dict[str, Op]:
+    out: dict[str, Op] = {}
+    for op in program.ops:
+        assert op.name not in out, f"duplicate op name {op.name}"
+        out[op.name] = op
+    return out
+
+
+def happens_before(program: Program) -> list[set[int]]:
+    """For each op, the ids of every op that must complete before it starts.
+
+    The IR's semantics: an op waits for its `deps` and for the previous op on
+    its stream; closed transitively.
+    """
+    before: list[set[int]] = []
+    last_on_stream: dict[str, int] = {}
+    for op in program.ops:
+        direct = set(op.deps)
+        if op.stream in last_on_stream:
+            direct.add(last_on_stream[op.stream])
+        closure = set(direct)
+        for d in direct:
+            assert d < op.id, f"op {op.id} depends on later op {d}"
+            closure |= before[d]
+        before.append(closure)
+        last_on_stream[op.stream] = op.id
+    return before

@@ -1,0 +1,426 @@
+"""AxoNN's 4D step as a schedule (twin.builders.axonn): bytes, groups, counts, overlap.
+
+Expected sizes are written out here from reference/algorithms.md section 3,
+independently of the builder. With m = mbs * seq * gz tokens (the micro-batch
+of one Z group) and 2 bytes per element, for a linear with k x n weights:
+
+    AG_z      (gz-1)/gz * nbytes == (gz-1) k n / (gx gy gz) * 2
+    RS_z      (gz-1)/gz * nbytes == ((gz-1)/gz) k n / (gx gy) * 2
+    AR_y fwd  nbytes == m n / (gz gx) * 2       (non-transposed)
+    AR_x bwd  nbytes == m k / (gz gy) * 2       (non-transposed)
+    transposed linears (attn_out, mlp_down) swap gx and gy (and the axes);
+    AR_data per layer == params_per_layer / (gx gy gz) * 2
+
+Overlap is checked through the dependency graph only (deps plus the previous
+op on the same stream, closed transitively), as every backend reads it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+import pytest
+
+from helpers import SMALL_SPEC, happens_before, op_by_name
+from twin.build import build_step
+from twin.builders.axonn import build_axonn
+from twin.ir import Collective, Gemm
+from twin.model import parse_model_spec
+from twin.plan import ParallelPlan, parse_plan
+
+MODEL = parse_model_spec(SMALL_SPEC)
+H, F, SEQ, VOCAB, LAYERS = 512, 2048, 128, 1024, 2
+MBS, GA = 2, 2
+LINEARS = [  # (name, k, n, transposed) for a GPT block with ffn = 4h
+    ("qkv", H, 3 * H, False),
+    ("attn_out", H, H, True),
+    ("mlp_up", H, F, False),
+    ("mlp_down", F, H, True),
+]
+PARAMS_PER_LAYER = 12 * H * H + 13 * H  # 4 linears with biases (12h^2 + 9h) and two layer norms (4h)
+
+PLANS = [
+    "gx=2,gy=2,gz=2,gdata=2",
+    "gx=4,gy=1,gz=2,gdata=1",
+    "gx=1,gy=4,gz=1,gdata=2",
+    "gx=2,gy=4,gz=2,gdata=1",
+    "gx=1,gy=1,gz=4,gdata=1",  # FSDP
+    "gx=8,gy=1,gz=1,gdata=2",  # Megatron-style tensor parallelism
+]
+NAME = re.compile(r"^mb(\d+)\.(fwd|rc|bwd)\.(L\d+\.\w+|lm_head)\.(gemm|dI|dW|ag_z|rs_z|ar_x|ar_y)$")
+
+
+@dataclass(frozen=True)
+class Built:
+    gx: int
+    gy: int
+    gz: int
+    gdata: int
+    plan: ParallelPlan
+    schedule: object
+
+    @property
+    def program(self):
+        return self.schedule.programs[0]
+
+
+_cache: dict[tuple[str, str], Built] = {}
+
+
+def build(frontier, plan_text: str, extra: str = "") -> Built:
+    key = (plan_text, extra)
+    if key not in _cache:
+        dims = dict(item.split("=") for item in plan_text.split(","))
+        gx, gy, gz, gd = (int(dims[a]) for a in ("gx", "gy", "gz", "gdata"))
+        plan = parse_plan(plan_text + f",mbs={MBS}" + (f",{extra}" if extra else ""),
+                          ParallelPlan(global_batch=gd * gz * MBS * GA))
+        built = build_step(MODEL, plan, frontier, gx * gy * gz * gd)
+        assert (built.plan.mbs, built.plan.ga) == (MBS, GA)
+        _cache[key] = Built(gx, gy, gz, gd, built.plan, built.schedule)
+    return _cache[key]
+
+
+def linear_ops(program) -> dict[tuple[int, str, str], dict[str, list]]:
+    """(micro-batch, layer, linear) -> {"fwd.gemm": [ops], "bwd.dI": [...], ...}."""
+    out: dict[tuple[int, str, str], dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for op in program.ops:
+        match = NAME.match(op.name)
+        if not match:
+            continue
+        mb, phase, lin, what = match.groups()
+        layer, _, name = lin.partition(".")
+        out[(int(mb), layer, name)][f"{phase}.{what}"].append(op)
+    return out
+
+
+def shape(name: str) -> tuple[int, int, bool]:
+    for n, k, nn, t in LINEARS:
+        if n == name:
+            return k, nn, t
+    raise KeyError(name)
+
+
+# ---- bytes ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plan_text", PLANS)
+def test_collective_bytes_follow_the_communication_model(frontier, plan_text):
+    b = build(frontier, plan_text)
+    gx, gy, gz = b.gx, b.gy, b.gz
+    m = MBS * SEQ * gz  # tokens of one Z group's micro-batch
+    ops = linear_ops(b.program)
+    checked = 0
+    for mb in range(GA):
+        for layer in range(LAYERS):
+            for name, k, n, transposed in LINEARS:
+                got = ops[(mb, f"L{layer}", name)]
+                fx, fy = (gy, gx) if transposed else (gx, gy)  # transposed layers swap gx and gy
+                fwd_axis, bwd_axis = ("x", "y") if transposed else ("y", "x")
+                for op in got["fwd.ag_z"] + got["rc.ag_z"]:
+                    assert op.work.kind == "all_gather" and op.work.group == "z"
+                    assert op.work.nbytes * (gz - 1) / gz == pytest.approx((gz - 1) * k * n / (gx * gy * gz) * 2)
+                    checked += 1
+                for op in got["bwd.rs_z"]:
+                    assert op.work.kind == "reduce_scatter" and op.work.group == "z"
+                    assert op.work.nbytes * (gz - 1) / gz == pytest.approx(((gz - 1) / gz) * k * n / (gx * gy) * 2)
+                    checked += 1
+                for op in got[f"fwd.ar_{fwd_axis}"] + got[f"rc.ar_{fwd_axis}"]:
+                    assert op.work.kind == "all_reduce" and op.work.group == fwd_axis
+                    assert op.work.nbytes == pytest.approx(m * n / (gz * fx) * 2)
+                    checked += 1
+                for op in got[f"bwd.ar_{bwd_axis}"]:
+                    assert op.work.kind == "all_reduce" and op.work.group == bwd_axis
+                    assert op.work.nbytes == pytest.approx(m * k / (gz * fy) * 2)
+                    checked += 1
+                # no all-reduce of the wrong kind sneaks in under the other axis
+                assert not got[f"fwd.ar_{bwd_axis}"] and not got[f"bwd.ar_{fwd_axis}"]
+    assert checked > 0 or (gx == gy == gz == 1)
+
+
+@pytest.mark.parametrize("plan_text", PLANS)
+def test_data_parallel_buckets(frontier, plan_text):
+    b = build(frontier, plan_text)
+    named = op_by_name(b.program)
+    tp = b.gx * b.gy * b.gz
+    buckets = [op for op in b.program.ops if isinstance(op.work, Collective) and op.work.group == "data"]
+    if b.gdata == 1:
+        assert buckets == []
+        return
+    for layer in range(LAYERS):
+        op = named[f"dp.L{layer}.ar_data"]
+        assert op.work.kind == "all_reduce"
+        assert op.work.nbytes == pytest.approx(PARAMS_PER_LAYER / tp * 2)
+    assert all(op.work.kind == "all_reduce" for op in buckets)
+    # the buckets together hold every parameter once (embeddings, tied LM head, final layer norm)
+    all_params = LAYERS * PARAMS_PER_LAYER + VOCAB * H + SEQ * H + 2 * H
+    assert sum(op.work.nbytes for op in buckets) == pytest.approx(2 * all_params / tp)
+
+
+@pytest.mark.parametrize("plan_text", PLANS)
+def test_gemm_sizes_are_the_local_blocks(frontier, plan_text):
+    b = build(frontier, plan_text)
+    rows = MBS * SEQ  # tokens per rank (the Z group's micro-batch split over gz)
+    for (mb, layer, name), got in linear_ops(b.program).items():
+        if layer == "lm_head":
+            continue
+        k, n, transposed = shape(name)
+        for key in ("fwd.gemm", "rc.gemm", "bwd.dI", "bwd.dW"):
+            for op in got[key]:
+                assert isinstance(op.work, Gemm)
+                assert op.work.flops == pytest.approx(2 * rows * k * n / (b.gx * b.gy))
+        fwd = got["fwd.gemm"][0].work
+        kx = b.gx if transposed else b.gy  # k is split over the forward all-reduce axis
+        assert (fwd.m, fwd.k, fwd.n) == (rows, k // kx, n // (b.gx * b.gy // kx))
+
+
+# ---- groups -----------------------------------------------------------------------
+
+
+def expected_groups(axis: str, gx: int, gy: int, gz: int, gd: int) -> tuple[tuple[int, ...], ...]:
+    """Rank r = x + gx (y + gy (z + gz d)); a group varies one coordinate, ordered by it."""
+    sizes = {"x": gx, "y": gy, "z": gz, "data": gd}
+    others = [a for a in ("x", "y", "z", "data") if a != axis]
+    groups = []
+    for fixed in sorted(
+        (dict(zip(others, c)) for c in itertools.product(*(range(sizes[a]) for a in others))),
+        key=lambda c: _rank({**c, axis: 0}, gx, gy, gz),
+    ):
+        groups.append(tuple(_rank({**fixed, axis: i}, gx, gy, gz) for i in range(sizes[axis])))
+    return tuple(groups)
+
+
+def _rank(c: dict[str, int], gx: int, gy: int, gz: int) -> int:
+    return c["x"] + gx * (c["y"] + gy * (c["z"] + gz * c["data"]))
+
+
+@pytest.mark.parametrize("plan_text", PLANS)
+def test_schedule_groups_are_the_mesh_groups(frontier, plan_text):
+    b = build(frontier, plan_text)
+    sizes = {"x": b.gx, "y": b.gy, "z": b.gz, "data": b.gdata}
+    # an axis of size 1 has no collectives, so no group axis
+    assert {axis.name for axis in b.schedule.groups} == {a for a, s in sizes.items() if s > 1}
+    for axis in b.schedule.groups:
+        assert axis.instances == expected_groups(axis.name, b.gx, b.gy, b.gz, b.gdata)
+    if b.gx > 1:
+        assert b.schedule.group("x").instances[0] == tuple(range(b.gx))  # X groups: consecutive ranks
+    assert b.schedule.world_size == b.gx * b.gy * b.gz * b.gdata
+    assert len(b.schedule.programs) == 1
+    assert b.schedule.programs[0].ranks == tuple(range(b.schedule.world_size))
+
+
+@pytest.mark.parametrize("plan_text", PLANS)
+def test_no_collective_on_an_axis_of_size_one(frontier, plan_text):
+    b = build(frontier, plan_text)
+    sizes = {"x": b.gx, "y": b.gy, "z": b.gz, "data": b.gdata}
+    used = Counter(op.work.group for op in b.program.ops if isinstance(op.work, Collective))
+    for axis, size in sizes.items():
+        assert (used[axis] > 0) == (size > 1), axis
+
+
+# ---- op counts ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plan_text", PLANS)
+def test_op_counts_with_full_recompute(frontier, plan_text):
+    b = build(frontier, plan_text)
+    assert b.plan.recompute == "full"
+    ops = linear_ops(b.program)
+    for mb in range(GA):
+        for layer in range(LAYERS):
+            for name, k, n, transposed in LINEARS:
+                got = ops[(mb, f"L{layer}", name)]
+                fwd_axis, bwd_axis = ("x", "y") if transposed else ("y", "x")
+                sizes = {"x": b.gx, "y": b.gy}
+                assert len(got["fwd.gemm"]) == 1 and len(got["rc.gemm"]) == 1  # forward + recompute
+                assert len(got["bwd.dI"]) == 1 and len(got["bwd.dW"]) == 1
+                n_ag = len(got["fwd.ag_z"]) + len(got["rc.ag_z"])
+                assert n_ag == (2 if b.gz > 1 else 0)
+                assert len(got["bwd.rs_z"]) == (1 if b.gz > 1 else 0)
+                n_fwd_ar = len(got[f"fwd.ar_{fwd_axis}"]) + len(got[f"rc.ar_{fwd_axis}"])
+                assert n_fwd_ar == (2 if sizes[fwd_axis] > 1 else 0)
+                assert len(got[f"bwd.ar_{bwd_axis}"]) == (1 if sizes[bwd_axis] > 1 else 0)
+    gemms = [op for op in b.program.ops if isinstance(op.work, Gemm)]
+    # 4 linears x layers x (fwd, rc, dI, dW) + the LM head's (fwd, dI, dW), per micro-batch
+    assert len(gemms) == GA * (4 * LAYERS * 4 + 3)
+
+
+def test_op_counts_without_recompute(frontier):
+    b = build(frontier, "gx=2,gy=2,gz=2,gdata=2", "recompute=none")
+    ops = linear_ops(b.program)
+    for mb in range(GA):
+        for layer in range(LAYERS):
+            for name, *_ in LINEARS:
+                got = ops[(mb, f"L{layer}", name)]
+                assert len(got["fwd.gemm"]) == 1 and not got["rc.gemm"]
+                assert len(got["fwd.ag_z"]) == 1 and not got["rc.ag_z"]  # backward reuses the forward's weights
+
+
+def test_step_info(frontier):
+    b = build(frontier, "gx=2,gy=2,gz=2,gdata=2")
+    info = b.schedule.info
+    B = 2 * 2 * MBS * GA
+    assert info.global_batch == B and info.seq == SEQ
+    assert info.flops_hardware == pytest.approx(
+        96 * B * SEQ * LAYERS * H**2 * (1 + SEQ / (6 * H) + VOCAB / (16 * LAYERS * H)))
+    assert info.flops_model == pytest.approx(
+        72 * B * SEQ * LAYERS * H**2 * (1 + SEQ / (6 * H) + VOCAB / (12 * LAYERS * H)))
+
+
+def test_build_axonn_needs_a_resolved_micro_batch():
+    with pytest.raises(ValueError):
+        build_axonn(MODEL, parse_plan("gx=2", ParallelPlan(global_batch=4)))
+
+
+# ---- dependencies and overlap ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plan_text", PLANS)
+def test_every_collective_waits_for_the_previous_compute_op(frontier, plan_text):
+    program = build(frontier, plan_text).program
+    last_compute = None
+    for op in program.ops:
+        if op.is_comm:
+            if last_compute is not None:
+                assert last_compute in op.deps, op.name
+        else:
+            last_compute = op.id
+
+
+@pytest.mark.parametrize("plan_text", PLANS)
+def test_weights_are_gathered_before_use(frontier, plan_text):
+    b = build(frontier, plan_text)
+    if b.gz == 1:
+        pytest.skip("no all-gather without Z")
+    before = happens_before(b.program)
+    for (mb, layer, name), got in linear_ops(b.program).items():
+        for phase in ("fwd", "rc"):
+            for gemm in got[f"{phase}.gemm"]:
+                (ag,) = got[f"{phase}.ag_z"]
+                assert ag.id in before[gemm.id], gemm.name
+        if got["rc.ag_z"]:  # backward uses the weights the recompute gathered
+            assert got["rc.ag_z"][0].id in before[got["bwd.dI"][0].id]
+
+
+@pytest.mark.parametrize("plan_text", PLANS)
+def test_forward_all_reduce_is_blocking(frontier, plan_text):
+    program = build(frontier, plan_text).program
+    ops = program.ops
+    for op in ops:
+        match = NAME.match(op.name)
+        if match and match.group(2) in ("fwd", "rc") and match.group(4) in ("ar_x", "ar_y"):
+            following = next(o for o in ops[op.id + 1:] if not o.is_comm)
+            assert op.id in following.deps, op.name
+
+
+@pytest.mark.parametrize("plan_text", ["gx=2,gy=2,gz=2,gdata=2", "gx=2,gy=4,gz=2,gdata=1"])
+@pytest.mark.parametrize("oar", [True, False])
+def test_oar_overlaps_the_dw_gemm_with_the_di_all_reduce(frontier, plan_text, oar):
+    b = build(frontier, plan_text, f"oar={int(oar)}")
+    before = happens_before(b.program)
+    for key, got in linear_ops(b.program).items():
+        if key[1] == "lm_head":
+            continue
+        _, _, transposed = shape(key[2])
+        (ar,) = got["bwd.ar_y" if transposed else "bwd.ar_x"]
+        (dW,) = got["bwd.dW"]
+        (dI,) = got["bwd.dI"]
+        assert dI.id in before[ar.id]  # the all-reduce reduces dI
+        assert (ar.id in before[dW.id]) == (not oar), key
+        # either way the all-reduce is waited before the layer's backward returns
+        following = next(o for o in b.program.ops[dW.id + 1:] if not o.is_comm)
+        assert ar.id in before[following.id]
+
+
+def _last_backward_op(program, mb: int) -> int:
+    return op_by_name(program)[f"mb{mb}.embed_bwd"].id
+
+
+@pytest.mark.parametrize("plan_text", ["gx=2,gy=2,gz=2,gdata=2", "gx=4,gy=1,gz=2,gdata=1", "gx=1,gy=1,gz=4,gdata=1"])
+def test_ors_waits_reduce_scatters_only_after_the_backward(frontier, plan_text):
+    b = build(frontier, plan_text, "ors=1")
+    program = b.program
+    compute = [op for op in program.ops if not op.is_comm]
+    for key, got in linear_ops(program).items():
+        for rs in got["bwd.rs_z"]:
+            end = _last_backward_op(program, key[0])
+            assert rs.id < end
+            waiting = [op for op in compute if rs.id in op.deps]
+            assert waiting, rs.name  # waited somewhere
+            assert min(op.id for op in waiting) > end, rs.name
+
+
+@pytest.mark.parametrize("plan_text", ["gx=2,gy=2,gz=2,gdata=2", "gx=4,gy=1,gz=2,gdata=1", "gx=1,gy=1,gz=4,gdata=1"])
+def test_without_ors_the_next_compute_op_waits_for_the_reduce_scatter(frontier, plan_text):
+    program = build(frontier, plan_text, "ors=0").program
+    for key, got in linear_ops(program).items():
+        for rs in got["bwd.rs_z"]:
+            following = next(o for o in program.ops[rs.id + 1:] if not o.is_comm)
+            assert rs.id in following.deps, rs.name
+
+
+# Regression: ProgramWriter.collective once ignored pending wait()s, so with ors=1 the data-parallel
+# all-reduces (issued before the optimizer, the next compute op) did not wait for the deferred
+# reduce-scatters that produce the gradient shards they reduce.
+def test_data_all_reduce_waits_for_the_gradient_reduce_scatters_with_ors(frontier):
+    _check_data_all_reduce_after_reduce_scatters(build(frontier, "gx=2,gy=2,gz=2,gdata=2", "ors=1").program)
+
+
+def test_data_all_reduce_waits_for_the_gradient_reduce_scatters_without_ors(frontier):
+    _check_data_all_reduce_after_reduce_scatters(build(frontier, "gx=2,gy=2,gz=2,gdata=2", "ors=0").program)
+
+
+def _check_data_all_reduce_after_reduce_scatters(program):
+    before = happens_before(program)
+    last_mb = GA - 1
+    scatters = [op for (mb, _, _), got in linear_ops(program).items() if mb == last_mb for op in got["bwd.rs_z"]]
+    assert scatters
+    for op in program.ops:
+        if isinstance(op.work, Collective) and op.work.group == "data":
+            missing = [rs.name for rs in scatters if rs.id not in before[op.id]]
+            assert not missing, f"{op.name} may start before {missing[:3]}"
+
+
+def _module_order() -> list[str]:
+    return [f"L{layer}.{name}" for layer in range(LAYERS) for name, *_ in LINEARS] + ["lm_head"]
+
+
+@pytest.mark.parametrize("plan_text", ["gx=2,gy=2,gz=2,gdata=2", "gx=4,gy=1,gz=2,gdata=1", "gx=1,gy=1,gz=4,gdata=1"])
+@pytest.mark.parametrize("oag", [True, False])
+def test_oag_prefetches_the_next_weights_one_linear_ahead(frontier, plan_text, oag):
+    program = build(frontier, plan_text, f"oag={int(oag)}").program
+    named = op_by_name(program)
+    order = _module_order()
+    for mb in range(GA):
+        # forward: the chain runs through every linear, LM head included
+        for cur, nxt in zip(order, order[1:]):
+            gemm = named[f"mb{mb}.fwd.{cur}.gemm"].id
+            ag = named[f"mb{mb}.fwd.{nxt}.ag_z"].id
+            assert (ag < gemm) == oag, (cur, nxt)
+        # recompute: the chain restarts in each block
+        for layer in range(LAYERS):
+            names = [f"L{layer}.{n}" for n, *_ in LINEARS]
+            for cur, nxt in zip(names, names[1:]):
+                gemm = named[f"mb{mb}.rc.{cur}.gemm"].id
+                ag = named[f"mb{mb}.rc.{nxt}.ag_z"].id
+                assert (ag < gemm) == oag, (cur, nxt)
+            first_ag = named[f"mb{mb}.rc.{names[0]}.ag_z"].id
+            previous_compute = max(op.id for op in program.ops[:first_ag] if not op.is_comm)
+            # the block's first all-gather is not prefetched across the previous block's backward
+            assert program.ops[previous_compute].name.startswith(f"mb{mb}.")
+
+
+@pytest.mark.parametrize("oag", [True, False])
+def test_no_all_gather_prefetch_without_z(frontier, oag):
+    program = build(frontier, "gx=8,gy=1,gz=1,gdata=2", f"oag={int(oag)}").program
+    assert not [op for op in program.ops if op.name.endswith("ag_z")]
+
+
+def test_overlap_switches_change_only_dependencies(frontier):
+    """Same ops with and without overlap, in a different order and with different deps."""
+    on = build(frontier, "gx=2,gy=2,gz=2,gdata=2").program
+    off = build(frontier, "gx=2,gy=2,gz=2,gdata=2", "oar=0,ors=0,oag=0").program
+    assert Counter((op.name, op.work) for op in on.ops) == Counter((op.name, op.work) for op in off.ops)
+    assert [op.deps for op in on.ops] != [op.deps for op in off.ops]

@@ -1,0 +1,343 @@
+"""The `twin` command line: error paths (exit 2, one line, no output file) and the good paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, SMALL_SPEC
+from twin.cli import main
+
+STEP = ["--machine", "frontier", "--model-spec", SMALL_SPEC, "--gpus", "16",
+        "--plan", "gx=2,gy=2,gz=2,gdata=2,mbs=2", "--global-batch", "16"]
+SUMMARY_KEYS = {"step_time_s", "pflops_total", "tflops_per_gpu", "pct_peak_advertised", "pct_peak_empirical",
+                "exposed_comm_s", "memory_per_gpu_gb", "flops_formula"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_user_error(rc: int, out: str, err: str, *mentions: str) -> None:
+    assert rc == 2
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("twin: error:")
+    assert "Traceback" not in err
+    for text in mentions:
+        assert text in lines[0]
+
+
+def simulate_args(trace, *overrides: str) -> list[str]:
+    """STEP with some options replaced: overrides are (flag, value) pairs."""
+    args = list(STEP)
+    pairs = dict(zip(overrides[::2], overrides[1::2]))
+    for flag, value in pairs.items():
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    return ["simulate", *args, "--trace", str(trace)]
+
+
+# ---- errors --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, mentions",
+    [
+        (("--machine", "atlantis"), ("atlantis", "frontier")),
+        (("--machine", "nowhere/machine.toml"), ("nowhere/machine.toml",)),
+        (("--plan", "gx=8,gy"), ("gy",)),
+        (("--plan", "gx=2,gy=2,gz=2,gdata=2,gw=1"), ("gw",)),
+        (("--plan", "gx=2,gy=2,gz=2,gdata=2,oar=maybe"), ("oar",)),
+        (("--plan", "gx=2,gy=2,gz=2,gdata=1"), ("--gpus",)),  # product 8 != 16 GPUs
+        (("--plan", "gx=16"), ("heads",)),
+        (("--global-batch", "6"), ("--global-batch",)),
+        (("--model-spec", "layers=2,hidden=500,heads=8"), ("heads",)),
+        (("--gpus", "0"), ("--gpus",)),
+        (("--gpus", "999999999", "--plan", "gdata=999999999"), ("999999999",)),
+    ],
+)
+def test_simulate_user_errors(capsys, tmp_path, overrides, mentions):
+    trace = tmp_path / "t.json"
+    rc, out, err = run(capsys, *simulate_args(trace, *overrides))
+    assert_user_error(rc, out, err, *mentions)
+    assert not trace.exists()
+
+
+def test_unknown_catalog_model(capsys, tmp_path):
+    trace = tmp_path / "t.json"
+    rc, out, err = run(capsys, "simulate", "--machine", "frontier", "--model", "GPT-7B", "--gpus", "8",
+                       "--plan", "gx=8", "--trace", str(trace))
+    assert_user_error(rc, out, err, "GPT-7B", "GPT-80B")
+    assert not trace.exists()
+
+
+def test_plan_that_does_not_fit_in_memory(capsys, tmp_path):
+    trace = tmp_path / "t.json"
+    figure = tmp_path / "f.png"
+    rc, out, err = run(capsys, "simulate", "--machine", "frontier", "--model", "GPT-80B", "--gpus", "8",
+                       "--plan", "gx=8", "--global-batch", "64", "--trace", str(trace), "--figure", str(figure))
+    assert_user_error(rc, out, err, "over by")
+    assert not trace.exists() and not figure.exists()
+
+
+def test_simulate_needs_its_arguments(capsys):
+    rc, out, err = run(capsys, "simulate", "--machine", "frontier")
+    assert_user_error(rc, out, err, "--gpus", "--plan", "--model")
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "not-json", "not-ir"])
+def test_unreadable_schedule_file(capsys, tmp_path, kind):
+    path = tmp_path / "sched.json"
+    if kind == "directory":
+        path.mkdir()
+    elif kind == "not-json":
+        path.write_text("{this is not json")
+    elif kind == "not-ir":
+        path.write_text(json.dumps({"format": "something-else", "version": 1}))
+    trace = tmp_path / "t.json"
+    rc, out, err = run(capsys, "simulate", "--schedule", str(path), "--machine", "frontier", "--trace", str(trace))
+    assert_user_error(rc, out, err, str(path))
+    assert not trace.exists()
+
+
+def test_schedule_without_machine(capsys, tmp_path):
+    rc, out, err = run(capsys, "simulate", "--schedule", str(tmp_path / "x.json"))
+    assert_user_error(rc, out, err, "--machine")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A schedule written by `twin export`, and the JSON summary of simulating the same step directly."""
+    folder = tmp_path_factory.mktemp("export")
+    path = folder / "step.json"
+    assert main(["export", *STEP, "-o", str(path)]) == 0
+    return path
+
+
+def test_wrong_ir_version(capsys, tmp_path, exported):
+    capsys.readouterr()
+    data = json.loads(exported.read_text())
+    assert data["version"] == 1
+    data["version"] = 99
+    bad = tmp_path / "v99.json"
+    bad.write_text(json.dumps(data))
+    trace = tmp_path / "t.json"
+    rc, out, err = run(capsys, "simulate", "--schedule", str(bad), "--machine", "frontier", "--trace", str(trace))
+    assert_user_error(rc, out, err, "99")
+    assert not trace.exists()
+
+
+def test_export_error_writes_nothing(capsys, tmp_path):
+    target = tmp_path / "out.json"
+    rc, out, err = run(capsys, "export", *simulate_args(tmp_path / "unused", "--plan", "gx=3")[1:-2], "-o", str(target))
+    assert_user_error(rc, out, err)
+    assert not target.exists()
+    assert list(tmp_path.iterdir()) == []  # no temporary file left behind either
+
+
+def test_trace_into_a_missing_folder_is_a_user_error(capsys, tmp_path):
+    rc, out, err = run(capsys, *simulate_args(tmp_path / "no" / "such" / "t.json"))
+    assert_user_error(rc, out, err, "--trace")
+
+
+def test_export_into_a_missing_folder_is_a_user_error(capsys, tmp_path):
+    target = tmp_path / "no" / "such" / "f.json"
+    rc, out, err = run(capsys, "export", *STEP, "-o", str(target))
+    assert_user_error(rc, out, err, str(target))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_figure_format_is_a_user_error_and_writes_nothing(capsys, tmp_path):
+    trace = tmp_path / "t.json"
+    rc, out, err = run(capsys, *simulate_args(trace), "--figure", str(tmp_path / "f.nosuchformat"))
+    assert_user_error(rc, out, err, "--figure")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_exit_code_and_stderr_in_a_subprocess(tmp_path):
+    trace = tmp_path / "t.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "twin.cli", *simulate_args(trace, "--plan", "gx=8,gy")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("twin: error:")
+    assert len(proc.stderr.splitlines()) == 1
+    assert "Traceback" not in proc.stderr
+    assert not trace.exists()
+
+
+def test_argparse_usage_error_exits_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--gpus", "many"])
+    assert exc.value.code == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+# ---- good paths --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory):
+    """One `twin simulate --json --trace --figure` run: (summary, trace path, figure path)."""
+    folder = tmp_path_factory.mktemp("simulate")
+    trace, figure = folder / "step.trace.json", folder / "timeline.png"
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["simulate", *STEP, "--json", "--trace", str(trace), "--figure", str(figure)])
+    assert rc == 0
+    return json.loads(out.getvalue()), trace, figure
+
+
+def test_simulate_json_summary(simulated):
+    summary, _, _ = simulated
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary["flops_formula"] == "hardware"
+    assert summary["step_time_s"] > 0
+    assert summary["gpus"] == 16
+    # the numbers agree with each other and with Narayanan's formula for 16 sequences
+    h, s, l, V, B = 512, 128, 2, 1024, 16
+    flops = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    assert summary["pflops_total"] * 1e15 == pytest.approx(flops / summary["step_time_s"], rel=1e-9)
+    assert summary["tflops_per_gpu"] * 16 * 1e12 == pytest.approx(flops / summary["step_time_s"], rel=1e-9)
+    assert summary["pct_peak_advertised"] == pytest.approx(100 * summary["tflops_per_gpu"] / 191.5, rel=1e-9)
+    assert summary["pct_peak_empirical"] == pytest.approx(100 * summary["tflops_per_gpu"] / 125.0, rel=1e-9)
+
+
+def test_model_flops_formula_option(capsys, simulated):
+    summary, _, _ = simulated
+    rc, out, _ = run(capsys, "simulate", *STEP, "--json", "--flops-formula", "model")
+    assert rc == 0
+    other = json.loads(out)
+    assert other["flops_formula"] == "model"
+    assert other["step_time_s"] == pytest.approx(summary["step_time_s"], rel=1e-12)
+    h, s, l, V = 512, 128, 2, 1024
+    ratio = (72 * (1 + s / (6 * h) + V / (12 * l * h))) / (96 * (1 + s / (6 * h) + V / (16 * l * h)))
+    assert other["tflops_per_gpu"] == pytest.approx(summary["tflops_per_gpu"] * ratio, rel=1e-9)
+
+
+def test_trace_is_valid_chrome_json(simulated):
+    summary, trace, _ = simulated
+    doc = json.loads(trace.read_text())
+    events = doc["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert complete
+    for e in complete:
+        assert {"pid", "tid", "ts", "dur", "name"} <= e.keys()
+        assert e["dur"] >= 0 and e["ts"] >= 0
+    threads: dict[tuple[int, int], str] = {}
+    for e in events:
+        if e["ph"] == "M" and e["name"] == "thread_name":
+            key = (e["pid"], e["tid"])
+            assert key not in threads
+            threads[key] = e["args"]["name"]
+    # one thread per stream: names unique per process, every op on a named thread
+    for pid in {e["pid"] for e in complete}:
+        names = [name for (p, _), name in threads.items() if p == pid]
+        assert len(names) == len(set(names))
+        assert "compute" in names and "comm:x" in names and "comm:z" in names and "comm:data" in names
+    by_thread: dict[tuple[int, int], list[tuple[float, float]]] = {}
+    for e in complete:
+        assert (e["pid"], e["tid"]) in threads
+        by_thread.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+    # a stream runs one op at a time (ts and dur are each rounded to 1 ns)
+    for spans in by_thread.values():
+        spans.sort()
+        for (_, end), (start, _) in zip(spans, spans[1:]):
+            assert start >= end - 2.5e-3
+    last = max(e["ts"] + e["dur"] for e in complete)
+    assert last == pytest.approx(summary["step_time_s"] * 1e6, rel=1e-6)
+
+
+def test_trace_file_mode_follows_the_umask(simulated):
+    _, trace, _ = simulated
+    umask = os.umask(0)
+    os.umask(umask)
+    assert trace.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_figure_is_a_png(simulated):
+    _, _, figure = simulated
+    assert figure.read_bytes()[:8] == PNG_MAGIC
+    assert figure.stat().st_size > 1000
+
+
+def test_text_summary(capsys):
+    rc, out, err = run(capsys, "simulate", *STEP)
+    assert rc == 0 and err == ""
+    assert "step time" in out and "hardware" in out
+
+
+def test_export_then_simulate_gives_the_same_step_time(capsys, exported, simulated):
+    summary, _, _ = simulated
+    rc, out, _ = run(capsys, "simulate", "--schedule", str(exported), "--machine", "frontier", "--json")
+    assert rc == 0
+    assert json.loads(out)["step_time_s"] == pytest.approx(summary["step_time_s"], rel=1e-12)
+
+
+def test_export_reports_what_it_wrote(capsys, tmp_path):
+    path = tmp_path / "s.json"
+    rc, out, _ = run(capsys, "export", *STEP, "-o", str(path))
+    assert rc == 0
+    assert str(path) in out
+    assert json.loads(path.read_text())["world_size"] == 16
+    assert [p.name for p in tmp_path.iterdir()] == ["s.json"]
+
+
+def test_machines_table(capsys):
+    rc, out, _ = run(capsys, "machines")
+    assert rc == 0
+    for name in ("frontier", "perlmutter", "alps"):
+        assert name in out
+
+
+def test_one_machine_as_json(capsys):
+    rc, out, _ = run(capsys, "machines", "frontier", "--json")
+    assert rc == 0
+    (row,) = json.loads(out)
+    assert row["name"] == "frontier"
+    assert row["gpus_per_node"] == 8
+    assert row["peak_tflops"] == pytest.approx(191.5)
+    assert row["empirical_gemm_tflops"] == pytest.approx(125.0)
+    assert row["sources"]  # every number with where it came from
+    for entry in row["sources"].values():
+        assert entry["source"] or entry["estimate"]
+
+
+def test_unknown_machine_listing(capsys):
+    rc, out, err = run(capsys, "machines", "atlantis")
+    assert_user_error(rc, out, err, "atlantis")
+
+
+def test_models_json(capsys):
+    rc, out, _ = run(capsys, "models", "--json")
+    assert rc == 0
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert rows["GPT-80B"]["layers"] == 42 and rows["GPT-80B"]["hidden"] == 12288
+    assert rows["GPT-80B"]["params_billion"] == pytest.approx(80, rel=0.05)
+    assert {"GPT-5B", "GPT-640B", "22B", "175B", "1T"} <= rows.keys()
+
+
+def test_console_script_is_installed():
+    script = REPO / ".venv" / "bin" / "twin"
+    if not script.exists():
+        pytest.skip("no .venv/bin/twin in this checkout")
+    proc = subprocess.run([str(script), "models"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0
+    assert "GPT-80B" in proc.stdout

@@ -1,0 +1,167 @@
+"""Model shapes: parameter counts, Narayanan's FLOP formulas, parsing and the catalog."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from twin.errors import TwinError
+from twin.model import CATALOG, ModelSpec, get_model, parse_model_spec
+
+
+def hand_param_count(layers: int, hidden: int, vocab: int, seq: int) -> int:
+    """GPT block with ffn = 4h: QKV (3h^2 + 3h), attention out (h^2 + h), MLP (4h^2 + 4h, 4h^2 + h),
+    two layer norms (4h) = 12h^2 + 13h per layer; token + position embeddings (tied LM head) and
+    the final layer norm (2h)."""
+    h = hidden
+    return layers * (12 * h * h + 13 * h) + vocab * h + seq * h + 2 * h
+
+
+# ---- parameter counts -----------------------------------------------------------
+
+
+def test_gpt80b_has_about_80_billion_parameters():
+    m = get_model("GPT-80B")
+    assert m.params == pytest.approx(80e9, rel=0.05)
+    assert m.params == hand_param_count(42, 12288, 50304, 2048)
+
+
+def _nominal(name: str) -> float | None:
+    """'GPT-80B' -> 80e9, '175B' -> 175e9, '1T' -> 1e12; None for names without a size."""
+    match = re.fullmatch(r"(?:GPT-)?(\d+)([BT])", name)
+    if not match:
+        return None
+    return float(match.group(1)) * (1e9 if match.group(2) == "B" else 1e12)
+
+
+@pytest.mark.parametrize("name", [n for n in CATALOG if _nominal(n) is not None])
+def test_catalog_model_size_matches_its_name(name):
+    m = CATALOG[name]
+    assert m.params == pytest.approx(_nominal(name), rel=0.10)
+    assert m.params == hand_param_count(m.layers, m.hidden, m.vocab, m.seq)
+
+
+def test_every_nominal_catalog_entry_is_checked():
+    # Guard for the parametrisation above: only the test model lacks a size in its name.
+    assert [n for n in CATALOG if _nominal(n) is None] == ["tiny"]
+
+
+@pytest.mark.parametrize(
+    "name, layers, hidden, heads",
+    [
+        ("GPT-5B", 24, 4096, 32), ("GPT-10B", 32, 5120, 40), ("GPT-20B", 32, 7168, 56),
+        ("GPT-40B", 38, 9216, 72), ("GPT-60B", 56, 9216, 72), ("GPT-80B", 42, 12288, 96),
+        ("GPT-160B", 84, 12288, 96), ("GPT-320B", 96, 16384, 128), ("GPT-640B", 192, 16384, 128),
+        ("22B", 48, 6144, 48), ("175B", 96, 12288, 96), ("1T", 128, 25600, 160),
+    ],
+)
+def test_catalog_shapes_are_the_published_ones(name, layers, hidden, heads):
+    m = get_model(name)
+    assert (m.layers, m.hidden, m.heads, m.seq, m.vocab, m.ffn) == (layers, hidden, heads, 2048, 50304, 4 * hidden)
+
+
+def test_params_per_layer_counts_weights_biases_and_layer_norms():
+    m = ModelSpec("t", layers=3, hidden=64, heads=4, seq=32, vocab=100)
+    h = 64
+    qkv = h * 3 * h + 3 * h
+    out = h * h + h
+    up = h * 4 * h + 4 * h
+    down = 4 * h * h + h
+    assert m.params_per_layer == qkv + out + up + down + 4 * h
+    assert m.params == 3 * m.params_per_layer + 100 * h + 32 * h + 2 * h
+
+
+# ---- FLOP formulas ---------------------------------------------------------------
+
+
+def test_hardware_flops_formula_for_gpt5b():
+    m = get_model("GPT-5B")
+    B, s, l, h, V = 8, 2048, 24, 4096, 50304
+    expected = 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
+    # By hand: 96*8*2048*24*4096^2 = 6.33319e14, times (1 + 0.083333 + 0.031982) = 1.115316.
+    assert expected == pytest.approx(7.0635e14, rel=1e-4)
+    assert m.flops_per_step(8, "hardware") == pytest.approx(expected, rel=1e-12)
+    assert m.flops_per_step(8) == pytest.approx(expected, rel=1e-12)  # the default is the recompute form
+
+
+def test_model_flops_formula_for_gpt5b():
+    m = get_model("GPT-5B")
+    B, s, l, h, V = 8, 2048, 24, 4096, 50304
+    expected = 72 * B * s * l * h**2 * (1 + s / (6 * h) + V / (12 * l * h))
+    # By hand: 72*8*2048*24*4096^2 = 4.74989e14, times (1 + 0.083333 + 0.042643) = 1.125977.
+    assert expected == pytest.approx(5.3483e14, rel=1e-4)
+    assert m.flops_per_step(8, "model") == pytest.approx(expected, rel=1e-12)
+
+
+def test_flops_scale_linearly_with_sequences_and_recompute_costs_more():
+    m = get_model("GPT-20B")
+    assert m.flops_per_step(64) == pytest.approx(8 * m.flops_per_step(8), rel=1e-12)
+    assert m.flops_per_step(8, "hardware") > m.flops_per_step(8, "model")
+
+
+def test_unknown_flops_formula_is_a_twin_error():
+    with pytest.raises(TwinError, match="bogus"):
+        get_model("tiny").flops_per_step(1, "bogus")
+
+
+# ---- parse_model_spec ------------------------------------------------------------
+
+
+def test_parse_model_spec_all_fields():
+    m = parse_model_spec("layers=2, hidden=512 ,heads=8,seq=128,vocab=1024,ffn=1536,dtype=fp32", name="mine")
+    assert (m.name, m.layers, m.hidden, m.heads, m.seq, m.vocab, m.ffn, m.dtype) == (
+        "mine", 2, 512, 8, 128, 1024, 1536, "fp32")
+    assert m.dtype_bytes == 4
+    assert m.head_dim == 64
+
+
+def test_parse_model_spec_defaults():
+    m = parse_model_spec("layers=4,hidden=256,heads=4")
+    assert (m.seq, m.vocab, m.ffn, m.dtype, m.dtype_bytes) == (2048, 50304, 1024, "bf16", 2)
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ("layers=2,hidden=512,heads=8,depth=3", "depth"),  # unknown key
+        ("layers=2,hidden=512,heads", "heads"),  # missing '='
+        ("layers=2,hidden=,heads=8", "hidden"),  # empty value
+        ("layers=two,hidden=512,heads=8", "layers"),  # not an integer
+        ("layers=2,hidden=512", "heads"),  # missing required key
+        ("hidden=512,heads=8", "layers"),
+        ("layers=0,hidden=512,heads=8", "layers"),  # not positive
+        ("layers=2,hidden=512,heads=8,vocab=-5", "vocab"),
+        ("layers=2,hidden=512,heads=8,dtype=int3", "dtype"),
+    ],
+)
+def test_parse_model_spec_errors_name_the_key(text, named):
+    with pytest.raises(TwinError) as err:
+        parse_model_spec(text)
+    message = str(err.value)
+    assert named in message
+    assert "\n" not in message
+
+
+def test_hidden_not_divisible_by_heads():
+    with pytest.raises(TwinError, match=r"hidden=500.*heads=8"):
+        parse_model_spec("layers=2,hidden=500,heads=8")
+    with pytest.raises(TwinError, match="heads"):
+        ModelSpec("x", layers=2, hidden=96, heads=7)
+
+
+# ---- the catalog -----------------------------------------------------------------
+
+
+def test_get_model_is_case_insensitive():
+    assert get_model("gpt-80b") is CATALOG["GPT-80B"]
+    assert get_model("1t") is CATALOG["1T"]
+
+
+def test_get_model_unknown_lists_the_known_names():
+    with pytest.raises(TwinError) as err:
+        get_model("GPT-7B")
+    message = str(err.value)
+    assert "GPT-7B" in message
+    for name in CATALOG:
+        assert name in message

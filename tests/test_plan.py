@@ -1,0 +1,275 @@
+"""Parallel plans (parsing, validation) and the per-GPU memory model."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import pytest
+
+from helpers import SMALL_SPEC
+from twin.errors import TwinError
+from twin.memory import (
+    RUNTIME_RESERVE_FRACTION,
+    check_fit,
+    memory_per_gpu,
+    resolve_micro_batch,
+)
+from twin.model import get_model, parse_model_spec
+from twin.plan import ParallelPlan, parse_plan, validate_plan, with_micro_batch
+
+SMALL = parse_model_spec(SMALL_SPEC)  # hidden 512, heads 8, ffn 2048, vocab 1024, seq 128
+
+
+# ---- parse_plan -----------------------------------------------------------------
+
+
+def test_parse_plan_all_keys():
+    p = parse_plan("gx=8, gy=2 ,gz=4,gdata=16,mbs=2,ga=4,global_batch=512,recompute=none,oar=0,ors=off,oag=no,tune=false")
+    assert (p.gx, p.gy, p.gz, p.gdata, p.mbs, p.ga, p.global_batch) == (8, 2, 4, 16, 2, 4, 512)
+    assert p.recompute == "none"
+    assert (p.oar, p.ors, p.oag, p.tune_gemm) == (False, False, False, False)
+    assert p.world_size == 8 * 2 * 4 * 16
+    assert p.tensor_parallel_size == 64
+    assert p.sequences_per_rank == 512 // (16 * 4)
+
+
+def test_parse_plan_defaults_and_base():
+    p = parse_plan("")
+    assert (p.gx, p.gy, p.gz, p.gdata, p.mbs, p.ga) == (1, 1, 1, 1, 0, 0)
+    assert (p.recompute, p.oar, p.ors, p.oag, p.tune_gemm) == ("full", True, True, True, True)
+    base = ParallelPlan(global_batch=64, gz=4)
+    q = parse_plan("gx=2", base)
+    assert (q.gx, q.gz, q.global_batch) == (2, 4, 64)
+
+
+@pytest.mark.parametrize("word, value", [("1", True), ("true", True), ("on", True), ("YES", True),
+                                         ("0", False), ("false", False), ("Off", False), ("no", False)])
+def test_parse_plan_boolean_words(word, value):
+    p = parse_plan(f"oar={word},ors={word},oag={word},tune={word}", ParallelPlan(oar=not value, ors=not value,
+                                                                                 oag=not value, tune_gemm=not value))
+    assert (p.oar, p.ors, p.oag, p.tune_gemm) == (value, value, value, value)
+
+
+def test_parse_plan_keys_are_case_insensitive():
+    assert parse_plan("GX=4,Gdata=2").gx == 4
+
+
+def test_describe_round_trips():
+    p = parse_plan("gx=4,gy=2,gz=2,gdata=8,mbs=2,ga=3,recompute=none,oar=0,ors=1,oag=0,tune=0")
+    assert parse_plan(p.describe()) == p
+
+
+def test_without_overlap_switches_off_only_overlap():
+    p = parse_plan("gx=2,gz=2,mbs=1,tune=0")
+    q = p.without_overlap()
+    assert (q.oar, q.ors, q.oag, q.overlap) == (False, False, False, False)
+    assert replace(q, oar=True, ors=True, oag=True) == p
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ("gx=8,gy", "gy"),  # missing '='
+        ("gx=8,gy=", "gy"),  # empty value
+        ("gx=8,gw=2", "gw"),  # unknown key
+        ("gx=two", "gx"),  # not an integer
+        ("gx=0", "gx"),  # not positive
+        ("gdata=-2", "gdata"),
+        ("mbs=-1", "mbs"),
+        ("oar=2", "oar"),  # not a boolean
+        ("tune=maybe", "tune"),
+        ("recompute=partial", "recompute"),
+    ],
+)
+def test_parse_plan_errors_name_the_item(text, named):
+    with pytest.raises(TwinError) as err:
+        parse_plan(text)
+    message = str(err.value)
+    assert named in message
+    assert message.startswith("--plan")
+    assert "\n" not in message
+
+
+# ---- validate_plan --------------------------------------------------------------
+
+
+def _plan(text: str, global_batch: int = 64) -> ParallelPlan:
+    return parse_plan(text, ParallelPlan(global_batch=global_batch))
+
+
+def test_valid_plan_passes():
+    validate_plan(_plan("gx=2,gy=2,gz=2,gdata=2,mbs=2"), SMALL, 16)
+    validate_plan(_plan("gx=8,gy=1,gz=1,gdata=1", 8), SMALL, 8)
+
+
+@pytest.mark.parametrize(
+    "model_spec, plan_text, gpus, global_batch, named",
+    [
+        # product of degrees != GPU count
+        (SMALL_SPEC, "gx=2,gy=2,gz=2,gdata=2", 8, 64, "--gpus"),
+        # heads (8) not divisible by gx=16
+        (SMALL_SPEC, "gx=16", 16, 64, "heads"),
+        # hidden (512) not divisible by gy=3
+        (SMALL_SPEC, "gy=3", 3, 63, "hidden"),
+        # ffn not divisible by gx / gy
+        (SMALL_SPEC + ",ffn=1028", "gx=8", 8, 64, "ffn"),
+        (SMALL_SPEC + ",ffn=1028", "gy=8", 8, 64, "ffn"),
+        # vocab (1001) not divisible by gx
+        ("layers=2,hidden=512,heads=8,seq=128,vocab=1001", "gx=2", 2, 64, "vocab"),
+        # the attn_out weight block 512*512 = 2^18 is not divisible by gz=3
+        (SMALL_SPEC, "gz=3", 3, 63, "gz"),
+        # global batch not divisible by gdata*gz = 8
+        (SMALL_SPEC, "gx=2,gz=2,gdata=4", 16, 60, "--global-batch"),
+        # global batch must be positive
+        (SMALL_SPEC, "gx=2", 2, 0, "--global-batch"),
+        # mbs*ga != sequences per rank (64 / 4 = 16)
+        (SMALL_SPEC, "gz=2,gdata=2,mbs=4,ga=2", 4, 64, "mbs"),
+        # mbs does not divide the sequences per rank (16)
+        (SMALL_SPEC, "gz=2,gdata=2,mbs=3", 4, 64, "mbs"),
+        # ga does not divide the sequences per rank (16)
+        (SMALL_SPEC, "gz=2,gdata=2,ga=5", 4, 64, "ga"),
+    ],
+)
+def test_validate_plan_errors_name_the_field(model_spec, plan_text, gpus, global_batch, named):
+    model = parse_model_spec(model_spec)
+    with pytest.raises(TwinError) as err:
+        validate_plan(_plan(plan_text, global_batch), model, gpus)
+    message = str(err.value)
+    assert named in message
+    assert "\n" not in message
+
+
+def test_mbs_times_ga_mismatch_names_both():
+    with pytest.raises(TwinError, match=r"mbs=4 x ga=2 != 16"):
+        validate_plan(_plan("gz=2,gdata=2,mbs=4,ga=2"), SMALL, 4)
+
+
+def test_with_micro_batch_implies_ga():
+    p = with_micro_batch(_plan("gz=2,gdata=2"), 4)
+    assert (p.mbs, p.ga) == (4, 64 // 4 // 4)
+
+
+# ---- memory ---------------------------------------------------------------------
+
+FRONTIER_HBM = 64e9
+PERLMUTTER_HBM = 40e9
+
+
+def test_model_state_is_16_bytes_per_param_over_the_tensor_grid():
+    model = get_model("GPT-20B")
+    plan = _plan("gx=4,gy=2,gz=8,gdata=4,mbs=1", 8192)
+    h = 7168
+    params = 32 * (12 * h * h + 13 * h) + 50304 * h + 2048 * h + 2 * h
+    # bf16 weight 2 + fp32 master 4 + Adam moments 8 + bf16 gradient 2 = 16 bytes per local parameter
+    assert memory_per_gpu(model, plan).model_state == pytest.approx(16 * params / (4 * 2 * 8), rel=1e-12)
+
+
+def test_activations_and_logits_follow_the_documented_formulas():
+    model = SMALL
+    gx, gy, mbs = 4, 2, 2
+    plan = _plan(f"gx={gx},gy={gy},gz=2,gdata=1,mbs={mbs}", 64)
+    m, h, f, V, L = mbs * 128, 512, 2048, 1024, 2
+    working = 2 * m * (4 * h / gy + 4 * h / gx + 2 * f / gx) + 2 * m * h / gy
+    mem = memory_per_gpu(model, plan)
+    # full recompute: every layer's input (bf16, split over gy) plus one layer's working set
+    assert mem.activations == pytest.approx(L * 2 * m * h / gy + working, rel=1e-12)
+    # logits: bf16 + fp32 copy of m x V/gx
+    assert mem.logits == pytest.approx(6 * m * V / gx, rel=1e-12)
+    # no recompute keeps every layer's working set
+    none = memory_per_gpu(model, replace(plan, recompute="none"))
+    assert none.activations == pytest.approx(L * working, rel=1e-12)
+    assert mem.total == pytest.approx(mem.model_state + mem.gathered_weights + mem.activations + mem.logits)
+
+
+def test_korthikanti_special_case():
+    # gy = 1, gx = t, f = 4h: 2m(4h + 4h/t + 8h/t) + 2mh = m h (10 + 24/t) ... per layer (Korthikanti's s b h (10 + 24/t))
+    model = parse_model_spec("layers=1,hidden=1024,heads=8,seq=256,vocab=1024")
+    t, mbs = 4, 3
+    plan = _plan(f"gx={t},mbs={mbs},recompute=none", 3)
+    m, h = mbs * 256, 1024
+    assert memory_per_gpu(model, plan).activations == pytest.approx(m * h * (10 + 24 / t), rel=1e-12)
+
+
+def test_gathered_weights_without_z_are_only_the_dw_block():
+    plan = _plan("gx=2,gy=2,mbs=1", 4)
+    largest = 512 * 2048  # mlp_up / mlp_down k*n
+    assert memory_per_gpu(SMALL, plan).gathered_weights == pytest.approx(2 * largest / 4, rel=1e-12)
+
+
+def test_memory_needs_a_resolved_micro_batch():
+    with pytest.raises(ValueError):
+        memory_per_gpu(SMALL, _plan("gx=2"))
+
+
+def test_check_fit_reports_by_how_much():
+    model = get_model("GPT-80B")
+    plan = _plan("gx=8,gz=8,mbs=64", 512)  # 64 sequences of 2048 tokens per micro-batch
+    validate_plan(plan, model, 64)
+    with pytest.raises(TwinError) as err:
+        check_fit(model, plan, FRONTIER_HBM)
+    message = str(err.value)
+    assert "over by" in message
+    needs = float(re.search(r"needs ([\d.]+) GB", message).group(1))
+    usable = float(re.search(r"([\d.]+) GB are usable", message).group(1))
+    over = float(re.search(r"over by ([\d.]+) GB", message).group(1))
+    assert usable == pytest.approx(64 * (1 - RUNTIME_RESERVE_FRACTION), abs=0.06)
+    assert over == pytest.approx(needs - usable, abs=0.15)
+    # the activations alone (every layer's input, 2 m h bytes) exceed the device
+    m, h = 64 * 2048, 12288
+    assert needs * 1e9 >= 42 * 2 * m * h
+
+
+def test_check_fit_model_state_alone_too_big():
+    # GPT-80B on one 8-GCD node: ~77e9 params x 16 B / 8 = ~153 GB of model state per GCD
+    with pytest.raises(TwinError, match="over by"):
+        check_fit(get_model("GPT-80B"), _plan("gx=8,mbs=1", 8), FRONTIER_HBM)
+
+
+def test_check_fit_returns_the_breakdown_when_it_fits():
+    plan = _plan("gx=8,gz=8,mbs=1", 512)
+    mem = check_fit(get_model("GPT-80B"), plan, FRONTIER_HBM)
+    assert mem.total <= FRONTIER_HBM * (1 - RUNTIME_RESERVE_FRACTION)
+
+
+@pytest.mark.parametrize(
+    "model_name, plan_text, hbm",
+    [
+        ("GPT-80B", "gx=8,gz=8", FRONTIER_HBM),
+        ("GPT-5B", "gx=4,gz=2,gdata=64", PERLMUTTER_HBM),
+        ("GPT-20B", "gx=8,gz=8,gdata=32", FRONTIER_HBM),
+    ],
+)
+def test_resolve_micro_batch_picks_the_largest_fitting_divisor(model_name, plan_text, hbm):
+    model = get_model(model_name)
+    plan = _plan(plan_text, 8192)
+    resolved = resolve_micro_batch(model, plan, hbm)
+    per_rank = 8192 // (plan.gdata * plan.gz)
+    usable = hbm * (1 - RUNTIME_RESERVE_FRACTION)
+    assert per_rank % resolved.mbs == 0
+    assert resolved.mbs * resolved.ga == per_rank
+    assert memory_per_gpu(model, resolved).total <= usable
+    if resolved.mbs < per_rank:
+        assert per_rank % (2 * resolved.mbs) == 0  # powers of two here: the next divisor up is 2 mbs
+        bigger = with_micro_batch(plan, 2 * resolved.mbs)
+        assert memory_per_gpu(model, bigger).total > usable
+    for d in range(resolved.mbs + 1, per_rank + 1):
+        if per_rank % d == 0:
+            assert memory_per_gpu(model, with_micro_batch(plan, d)).total > usable
+
+
+def test_resolve_micro_batch_takes_the_whole_batch_when_it_fits():
+    plan = _plan("gx=2,gdata=2", 8)
+    resolved = resolve_micro_batch(SMALL, plan, FRONTIER_HBM)
+    assert (resolved.mbs, resolved.ga) == (4, 1)
+
+
+def test_resolve_micro_batch_respects_given_mbs_or_ga():
+    plan = _plan("gx=2,gz=2,gdata=2", 64)  # 16 sequences per rank
+    assert (resolve_micro_batch(SMALL, replace(plan, mbs=4), FRONTIER_HBM).ga) == 4
+    assert (resolve_micro_batch(SMALL, replace(plan, ga=8), FRONTIER_HBM).mbs) == 2
+
+
+def test_resolve_micro_batch_falls_back_to_one_when_nothing_fits():
+    resolved = resolve_micro_batch(get_model("GPT-80B"), _plan("gx=8", 64), FRONTIER_HBM)
+    assert (resolved.mbs, resolved.ga) == (1, 64)
