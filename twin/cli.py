@@ -26,7 +26,8 @@ def _add_step_arguments(p: argparse.ArgumentParser, required: bool = True) -> No
     p.add_argument("--gpus", type=int, required=required, help="number of GPUs (GCDs on Frontier)")
     p.add_argument(
         "--plan", required=required,
-        help="parallel plan: gx=..,gy=..,gz=..,gdata=..[,mbs=..,ga=..,recompute=full|none,oar=0|1,ors=..,oag=..,tune=0|1]",
+        help="parallel plan: AxoNN's gx=..,gy=..,gz=..,gdata=.. and/or Megatron's tp=..,pp=..,dp=.. "
+        "[,vpp=..,zero=0-3,sp=0|1,mbs=..,ga=..,recompute=full|selective|none,oar=0|1,ors=..,oag=..,tune=0|1]",
     )
     p.add_argument("--global-batch", type=int, help="sequences per step (default: 16.8M tokens / seq, as AxoNN)")
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
@@ -91,6 +92,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         check_output_path(args.trace, "--trace")
     if args.figure:
         check_output_path(args.figure, "--figure", FIGURE_FORMATS)
+    if args.preset:
+        _apply_preset(args)
     if args.schedule:
         from topologies.machine import load_machine
 
@@ -120,6 +123,72 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         for what, path in (("trace", args.trace), ("figure", args.figure)):
             if path:
                 print(f"  {what} written to {path}")
+    return 0
+
+
+def _apply_preset(args: argparse.Namespace) -> None:
+    """Fill the step arguments from a named configuration; explicit flags may not contradict it."""
+    from twin.presets import get_preset
+
+    preset = get_preset(args.preset)
+    for field, value in (("machine", preset.machine), ("gpus", preset.gpus), ("plan", preset.plan),
+                         ("global_batch", preset.global_batch)):
+        given = getattr(args, field)
+        if given is not None and given != value:
+            raise TwinError(f"--{field.replace('_', '-')} {given} contradicts --preset {preset.name} ({value}); drop one")
+        setattr(args, field, value)
+    if args.model_spec or (args.model and args.model != preset.model):
+        raise TwinError(f"--model contradicts --preset {preset.name} ({preset.model}); drop one")
+    args.model = preset.model
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from twin.presets import PRESETS
+
+    if args.json:
+        print(json.dumps([asdict(p) for p in PRESETS.values()], indent=2))
+        return 0
+    for p in PRESETS.values():
+        print(f"{p.name:<20} {p.model:<8} {p.gpus:>6} x {p.machine:<11} --plan {p.plan} --global-batch {p.global_batch}")
+        print(f"{'':<20} source: {p.source}")
+    return 0
+
+
+def cmd_scale(args: argparse.Namespace) -> int:
+    from twin.figures import scaling_figure
+    from twin.scale import scaling
+
+    try:
+        counts = [int(x) for x in args.gpus.split(",") if x.strip()]
+    except ValueError:
+        raise TwinError(f"--gpus {args.gpus!r} must be a comma-separated list of GPU counts, e.g. 128,256,512") from None
+    figure = args.figure or f"figures/scale-{args.mode}-{(args.model or 'custom').lower()}-{os.path.basename(args.machine).removesuffix('.toml')}.png"
+    check_output_path(figure, "--figure", FIGURE_FORMATS)
+    args.gpus = counts[0] if counts else 0
+    model, plan, machine = _step_inputs(args)
+
+    def progress(point) -> None:
+        print(f"  [{len(done) + 1}/{len(counts)}] {point.gpus} GPUs: step {point.step_time_s:.2f} s", file=sys.stderr)
+        done.append(point)
+
+    done: list = []
+    points = scaling(model, plan, machine, counts, args.mode, progress=None if args.json else progress)
+    title = f"{model.name} on {machine.name}, {args.mode} scaling ({plan.describe()})"
+    scaling_figure(figure, [p.gpus for p in points], [p.tflops_per_gpu for p in points],
+                   [p.efficiency for p in points], args.mode, title)
+    if args.json:
+        from dataclasses import asdict
+
+        print(json.dumps({"mode": args.mode, "figure": figure, "points": [asdict(p) for p in points]}, indent=2))
+        return 0
+    label = "weak eff." if args.mode == "weak" else "strong eff."
+    print(f"{'GPUs':>7}{'batch':>8}{'step s':>10}{'TF/s/GPU':>10}{'PF/s':>9}{label:>12}  plan")
+    for p in points:
+        print(f"{p.gpus:>7}{p.global_batch:>8}{p.step_time_s:>10.2f}{p.tflops_per_gpu:>10.1f}{p.pflops_total:>9.2f}"
+              f"{100 * p.efficiency:>11.1f}%  {p.plan}")
+    print(f"figure written to {figure}")
     return 0
 
 
@@ -153,7 +222,7 @@ def cmd_machines(args: argparse.Namespace) -> int:
             "hbm_gb": d.hbm_bytes / 1e9,
             "hbm_bw_gb_per_s": d.hbm_bw_bytes_per_s / 1e9,
             "nics_per_node": len(n.nics),
-            "network": f"{net.kind}, {net.n_groups} groups x {net.nodes_per_group} nodes",
+            "network": net.describe(),
             "max_gpus": m.max_gpus,
             "description": m.description,
         })
@@ -164,10 +233,10 @@ def cmd_machines(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'machine':<12}{'device':<16}{'GPUs/node':>10}{'peak TF/s':>11}{'GEMM TF/s':>11}{'HBM GB':>8}{'NICs':>6}  network")
+    print(f"{'machine':<12}{'device':<27}{'GPUs/node':>10}{'peak TF/s':>11}{'GEMM TF/s':>11}{'HBM GB':>8}{'NICs':>6}  network")
     for r in rows:
         print(
-            f"{r['name']:<12}{r['device']:<16}{r['gpus_per_node']:>10}{r['peak_tflops']:>11.1f}"
+            f"{r['name']:<12}{r['device']:<27}{r['gpus_per_node']:>10}{r['peak_tflops']:>11.1f}"
             f"{r['empirical_gemm_tflops']:>11.1f}{r['hbm_gb']:>8.0f}{r['nics_per_node']:>6}  {r['network']}"
         )
     if args.name:
@@ -221,11 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "simulate", help="simulate one training step: summary, trace, timeline figure",
-        description="Simulate one training step of AxoNN's 4D algorithm on a machine model. Example: "
+        description="Simulate one training step (AxoNN 4D, Megatron pipeline/ZeRO) on a machine model. Example: "
         "twin simulate --machine frontier --model GPT-80B --gpus 8192 --plan gx=8,gy=1,gz=16,gdata=64 "
         "--global-batch 8192 --trace step.json --figure figures/timeline.png",
     )
     _add_step_arguments(p, required=False)
+    p.add_argument("--preset", help="a named configuration from the papers (see `twin presets`)")
     p.add_argument("--schedule", help="simulate a schedule IR file (from `twin export`) instead of building one")
     p.add_argument("--full", action="store_true", help="simulate every rank, not one per symmetry class (slow; exact)")
     p.add_argument("--flops-formula", choices=("hardware", "model"), default="hardware",
@@ -234,6 +304,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figure", help="write a timeline figure (PNG) of the critical rank")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("presets", help="list the named configurations from the papers")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser(
+        "scale", help="weak or strong scaling over GPU counts: efficiency table and figure",
+        description="Simulate one plan at several GPU counts, dp derived per count (gpus / (gx gy gz pp)). "
+        "weak: the batch grows with dp, efficiency = TF/s per GPU relative to the first count; strong: the "
+        "batch is fixed, efficiency = speedup over ideal. Example: twin scale --machine frontier --model 175B "
+        "--plan tp=4,pp=16,zero=1,mbs=1 --global-batch 640 --gpus 128,256,512,1024 --mode weak",
+    )
+    p.add_argument("--machine", required=True, help="machine name or .toml path")
+    scale_model = p.add_mutually_exclusive_group(required=True)
+    scale_model.add_argument("--model", help="catalog model, e.g. 175B")
+    scale_model.add_argument("--model-spec", help="layers=..,hidden=..,heads=..")
+    p.add_argument("--plan", required=True, help="the degrees other than dp, e.g. tp=4,pp=16,zero=1,mbs=1")
+    p.add_argument("--gpus", required=True, help="comma-separated GPU counts, smallest first, e.g. 128,256,512,1024")
+    p.add_argument("--mode", choices=("weak", "strong"), required=True, help="weak (batch grows with dp) or strong")
+    p.add_argument("--global-batch", type=int, help="sequences per step at the first GPU count (default 16.8M tokens / seq)")
+    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--no-overlap", action="store_true", help="switch off AxoNN's OAR, ORS and OAG overlap")
+    p.add_argument("--no-tune", action="store_true", help="switch off GEMM-layout tuning")
+    p.add_argument("--figure", help="figure path (default figures/scale-MODE-MODEL-MACHINE.png)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_scale)
 
     p = sub.add_parser("export", help="write the schedule IR of a step as versioned JSON")
     _add_step_arguments(p)

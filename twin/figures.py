@@ -1,4 +1,4 @@
-"""Figures (matplotlib, headless): the timeline of one simulated step."""
+"""Figures (matplotlib, headless): the timeline of one simulated step, scaling curves."""
 
 from __future__ import annotations
 
@@ -46,6 +46,33 @@ def timeline_figure(path: str, program: Program, timeline: RankTimeline, title: 
     ax.set_title(title, fontsize=10)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=min(len(seen), 7), fontsize=8, frameon=False)
     fig.tight_layout()
+    _save(fig, path)
+
+
+def scaling_figure(path: str, gpus: list[int], tflops_per_gpu: list[float], efficiency: list[float],
+                   mode: str, title: str) -> None:
+    """Per-GPU throughput and scaling efficiency against GPU count. Written atomically."""
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax_t.plot(gpus, tflops_per_gpu, "o-", color="#1f77b4")
+    ax_t.set_xscale("log", base=2)
+    ax_t.set_xlabel("GPUs")
+    ax_t.set_ylabel("TF/s per GPU (hardware FLOPs)")
+    ax_t.set_ylim(bottom=0)
+    ax_e.plot(gpus, [100 * e for e in efficiency], "o-", color="#d62728")
+    ax_e.axhline(100, color="#888888", linewidth=0.8, linestyle="--")
+    ax_e.set_xscale("log", base=2)
+    ax_e.set_xlabel("GPUs")
+    ax_e.set_ylabel(f"{mode} scaling efficiency (%)")
+    ax_e.set_ylim(0, 110)
+    for ax in (ax_t, ax_e):
+        ax.set_xticks(gpus, [str(g) for g in gpus])
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def _save(fig, path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".tmp-{os.path.basename(path)}")

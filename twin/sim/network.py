@@ -40,6 +40,7 @@ class FlowNetwork:
         self.env = env
         self.n_classes = n_classes
         self.active: list[Flow] = []
+        self._demand = np.zeros(n_classes)  # sum of the active flows' loads, kept incrementally
         self._last_update = 0.0
         self._generation = 0
         self._recompute_pending = False
@@ -52,6 +53,7 @@ class FlowNetwork:
             return done
         self._advance()
         self.active.append(Flow(loads=loads, work_s=work_s, done=done))
+        self._demand += loads
         self._request_recompute()
         return done
 
@@ -76,13 +78,20 @@ class FlowNetwork:
         if finished:
             self.active = [f for f in self.active if f not in finished]
             for flow in finished:
+                self._demand -= flow.loads
                 flow.done.succeed()
+            if not self.active:
+                self._demand[:] = 0.0  # no drift from millions of adds and subtracts
         self._assign_speeds()
         self._schedule_next()
 
     def _assign_speeds(self) -> None:
         flows = self.active
         if not flows:
+            return
+        if len(flows) == 1 or self._demand.max() <= 1 + 1e-9:  # nothing saturates: all at full speed
+            for flow in flows:
+                flow.speed = 1.0
             return
         matrix = np.stack([f.loads for f in flows])  # flows x classes
         used_cols = matrix.any(axis=0)
