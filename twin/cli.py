@@ -84,7 +84,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from twin.build import build_step
     from twin.figures import timeline_figure
     from twin.ir_io import load_schedule
-    from twin.report import critical_timeline, format_summary, summarize
+    from twin.report import format_summary, summarize
     from twin.sim.engine import simulate
     from twin.trace import write_trace
 
@@ -113,9 +113,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         write_trace(args.trace, schedule.programs, run.timelines, summary.to_json_dict())
     if args.figure:
-        timeline = critical_timeline(run)
         title = f"{summary.model} on {summary.gpus} {machine.name} GPUs ({summary.plan}): step {summary.step_time_s:.2f} s"
-        timeline_figure(args.figure, schedule.programs[timeline.program], timeline, title)
+        timeline_figure(args.figure, timeline_rows(schedule, run), title)
     if args.json:
         print(json.dumps(summary.to_json_dict(), indent=2))
     else:
@@ -124,6 +123,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             if path:
                 print(f"  {what} written to {path}")
     return 0
+
+
+def timeline_rows(schedule, run) -> list:
+    """One rank: all its streams. Several simulated ranks (pipeline stages): each one's compute stream."""
+    from twin.figures import MAX_TIMELINE_RANKS
+    from twin.report import critical_timeline
+
+    if len(run.timelines) == 1:
+        timeline = critical_timeline(run)
+        return [("", schedule.programs[timeline.program], timeline, None)]
+    shown = run.timelines[:MAX_TIMELINE_RANKS]
+    return [(f"rank {t.rank} compute", schedule.programs[t.program], t, "compute") for t in shown]
 
 
 def _apply_preset(args: argparse.Namespace) -> None:

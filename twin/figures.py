@@ -26,26 +26,37 @@ CLASS_COLORS = {
 }
 
 
-def timeline_figure(path: str, program: Program, timeline: RankTimeline, title: str) -> None:
-    """One row per stream of one rank; ops coloured by class. Written atomically."""
-    streams = sorted({op.stream for op in program.ops}, key=lambda s: (s != "compute", s))
-    row = {s: i for i, s in enumerate(streams)}
-    bars: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for op in program.ops:
-        start = float(timeline.start_s[op.id])
-        bars.setdefault((op.stream, op_class(op.work)), []).append((start, float(timeline.end_s[op.id]) - start))
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.55 * len(streams)))
+MAX_TIMELINE_RANKS = 32
+
+
+def timeline_figure(path: str, rows: list[tuple[str, Program, RankTimeline, str | None]], title: str) -> None:
+    """A timeline, one row per (label, program, timeline, stream); stream None = every stream of that rank.
+
+    Ops are coloured by class. Written atomically.
+    """
+    lanes: list[tuple[str, Program, RankTimeline, str]] = []
+    for label, program, timeline, stream in rows:
+        streams = [stream] if stream else sorted({op.stream for op in program.ops}, key=lambda s: (s != "compute", s))
+        lanes.extend((f"{label}{s}" if not stream else label, program, timeline, s) for s in streams)
+    bars: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    for lane, (_, program, timeline, stream) in enumerate(lanes):
+        for op in program.ops:
+            if op.stream == stream:
+                start = float(timeline.start_s[op.id])
+                bars.setdefault((lane, op_class(op.work)), []).append((start, float(timeline.end_s[op.id]) - start))
+    height = 1.5 + 0.42 * len(lanes)
+    fig, ax = plt.subplots(figsize=(12, height))
     seen = set()
-    for (stream, cls), spans in sorted(bars.items()):
+    for (lane, cls), spans in sorted(bars.items()):
         label = cls if cls not in seen else None
         seen.add(cls)
-        ax.broken_barh(spans, (row[stream] - 0.4, 0.8), facecolors=CLASS_COLORS.get(cls, "#333333"), label=label)
-    ax.set_yticks(range(len(streams)), streams)
+        ax.broken_barh(spans, (lane - 0.4, 0.8), facecolors=CLASS_COLORS.get(cls, "#333333"), label=label)
+    ax.set_yticks(range(len(lanes)), [lane[0] for lane in lanes], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("time in step (s)")
     ax.set_title(title, fontsize=10)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=min(len(seen), 7), fontsize=8, frameon=False)
-    fig.tight_layout()
+    fig.legend(loc="lower center", ncol=min(len(seen), 8), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.3 / height, 1, 1))  # a 0.3-inch band for the legend
     _save(fig, path)
 
 
