@@ -315,24 +315,22 @@ class CollectiveModel:
         self.fabric = fabric
         self.tuning = fabric.machine.collectives
         self._lowerer = _Lowerer(fabric)
-        self._lowerings = lru_cache(maxsize=None)(self._lower_all)
+        self._lowering = lru_cache(maxsize=None)(self._lower)
 
-    def _lower_all(self, gpus: tuple[int, ...], kind: str) -> tuple[Lowering, ...]:
-        out = []
-        for algo in ALGORITHMS.values():
-            lowering = algo(self._lowerer, gpus, kind)
-            if lowering is not None:
-                out.append(lowering)
-        return tuple(out)
+    def _lower(self, gpus: tuple[int, ...], kind: str, algorithm: str) -> Lowering | None:
+        return ALGORITHMS[algorithm](self._lowerer, gpus, kind)
 
     def lowerings(self, gpus: tuple[int, ...], kind: str) -> tuple[Lowering, ...]:
-        return self._lowerings(gpus, kind)
+        """Every algorithm that applies to this collective."""
+        found = (self._lowering(gpus, kind, algorithm) for algorithm in ALGORITHMS)
+        return tuple(lowering for lowering in found if lowering is not None)
 
     def lowering(self, gpus: tuple[int, ...], kind: str, algorithm: str) -> Lowering:
-        for lowering in self._lowerings(gpus, kind):
-            if lowering.algorithm == algorithm:
-                return lowering
-        raise KeyError(algorithm)
+        """One algorithm's lowering (only it is computed: the simulator lowers every instance)."""
+        lowering = self._lowering(gpus, kind, algorithm)
+        if lowering is None:
+            raise KeyError(algorithm)
+        return lowering
 
     def transfer(self, src_gpu: int, dst_gpu: int) -> Lowering:
         """A point-to-point send: one byte on every link of the route per byte sent."""
@@ -370,7 +368,7 @@ class CollectiveModel:
     def choose(self, gpus: tuple[int, ...], kind: str, nbytes: float) -> tuple[Lowering, str]:
         """The (algorithm, protocol) NCCL's tuner would pick: the fastest alone."""
         best = None
-        for lowering in self._lowerings(gpus, kind):
+        for lowering in self.lowerings(gpus, kind):
             for protocol in self.tuning.protocols:
                 t = self.time_alone_s(lowering, protocol, nbytes)
                 if best is None or t < best[0]:

@@ -76,7 +76,7 @@ class ComputeUnit:
 
 @dataclass
 class Rendezvous:
-    """One collective call of a family: starts when all its classes have arrived."""
+    """One communication call: starts when every class taking part has issued it."""
 
     expected: int
     arrived: int
@@ -120,9 +120,8 @@ class Simulator:
         flow_types = FlowTypes.build(self.schedule, sym, self.collectives, self.gpu_of)
         network = FlowNetwork(env, flow_types.n_classes)
         units = [ComputeUnit(env, self.machine.device.comm_compute_slowdown) for _ in sym.representatives]
-        rendezvous: dict[tuple[int, int], Rendezvous] = {}
+        rendezvous: dict[tuple, Rendezvous] = {}
         timelines = []
-        all_done: list[tuple[int, list[simpy.Event]]] = []
 
         def communicate(call: CommCall):
             rv = rendezvous.get(call.key)
@@ -131,17 +130,18 @@ class Simulator:
             rv.arrived += 1
             if rv.arrived == rv.expected:
                 del rendezvous[call.key]
-                env.process(run_collective(call.members, call.type_id, call.nbytes, rv.done))
+                env.process(transfer(call.members, call.type_id, call.nbytes, rv.done))
             return rv.done
 
-        def run_collective(members, type_id, nbytes, done):
+        def transfer(members, type_id, nbytes, done):
+            """A collective or point-to-point transfer: latency, then its phases as flows."""
             for c in members:
                 units[c].comm_changed(+1)
             latency, phases = flow_types.cost(type_id)
             if latency > 0:
                 yield env.timeout(latency)
-            for loads, s_per_byte in phases:
-                yield network.start(loads, nbytes * s_per_byte)
+            for index, loads, s_per_byte in phases:
+                yield network.start(index, loads, nbytes * s_per_byte)
             for c in members:
                 units[c].comm_changed(-1)
             done.succeed()

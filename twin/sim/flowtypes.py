@@ -59,10 +59,20 @@ class FlowTypes:
     def n_classes(self) -> int:
         return self.loads.shape[1]
 
-    def cost(self, type_id: int) -> tuple[float, list[tuple[np.ndarray, float]]]:
-        """Latency, then per phase (loads over link classes, seconds per byte alone)."""
-        phases = [(self.loads[row], float(self.s_per_byte[row])) for row in self.phase_rows[type_id]]
+    def cost(self, type_id: int) -> tuple[float, list[tuple[np.ndarray, np.ndarray, float]]]:
+        """Latency, then per phase (link classes, loads there, seconds per byte alone)."""
+        phases = self._sparse_phases[type_id]
         return self.latency_s[type_id], phases
+
+    def __post_init__(self) -> None:
+        sparse = []
+        for rows in self.phase_rows:
+            phases = []
+            for row in rows:
+                index = np.flatnonzero(self.loads[row])
+                phases.append((index, self.loads[row][index], float(self.s_per_byte[row])))
+            sparse.append(phases)
+        object.__setattr__(self, "_sparse_phases", sparse)
 
     @classmethod
     def build(cls, schedule: Schedule, sym: Symmetry, model: CollectiveModel, gpu_of: list[int]) -> "FlowTypes":

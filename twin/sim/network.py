@@ -9,16 +9,21 @@ saturates; flows on it freeze). So two identical collectives on one NIC each
 run at half speed, and a collective whose busiest link is idle otherwise is
 slowed only where it actually shares.
 
-The model is event-driven on top of SimPy: whenever a flow starts or ends, the
-remaining work of every flow is advanced, speeds are recomputed (once per
-simulated instant, however many flows changed at it), and the next completion
-is scheduled. Stale completion timers are ignored by generation number, since
-SimPy timeouts cannot be cancelled.
+Event-driven on top of SimPy, and local: max-min fairness decomposes over
+connected components of the flow-link graph, so when flows start or end only
+the component they touch is recomputed (once per simulated instant, however
+many flows changed at it), and a component with no saturated link runs every
+flow at full speed without any filling. A flow's remaining work is advanced
+lazily, only when its speed changes; completions sit in a heap with
+generation numbers, since SimPy timeouts cannot be cancelled. This keeps a
+pipeline of 128 stages, each with its own collectives and transfers in
+flight, cheap.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import heapq
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -28,101 +33,145 @@ _EPS = 1e-12
 
 @dataclass(eq=False)
 class Flow:
-    loads: np.ndarray  # over link classes, max = 1
-    work_s: float  # remaining time at full speed
+    index: np.ndarray  # link classes it loads
+    loads: np.ndarray  # its loads there, max = 1
+    work_s: float  # remaining time at full speed, as of `since`
+    since: float
     done: simpy.Event
     speed: float = 0.0
-    on_finish: list = field(default_factory=list)
+    generation: int = 0
 
 
 class FlowNetwork:
     def __init__(self, env: simpy.Environment, n_classes: int) -> None:
         self.env = env
-        self.n_classes = n_classes
-        self.active: list[Flow] = []
-        self._demand = np.zeros(n_classes)  # sum of the active flows' loads, kept incrementally
-        self._last_update = 0.0
-        self._generation = 0
+        self.demand = np.zeros(n_classes)  # sum of active flows' loads per link class
+        self.users: dict[int, set[Flow]] = {}  # link class -> active flows on it
+        self.active: set[Flow] = set()
+        self._dirty: set[Flow] = set()
+        self._heap: list[tuple[float, int, int, Flow]] = []  # (finish time, generation, tiebreak, flow)
+        self._tiebreak = 0
         self._recompute_pending = False
+        self._timer_at: float | None = None
 
-    def start(self, loads: np.ndarray, work_s: float) -> simpy.Event:
+    def start(self, index: np.ndarray, loads: np.ndarray, work_s: float) -> simpy.Event:
         """Start a flow that alone would take `work_s` seconds; returns its completion event."""
         done = self.env.event()
-        if work_s <= 0 or not loads.any():
+        if work_s <= 0 or len(index) == 0:
             done.succeed()
             return done
-        self._advance()
-        self.active.append(Flow(loads=loads, work_s=work_s, done=done))
-        self._demand += loads
+        flow = Flow(index=index, loads=loads, work_s=work_s, since=self.env.now, done=done)
+        self.active.add(flow)
+        self.demand[index] += loads
+        for c in index.tolist():
+            self.users.setdefault(c, set()).add(flow)
+        self._dirty.add(flow)
         self._request_recompute()
         return done
 
     # ---- internals ---------------------------------------------------------
-    def _advance(self) -> None:
-        now = self.env.now
-        dt = now - self._last_update
-        if dt > 0:
-            for flow in self.active:
-                flow.work_s -= flow.speed * dt
-        self._last_update = now
-
     def _request_recompute(self) -> None:
         if not self._recompute_pending:
             self._recompute_pending = True
             self.env.timeout(0).callbacks.append(self._recompute)
 
+    def _remaining(self, flow: Flow, now: float) -> float:
+        return flow.work_s - flow.speed * (now - flow.since)
+
     def _recompute(self, _event: simpy.Event | None = None) -> None:
         self._recompute_pending = False
-        self._advance()
-        finished = [f for f in self.active if f.work_s <= _EPS * max(1.0, f.work_s)]
-        if finished:
-            self.active = [f for f in self.active if f not in finished]
-            for flow in finished:
-                self._demand -= flow.loads
-                flow.done.succeed()
-            if not self.active:
-                self._demand[:] = 0.0  # no drift from millions of adds and subtracts
-        self._assign_speeds()
-        self._schedule_next()
+        now = self.env.now
+        self._finish_due(now)
+        if self._dirty:
+            component = self._component(self._dirty)
+            self._dirty = set()
+            self._assign_speeds(component, now)
+        self._arm_timer()
 
-    def _assign_speeds(self) -> None:
-        flows = self.active
-        if not flows:
-            return
-        if len(flows) == 1 or self._demand.max() <= 1 + 1e-9:  # nothing saturates: all at full speed
-            for flow in flows:
-                flow.speed = 1.0
-            return
-        matrix = np.stack([f.loads for f in flows])  # flows x classes
-        used_cols = matrix.any(axis=0)
-        matrix = matrix[:, used_cols]
-        headroom = np.ones(matrix.shape[1])
-        speeds = np.zeros(len(flows))
-        unfrozen = np.ones(len(flows), dtype=bool)
-        while unfrozen.any():
-            demand = matrix[unfrozen].sum(axis=0)
-            live = demand > 0
-            step = np.min(headroom[live] / demand[live])
-            speeds[unfrozen] += step
-            headroom -= step * demand
-            saturated = live & (headroom <= 1e-9)
-            touching = (matrix[:, saturated] > 0).any(axis=1)
-            newly_frozen = unfrozen & touching
-            if not newly_frozen.any():  # numerical safety: freeze the most loaded
-                newly_frozen = unfrozen.copy()
-            unfrozen &= ~newly_frozen
-        for flow, speed in zip(flows, speeds):
-            flow.speed = float(min(speed, 1.0))
-
-    def _schedule_next(self) -> None:
-        self._generation += 1
+    def _finish_due(self, now: float) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= now + _EPS * max(1.0, now):
+            _, generation, _, flow = heapq.heappop(heap)
+            if generation != flow.generation or flow not in self.active:
+                continue
+            self.active.discard(flow)
+            self.demand[flow.index] -= flow.loads
+            for c in flow.index.tolist():
+                users = self.users[c]
+                users.discard(flow)
+                self._dirty.update(users)
+            flow.done.succeed()
         if not self.active:
-            return
-        delay = min(f.work_s / f.speed for f in self.active if f.speed > 0)
-        generation = self._generation
-        timer = self.env.timeout(max(delay, 0.0))
-        timer.callbacks.append(lambda _e: self._on_timer(generation))
+            self.demand[:] = 0.0  # no drift from millions of adds and subtracts
+        self._dirty &= self.active
 
-    def _on_timer(self, generation: int) -> None:
-        if generation == self._generation:
-            self._recompute()
+    def _component(self, seeds: set[Flow]) -> list[Flow]:
+        """Every active flow connected to `seeds` through shared link classes."""
+        seen = set(seeds)
+        frontier = list(seeds)
+        while frontier:
+            flow = frontier.pop()
+            for c in flow.index.tolist():
+                for other in self.users[c]:
+                    if other not in seen:
+                        seen.add(other)
+                        frontier.append(other)
+        return list(seen)
+
+    def _assign_speeds(self, flows: list[Flow], now: float) -> None:
+        classes = np.unique(np.concatenate([f.index for f in flows]))
+        if self.demand[classes].max() <= 1 + 1e-9:  # nothing saturates: all at full speed
+            speeds = np.ones(len(flows))
+        else:
+            speeds = _max_min(flows, classes)
+        for flow, speed in zip(flows, speeds.tolist()):
+            speed = min(speed, 1.0)
+            if speed == flow.speed:
+                continue
+            flow.work_s = self._remaining(flow, now)
+            flow.since, flow.speed = now, speed
+            flow.generation += 1
+            if speed > 0:
+                self._tiebreak += 1
+                heapq.heappush(self._heap, (now + flow.work_s / speed, flow.generation, self._tiebreak, flow))
+
+    def _arm_timer(self) -> None:
+        heap = self._heap
+        while heap and (heap[0][1] != heap[0][3].generation or heap[0][3] not in self.active):
+            heapq.heappop(heap)
+        if not heap:
+            return
+        at = heap[0][0]
+        if self._timer_at is not None and self._timer_at <= at and self._timer_at >= self.env.now:
+            return  # an earlier (or equal) timer is already armed; it re-arms when it fires
+        self._timer_at = at
+        timer = self.env.timeout(max(at - self.env.now, 0.0))
+        timer.callbacks.append(self._on_timer)
+
+    def _on_timer(self, _event: simpy.Event) -> None:
+        self._timer_at = None
+        self._recompute()
+
+
+def _max_min(flows: list[Flow], classes: np.ndarray) -> np.ndarray:
+    """Progressive filling over the flows of one component, on their link classes."""
+    column = {c: j for j, c in enumerate(classes.tolist())}
+    matrix = np.zeros((len(flows), len(classes)))
+    for i, flow in enumerate(flows):
+        matrix[i, [column[c] for c in flow.index.tolist()]] = flow.loads
+    headroom = np.ones(len(classes))
+    speeds = np.zeros(len(flows))
+    unfrozen = np.ones(len(flows), dtype=bool)
+    while unfrozen.any():
+        demand = matrix[unfrozen].sum(axis=0)
+        live = demand > 0
+        step = np.min(headroom[live] / demand[live])
+        speeds[unfrozen] += step
+        headroom -= step * demand
+        saturated = live & (headroom <= 1e-9)
+        touching = (matrix[:, saturated] > 0).any(axis=1)
+        newly_frozen = unfrozen & touching
+        if not newly_frozen.any():  # numerical safety
+            newly_frozen = unfrozen.copy()
+        unfrozen &= ~newly_frozen
+    return speeds
