@@ -148,6 +148,12 @@ class Fabric:
 
     # -------------------------------------------------------------- basics
     @property
+    def links_per_node(self) -> int:
+        """Node n's own links (on-node links, NIC attach, injection, ejection) have ids
+        n * links_per_node + offset, the same offsets on every node: on-node routes translate."""
+        return self._block
+
+    @property
     def n_links(self) -> int:
         return len(self.capacity_bytes_per_s)
 

@@ -180,6 +180,8 @@ class _Lowerer:
         self.gpn = node.gpus_per_node
         self._rings = lru_cache(maxsize=None)(lambda members: pack_rings(members, self.arcs))
         self._chains = lru_cache(maxsize=None)(lambda members, starts: pack_chains(members, starts, self.arcs))
+        self._unit_ring_loads = lru_cache(maxsize=4096)(self._ring_loads_per_unit)
+        self._single_node_ring = lru_cache(maxsize=None)(self._ring_on_node_zero)
 
     def by_node(self, gpus: tuple[int, ...]) -> dict[int, list[int]]:
         nodes: dict[int, list[int]] = {}
@@ -201,22 +203,24 @@ class _Lowerer:
 
     def ring_loads(self, gpus: tuple[int, ...], traffic: float) -> dict[int, float]:
         """Link loads of rings over `gpus`, each rank sending `traffic` bytes (per buffer byte) onward."""
+        if len(gpus) < 2 or traffic == 0:
+            return {}
+        return {link: load * traffic for link, load in self._unit_ring_loads(gpus).items()}
+
+    def _ring_loads_per_unit(self, gpus: tuple[int, ...]) -> dict[int, float]:
+        """Ring loads for one byte sent onward per rank; cached, since every instance of every
+        collective kind on the same ranks shares them. A ring inside one node is computed once
+        per pattern of local GPUs and translated to its node (on-node link ids repeat per node)."""
         nodes = self.by_node(gpus)
-        loads: dict[int, float] = defaultdict(float)
-        if len(gpus) < 2:
-            return loads
         if len(nodes) == 1:
             (node, locals_), = nodes.items()
-            rings = self._rings(tuple(sorted(locals_)))
-            share = traffic / len(rings)
-            base = node * self.gpn
-            for ring in rings:
-                for i in range(len(ring)):
-                    self.add_route(loads, base + ring[i], base + ring[(i + 1) % len(ring)], share)
-            return loads
+            base = self._single_node_ring(tuple(sorted(locals_)))
+            shift = node * self.fabric.links_per_node
+            return {link + shift: load for link, load in base.items()}
+        loads: dict[int, float] = defaultdict(float)
         node_ids = list(nodes)
         nics = sorted({self.fabric.nearest_nic(l) for l in nodes[node_ids[0]]})
-        share = traffic / len(nics)
+        share = 1.0 / len(nics)
         node_chains = {}
         for node in node_ids:
             members = tuple(sorted(nodes[node]))
@@ -230,7 +234,15 @@ class _Lowerer:
                 next_node = node_ids[(j + 1) % len(node_ids)]
                 entry = next_node * self.gpn + node_chains[next_node][c][0]
                 self.add_route(loads, base + chain[-1], entry, share, nic)
-        return loads
+        return dict(loads)
+
+    def _ring_on_node_zero(self, locals_: tuple[int, ...]) -> dict[int, float]:
+        loads: dict[int, float] = defaultdict(float)
+        rings = self._rings(locals_)
+        for ring in rings:
+            for i in range(len(ring)):
+                self.add_route(loads, ring[i], ring[(i + 1) % len(ring)], 1.0 / len(rings))
+        return dict(loads)
 
     def ring(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         n = len(gpus)
