@@ -6,7 +6,7 @@ For 22B, 175B and 1T: the authors' script plan (twin/presets.py) and a few
 neighbours (tp and pp halved/doubled where the plan stays valid and fits),
 each simulated; the best is reported beside the published TF/s per GCD. Then
 weak scaling (175B 128..1024 GCDs, 1T 1024..3072) and strong scaling (175B
-128..1024 at the script's batch of 640, 1T 1024..3072 at 1024) with `twin.scale`.
+128..1024 at the script's batch of 640, 1T 1024..4096 at 1024) with `twin.scale`.
 Nothing here is fitted to the published numbers: they are printed, never read
 by the model. Takes several minutes (the 1T pipelines have 128 stages);
 --quick skips the 1T rows and the neighbours.
@@ -42,6 +42,9 @@ SCALING = {
     "175B": ("tp=4,pp=16,zero=1,mbs=1,recompute=full", 640, [128, 256, 512, 1024]),
     "1T": ("tp=4,pp=128,zero=1,mbs=1,recompute=full", 1024, [1024, 2048, 3072]),
 }
+# Strong scaling keeps the batch, which must split over every dp: 1024 sequences do not split
+# over dp = 6 (3,072 GCDs), so 1T strong scaling goes to 4,096 instead.
+STRONG_COUNTS = {"1T": [1024, 2048, 4096]}
 
 
 def neighbours(plan_text: str) -> list[str]:
@@ -83,7 +86,8 @@ def main() -> int:
         valid = [t for t in tried if "error" not in t]
         best = max(valid, key=lambda t: t["tflops_per_gpu"])
         script = tried[0]
-        print(f"  {model_name}: {len(valid)} of {len(tried)} plans valid", file=sys.stderr)
+        print(f"  {model_name}: {len(valid)} of {len(tried)} plans valid, best {best['plan']}: "
+              f"{best['tflops_per_gpu']:.1f} TF/s per GCD", file=sys.stderr)
         results["throughput"].append({"model": model_name, "gpus": preset.gpus, "script": script, "best": best,
                                       "published_tflops": PUBLISHED[model_name][0], "tried": tried})
     for model_name, (plan_text, batch, counts) in SCALING.items():
@@ -91,10 +95,12 @@ def main() -> int:
             continue
         for mode in ("weak", "strong"):
             plan = parse_plan(f"{plan_text},global_batch={batch}")
-            points = scaling(get_model(model_name), plan, load_machine("frontier"), counts, mode)
+            mode_counts = STRONG_COUNTS.get(model_name, counts) if mode == "strong" else counts
+            points = scaling(get_model(model_name), plan, load_machine("frontier"), mode_counts, mode)
             results["scaling"].append({"model": model_name, "mode": mode, "points": [asdict(p) for p in points],
                                        "published": PUBLISHED_SCALING[model_name][mode]})
-            print(f"  {model_name} {mode} scaling done", file=sys.stderr)
+            print(f"  {model_name} {mode} scaling: " + ", ".join(f"{p.gpus}: {100 * p.efficiency:.1f}%" for p in points),
+                  file=sys.stderr)
     results["wall_s"] = time.perf_counter() - start
     if args.json:
         print(json.dumps(results, indent=2))

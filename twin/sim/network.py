@@ -52,7 +52,8 @@ class FlowNetwork:
         self._heap: list[tuple[float, int, int, Flow]] = []  # (finish time, generation, tiebreak, flow)
         self._tiebreak = 0
         self._recompute_pending = False
-        self._timer_at: float | None = None
+        self._timer_at: float | None = None  # when the armed timer fires; only the latest armed one counts
+        self._timer_token = 0
 
     def start(self, index: np.ndarray, loads: np.ndarray, work_s: float) -> simpy.Event:
         """Start a flow that alone would take `work_s` seconds; returns its completion event."""
@@ -142,13 +143,17 @@ class FlowNetwork:
         if not heap:
             return
         at = heap[0][0]
-        if self._timer_at is not None and self._timer_at <= at and self._timer_at >= self.env.now:
-            return  # an earlier (or equal) timer is already armed; it re-arms when it fires
+        if self._timer_at is not None and self._timer_at <= at:
+            return  # the armed timer comes first; it re-arms when it fires
         self._timer_at = at
+        self._timer_token += 1
+        token = self._timer_token
         timer = self.env.timeout(max(at - self.env.now, 0.0))
-        timer.callbacks.append(self._on_timer)
+        timer.callbacks.append(lambda _event: self._on_timer(token))
 
-    def _on_timer(self, _event: simpy.Event) -> None:
+    def _on_timer(self, token: int) -> None:
+        if token != self._timer_token:
+            return  # superseded by an earlier timer, which has already fired or will
         self._timer_at = None
         self._recompute()
 
