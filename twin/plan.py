@@ -6,11 +6,17 @@ gx x gy x gz grid inside each of gdata data-parallel groups (gz also shards
 the weights, ZeRO-3 style, and splits the batch). gx only = Megatron-LM
 tensor parallelism; gz only = FSDP; gz + gdata = HSDP.
 
+Megatron-DeepSpeed's knobs live in the same plan: `pp` pipeline stages (1F1B,
+or interleaved with `vpp` model chunks per rank), `zero` (ZeRO stage 0-3 over
+gdata), `sp` (sequence parallelism over gx), `recompute` (full, selective,
+none); `tp` and `dp` are accepted as Megatron's names for gx and gdata.
+G = gx gy gz gdata pp.
+
 Batch bookkeeping. `global_batch` sequences per step are split over the
 gdata x gz ranks that see different data, so each rank processes
-global_batch / (gdata gz) sequences per step, in `grad_accum` micro-batches of
-`mbs` sequences. When neither mbs nor ga is given, the largest micro-batch that
-fits in device memory is chosen (twin.memory.resolve_micro_batch).
+global_batch / (gdata gz) sequences per step, in `ga` micro-batches of `mbs`
+sequences (with a pipeline, `ga` is the number of micro-batches m per step).
+When neither mbs nor ga is given, twin.memory.resolve_micro_batch picks one.
 
 The overlap switches are AxoNN's (reference/algorithms.md section 2):
 oar (backward all-reduce of dI overlaps the dW GEMM), ors (reduce-scatter of dW
