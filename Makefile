@@ -1,11 +1,12 @@
 # exatwin: the two commands a new user needs.
 #   make demo   creates .venv, installs, simulates GPT-80B on 8,192 Frontier GCDs
-#   make test   creates .venv if needed, installs with test extras, runs pytest
+#   make test   creates .venv if needed, installs with the test and torch extras, runs pytest
+#               (torch is the executor's: the CPU wheel torch==2.13.0, pinned in pyproject.toml)
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all bench clean
+.PHONY: demo test test-all bench bench-executor clean
 
 $(BIN)/twin: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,21 +14,31 @@ $(BIN)/twin: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(BIN)/twin
 
+# The executor's tests need torch; the simulator (make demo) does not.
+$(VENV)/.torch-installed: $(BIN)/twin
+	$(BIN)/pip install --quiet -e '.[test,torch]'
+	touch $@
+
 demo: $(BIN)/twin
 	mkdir -p out
 	$(BIN)/twin simulate --machine frontier --model GPT-80B --gpus 8192 \
 		--plan gx=8,gy=1,gz=16,gdata=64 --global-batch 8192 \
 		--trace out/gpt80b-frontier-8192.trace.json --figure figures/timeline-gpt80b-frontier-8192.png
 
-test: $(BIN)/twin
+test: $(VENV)/.torch-installed
 	$(BIN)/pytest -q
 
 # The default suite plus the tests marked slow (CI runs this).
-test-all: $(BIN)/twin
+test-all: $(VENV)/.torch-installed
 	$(BIN)/pytest -q -m ''
 
 bench: $(BIN)/twin
 	$(BIN)/python benchmarks/sim_speed.py
+
+# The executor on this host: overhead against a hand-written loop, then simulated vs measured (minutes).
+bench-executor: $(VENV)/.torch-installed
+	$(BIN)/python benchmarks/executor_overhead.py
+	$(BIN)/python benchmarks/compare_local.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

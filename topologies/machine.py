@@ -86,8 +86,9 @@ class NicSpec:
     attach_bw_bytes_per_s: float  # device <-> NIC path peak per direction
 
 
-# Switch kinds a node may hold -> the link kind of its ports.
-NODE_SWITCHES = {"nvswitch": "nvlink"}
+# Switch kinds a node may hold -> the link kind of its ports. "loopback": the ranks of one
+# host talking through the OS (gloo over TCP loopback), as `twin calibrate` describes a host.
+NODE_SWITCHES = {"nvswitch": "nvlink", "loopback": "loopback"}
 
 
 @dataclass(frozen=True)

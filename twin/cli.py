@@ -186,7 +186,9 @@ def cmd_scale(args: argparse.Namespace) -> int:
 
     done: list = []
     points = scaling(model, plan, machine, counts, args.mode, progress=None if args.json else progress)
-    title = f"{model.name} on {machine.name}, {args.mode} scaling ({plan.describe()})"
+    replica = plan.gx * plan.gy * plan.gz * plan.pp
+    degrees = ",".join(part for part in plan.describe().split(",") if not part.startswith("gdata="))
+    title = f"{model.name} on {machine.name}, {args.mode} scaling ({degrees}; dp = GPUs / {replica})"
     scaling_figure(figure, [p.gpus for p in points], [p.tflops_per_gpu for p in points],
                    [p.efficiency for p in points], args.mode, title)
     if args.json:
@@ -346,6 +348,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_step_arguments(p)
     p.add_argument("-o", "--output", required=True, help="the IR file to write")
     p.set_defaults(func=cmd_export)
+
+    try:  # the executor's commands (run, calibrate, compare); they import torch only when run
+        from executor import cli as executor_cli
+    except ImportError:  # pragma: no cover - twin without the executor package
+        executor_cli = None
+    if executor_cli is not None:
+        executor_cli.add_parsers(sub)
     return parser
 
 

@@ -126,3 +126,41 @@ def format_summary(s: Summary) -> str:
         lines.append(f"    {name:<16} {seconds:10.3f} s")
     lines.append(f"  simulated {s.simulated_ranks} rank(s) in {s.sim_wall_s:.2f} s of wall time")
     return "\n".join(lines)
+
+
+def summarize_timelines(schedule, timelines: list[RankTimeline], step_time_s: float, machine_name: str,
+                        device=None, wall_s: float = 0.0, flops_formula: str = "hardware") -> Summary:
+    """The same Summary as `summarize`, from timelines that were measured rather than simulated.
+
+    `timelines` holds one RankTimeline per rank that ran (the executor's
+    measured step); the critical one is the rank that finishes last, as in
+    `summarize`. `device` (a topologies DeviceSpec) gives the peaks the
+    percentages are of; without one they are 0. `simulated_ranks` counts the
+    ranks measured and `sim_wall_s` is the wall time of the measurement.
+    """
+    info = schedule.info
+    flops = info.flops_hardware if flops_formula == "hardware" else info.flops_model
+    timeline = max(timelines, key=lambda t: float(np.nanmax(t.end_s)) if len(t.end_s) else 0.0)
+    program = schedule.programs[timeline.program]
+    per_gpu = flops / step_time_s / schedule.world_size if step_time_s > 0 else 0.0
+    peak = device.peak_flop_per_s if device is not None else 0.0
+    empirical = device.empirical_gemm_flop_per_s if device is not None else 0.0
+    return Summary(
+        machine=machine_name,
+        model=info.model,
+        plan=info.plan,
+        gpus=schedule.world_size,
+        global_batch=info.global_batch,
+        seq=info.seq,
+        step_time_s=step_time_s,
+        flops_formula=flops_formula,
+        pflops_total=per_gpu * schedule.world_size / 1e15,
+        tflops_per_gpu=per_gpu / 1e12,
+        pct_peak_advertised=100 * per_gpu / peak if peak else 0.0,
+        pct_peak_empirical=100 * per_gpu / empirical if empirical else 0.0,
+        exposed_comm_s=exposed_comm_s(program, timeline),
+        memory_per_gpu_gb=info.memory_per_gpu_bytes / 1e9,
+        time_by_class_s=time_by_class(program, timeline),
+        simulated_ranks=len(timelines),
+        sim_wall_s=wall_s,
+    )

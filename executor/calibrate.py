@@ -1,0 +1,340 @@
+"""`twin calibrate`: microbenchmarks run by the executor, fitted to the simulator's parameters, as a machine file.
+
+The microbenchmarks are themselves a schedule (one program, every rank the
+same), executed by `twin run`'s machinery on `nproc` ranks of this host, so
+they are timed exactly as a training step is: same kernels, same channels,
+every rank busy at once (on a CPU host with more ranks than cores that
+sharing is part of what a "device" is here). Sections, each opened by a
+small all-reduce over all ranks so the ranks enter it together:
+
+- GEMM: every (m, n, k) of GEMM_SHAPES in each layout NN, NT, TN;
+- element-wise: copies moving ELEMENTWISE_BYTES bytes;
+- attention: forward and backward of ATTENTION_SHAPES (causal);
+- collectives: all_reduce, all_gather, reduce_scatter over groups of 2, 4, ...
+  up to nproc consecutive ranks, COLLECTIVE_BYTES each, each one waited for
+  (a blocking collective, as most of a step's are);
+- overlap: a GEMM alone, then the same GEMM while a large all-reduce runs.
+
+Each op is repeated; its time is the median over repeats, steps and ranks.
+
+The fit (`fit`) targets exactly the formulas of twin.sim.compute and
+twin.sim.collectives for a one-node machine whose "devices" are the ranks:
+
+- kernel_overhead_s, GEMM rate R, tile sizes, k_half (compute_units = 1: one
+  process is one stream of kernels, no waves) by a grid search minimising the
+  RMS log error of element-wise, GEMM and attention times together; the
+  element-wise bandwidth (hbm_bw, efficiency 1) by weighted least squares;
+  layout efficiencies as each layout's fitted rate over the best one's;
+  attention_efficiency as the median attention rate over R;
+- the collective model on one node is ring latency + bytes x traffic / B,
+  latency = base + steps x hop (NCCL's tuning model with one protocol,
+  "simple"): base, hop and the per-rank port bandwidth B (a "loopback" node
+  switch, efficiency 1) by non-negative weighted least squares over all
+  kinds, sizes and group sizes;
+- comm_compute_slowdown = 1 - (GEMM time alone) / (GEMM time under an all-reduce).
+
+executor.machinefile writes the machine file (each number "measured on
+<host> by twin calibrate on <date>") and, beside it, NAME.calibration.json
+with every measurement, the fitted value and what the simulator's own models
+predict from the written file, so the file can be audited.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from twin.builders.program import ProgramWriter
+from twin.ir import Attention, Collective, Elementwise, Gemm, GroupAxis, Program, Schedule, StepInfo
+
+GEMM_SHAPES = [(m, n, k) for m in (128, 512, 1024) for n in (128, 512, 2048) for k in (128, 512, 2048) if m * n * k <= 1 << 30]
+GEMM_SHAPES += [(192, 384, 256), (320, 96, 512), (1000, 200, 300), (384, 768, 192), (96, 1536, 384)]  # tile quantization
+ELEMENTWISE_BYTES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+# (batch, heads, seq, head_dim): what models that fit a small host run (seq 128-512, 2-32 heads x sequences)
+ATTENTION_SHAPES = [(1, 2, 128, 64), (2, 2, 128, 64), (8, 2, 128, 64), (4, 4, 128, 64), (2, 8, 128, 64),
+                    (2, 4, 256, 64), (8, 4, 256, 64), (1, 8, 512, 64)]
+COLLECTIVE_BYTES = [1 << 10, 4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20]
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+REPEATS = 4
+OVERLAP_GEMM = (512, 1024, 1024)
+OVERLAP_BYTES = 64 << 20
+TINY_BYTES = 64  # the compute op that makes the host wait for a collective
+LEAD_GEMM = (512, 512, 512)  # the compute op before each collective: ranks arrive with a step's skew
+DTYPE = "bf16"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One microbenchmark: what it ran, its mean time and the standard error of that mean."""
+
+    kind: str  # gemm | elementwise | attention | collective | overlap_alone | overlap_during
+    params: dict
+    time_s: float
+    sem_s: float = 0.0
+    count: int = 1
+
+
+def group_sizes(nproc: int) -> list[int]:
+    sizes = [s for s in (2, 4, 8, 16) if s <= nproc and nproc % s == 0]
+    return sizes + ([nproc] if nproc not in sizes and nproc > 1 else [])
+
+
+def calibration_schedule(nproc: int, repeats: int = REPEATS) -> tuple[Schedule, dict[int, tuple[str, dict]]]:
+    """The microbenchmark schedule and, per measured op id, (kind, params); each op `repeats` times."""
+    w = ProgramWriter()
+    what: dict[int, tuple[str, dict]] = {}
+    sizes = group_sizes(nproc)
+    everyone = f"g{nproc}" if nproc > 1 else None
+
+    def sync(name: str) -> None:
+        if everyone:
+            op = w.collective(name, everyone, Collective("all_reduce", everyone, 4, DTYPE))
+            w.wait(op)
+            w.compute(f"{name}.done", Elementwise(TINY_BYTES))
+
+    sync("sync.gemm")
+    for rep in range(repeats):
+        for (m, n, k), layout in itertools.product(GEMM_SHAPES, ("NN", "NT", "TN")):
+            op = w.compute(f"gemm.{m}x{n}x{k}.{layout}.r{rep}", Gemm(m, n, k, layout, DTYPE))
+            what[op] = ("gemm", {"m": m, "n": n, "k": k, "layout": layout})
+    sync("sync.elementwise")
+    for rep in range(repeats):
+        for nbytes in ELEMENTWISE_BYTES:
+            op = w.compute(f"ew.{nbytes}.r{rep}", Elementwise(nbytes))
+            what[op] = ("elementwise", {"nbytes": nbytes})
+    sync("sync.attention")
+    for rep in range(repeats):
+        for (b, h, s, d), backward in itertools.product(ATTENTION_SHAPES, (False, True)):
+            work = Attention(b, s, h, d, backward=backward, causal=True, dtype=DTYPE)
+            op = w.compute(f"attn.{b}x{h}x{s}x{d}.{'bwd' if backward else 'fwd'}.r{rep}", work)
+            what[op] = ("attention", {"batch": b, "heads": h, "seq": s, "head_dim": d, "backward": backward})
+    for size in sizes:
+        axis = f"g{size}"
+        sync(f"sync.{axis}")
+        for rep in range(repeats):
+            for kind, nbytes in itertools.product(COLLECTIVE_KINDS, COLLECTIVE_BYTES):
+                w.compute(f"{kind}.{axis}.{nbytes}.r{rep}.before", Gemm(*LEAD_GEMM, "NN", DTYPE))
+                op = w.collective(f"{kind}.{axis}.{nbytes}.r{rep}", axis, Collective(kind, axis, nbytes, DTYPE))
+                w.wait(op)
+                w.compute(f"{kind}.{axis}.{nbytes}.r{rep}.done", Elementwise(TINY_BYTES))
+                what[op] = ("collective", {"kind": kind, "group_size": size, "nbytes": nbytes})
+    if everyone:
+        m, n, k = OVERLAP_GEMM
+        sync("sync.overlap")
+        for rep in range(repeats):
+            op = w.compute(f"overlap.alone.r{rep}", Gemm(m, n, k, "NN", DTYPE))
+            what[op] = ("overlap_alone", {"m": m, "n": n, "k": k})
+        big = w.collective("overlap.all_reduce", everyone, Collective("all_reduce", everyone, OVERLAP_BYTES, DTYPE))
+        what[big] = ("overlap_comm", {"nbytes": OVERLAP_BYTES, "group_size": nproc})
+        for rep in range(4 * repeats):
+            op = w.compute(f"overlap.during.r{rep}", Gemm(m, n, k, "NN", DTYPE))
+            what[op] = ("overlap_during", {"m": m, "n": n, "k": k})
+        w.wait(big)
+        w.compute("overlap.done", Elementwise(TINY_BYTES))
+    groups = tuple(GroupAxis(f"g{s}", tuple(tuple(range(i, i + s)) for i in range(0, nproc, s))) for s in sizes)
+    info = StepInfo(model="calibration", plan=f"microbenchmarks on {nproc} ranks", global_batch=1, seq=1,
+                    flops_hardware=0.0, flops_model=0.0, memory_per_gpu_bytes=0.0)
+    return Schedule(nproc, groups, (Program(tuple(range(nproc)), tuple(w.ops)),), info), what
+
+
+def collect(steps: list[list[tuple[np.ndarray, np.ndarray]]], what: dict[int, tuple[str, dict]]) -> list[Sample]:
+    """Mean and its standard error over repeats, steps and ranks of each microbenchmark.
+
+    `steps[r][s]` is rank r's (start, end) arrays of step s. The mean, not
+    the median: with more ranks than cores an op is now and then descheduled
+    for a time slice, and a step pays those slices on average, so the expected
+    time is what a step-time prediction needs; the standard error says how far
+    to trust it (the fit weighs by it). Overlap GEMMs count only when they ran
+    entirely inside the large all-reduce.
+    """
+    big = next((i for i, (k, _) in what.items() if k == "overlap_comm"), None)
+    values: dict[str, tuple[str, dict, list[float]]] = {}
+    for rank_steps in steps:
+        for start, end in rank_steps:
+            for op_id, (kind, params) in what.items():
+                if kind == "overlap_during" and not (start[op_id] >= start[big] and end[op_id] <= end[big]):
+                    continue
+                key = json.dumps([kind, params], sort_keys=True)
+                values.setdefault(key, (kind, params, []))[2].append(float(end[op_id] - start[op_id]))
+    out = []
+    for kind, params, xs in values.values():
+        x = np.asarray(xs)
+        sem = float(np.std(x, ddof=1) / np.sqrt(len(x))) if len(x) > 1 else 0.0
+        out.append(Sample(kind, params, float(np.mean(x)), sem, len(x)))
+    return out
+
+
+# ---- fitting ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fit:
+    kernel_overhead_s: float
+    hbm_bw_bytes_per_s: float
+    gemm_flop_per_s: float
+    gemm_tile_m: int
+    gemm_tile_n: int
+    gemm_k_half: float
+    layout_efficiency: dict
+    attention_efficiency: float
+    comm_compute_slowdown: float
+    port_bw_bytes_per_s: float
+    base_latency_s: float
+    hop_latency_s: float
+    rms_log_error: dict  # per category, of the fit itself
+
+
+TILES = (1, 8, 16, 32, 64, 128, 256)
+K_HALVES = (0.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
+OVERHEADS_S = tuple(np.concatenate([[0.0], np.geomspace(1e-6, 3e-4, 50)]))
+REL_FLOOR = 0.05  # every mean is trusted to 5% at best, however many samples it has
+
+
+def _shape_eff(m, n, k, tm: int, tn: int, kh: float) -> np.ndarray:
+    """twin.sim.compute's shape efficiency with compute_units = 1 (no wave term), normalised at 32768^3."""
+    from twin.sim.compute import REFERENCE_GEMM_DIM as D
+
+    def raw(m, n, k):
+        tiles_m, tiles_n = np.ceil(m / tm), np.ceil(n / tn)
+        return (m * n) / (tiles_m * tm * tiles_n * tn) * (k / (k + kh))
+
+    return raw(np.asarray(m, float), np.asarray(n, float), np.asarray(k, float)) / raw(D, D, D)
+
+
+def _arrays(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
+    """(mean times, inverse-variance weights) with the REL_FLOOR floor on each mean's error."""
+    t = np.array([s.time_s for s in samples])
+    sigma = np.sqrt(np.array([s.sem_s for s in samples]) ** 2 + (REL_FLOOR * t) ** 2)
+    return t, 1.0 / sigma ** 2
+
+
+def _chi2(pred: np.ndarray, t: np.ndarray, w: np.ndarray) -> float:
+    return float(np.sum(w * (pred - t) ** 2))
+
+
+def _rel_rms(pred: np.ndarray, t: np.ndarray, w: np.ndarray) -> float:
+    """Weighted RMS relative error: what each fit achieves on its own data."""
+    if not len(t):
+        return 0.0
+    return float(np.sqrt(np.sum(w * t ** 2 * ((pred - t) / t) ** 2) / np.sum(w * t ** 2)))
+
+
+def _scale(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+    """x >= 0 minimising sum w (a x - y)^2."""
+    den = float(np.sum(w * a * a))
+    return max(float(np.sum(w * a * y)) / den, 0.0) if den > 0 else 0.0
+
+
+def _nnls_weighted(columns: list[np.ndarray], t: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Non-negative x minimising sum w (A x - t)^2: every subset of columns, the best feasible one."""
+    sw = np.sqrt(w)
+    A = np.stack(columns, axis=1) * sw[:, None]
+    b = t * sw
+    best, best_err = np.zeros(len(columns)), float("inf")
+    for mask in itertools.product((True, False), repeat=len(columns)):
+        idx = [i for i, on in enumerate(mask) if on]
+        if not idx:
+            continue
+        x_sub, *_ = np.linalg.lstsq(A[:, idx], b, rcond=None)
+        if (x_sub < 0).any():
+            continue
+        x = np.zeros(len(columns))
+        x[idx] = x_sub
+        err = float(np.sum((A @ x - b) ** 2))
+        if err < best_err:
+            best, best_err = x, err
+    return best
+
+
+def fit(samples: list[Sample]) -> Fit:
+    """The simulator's parameters that best explain the samples (weighted least squares; module docstring)."""
+    by = {kind: [s for s in samples if s.kind == kind] for kind in {s.kind for s in samples}}
+    ew, gm, at = by.get("elementwise", []), by.get("gemm", []), by.get("attention", [])
+    if not ew or not gm:
+        raise ValueError("calibration needs element-wise and GEMM measurements")
+    ew_t, ew_w = _arrays(ew)
+    ew_b = np.array([s.params["nbytes"] for s in ew], float)
+    g_t, g_w = _arrays(gm)
+    g_m, g_n, g_k = (np.array([s.params[d] for s in gm], float) for d in "mnk")
+    g_f = 2 * g_m * g_n * g_k
+    g_bytes = 2 * (g_m * g_k + g_k * g_n + g_m * g_n)  # twin.sim.compute counts 2-byte operands
+    g_lay = np.array([s.params["layout"] for s in gm])
+    a_t, a_w = _arrays(at)
+    a_f = np.array([Attention(s.params["batch"], s.params["seq"], s.params["heads"], s.params["head_dim"],
+                              s.params["backward"], True).flops for s in at])
+    effs = {(tm, tn, kh): _shape_eff(g_m, g_n, g_k, tm, tn, kh) for tm, tn, kh in itertools.product(TILES, TILES, K_HALVES)}
+    best = None
+    for o in OVERHEADS_S:
+        inv_bw = _scale(ew_b, ew_t - o, ew_w)
+        if inv_bw <= 0:
+            continue
+        ew_pred = o + ew_b * inv_bw
+        mem = g_bytes * inv_bw
+        g_best = None
+        for shape, eff in effs.items():
+            work = g_f / eff
+            inv_rates, pred = {}, np.empty_like(g_t)
+            for lay in ("NN", "NT", "TN"):
+                sel = g_lay == lay
+                inv_rates[lay] = _scale(work[sel], g_t[sel] - o, g_w[sel]) or 1e-30
+                pred[sel] = np.maximum(work[sel] * inv_rates[lay], mem[sel]) + o
+            chi = _chi2(pred, g_t, g_w)
+            if g_best is None or chi < g_best[0]:
+                g_best = (chi, shape, inv_rates, pred)
+        g_chi, shape, inv_rates, g_pred = g_best
+        fastest = min(inv_rates.values())
+        inv_ae = _scale(a_f * fastest, a_t - o, a_w) if at else 1.0
+        a_eff = float(np.clip(1.0 / inv_ae, 1e-3, 1.0)) if inv_ae > 0 else 1.0
+        a_pred = a_f * fastest / a_eff + o
+        total = _chi2(ew_pred, ew_t, ew_w) + g_chi + _chi2(a_pred, a_t, a_w)
+        if best is None or total < best[0]:
+            errors = {"elementwise": _rel_rms(ew_pred, ew_t, ew_w), "gemm": _rel_rms(g_pred, g_t, g_w),
+                      "attention": _rel_rms(a_pred, a_t, a_w)}
+            best = (total, o, 1.0 / inv_bw, 1.0 / fastest, shape, {lay: fastest / inv for lay, inv in inv_rates.items()},
+                    a_eff, errors)
+    if best is None:
+        raise ValueError("calibration: the element-wise times leave no room for any bandwidth; measurements look broken")
+    _, o, bw, rate, (tm, tn, kh), layouts, a_eff, errors = best
+
+    cm = by.get("collective", [])
+    port_bw, base, hop = 1e12, 0.0, 0.0
+    if cm:
+        c_t, c_w = _arrays(cm)
+        n = np.array([s.params["group_size"] for s in cm], float)
+        ar = np.array([s.params["kind"] == "all_reduce" for s in cm])
+        steps = np.where(ar, 2 * (n - 1), n - 1)  # NCCL's ring steps (twin.sim.collectives.ring_steps)
+        traffic = np.where(ar, 2 * (n - 1) / n, (n - 1) / n) * np.array([s.params["nbytes"] for s in cm], float)
+        base, hop, inv_b = _nnls_weighted([np.ones_like(c_t), steps, traffic], c_t, c_w)
+        port_bw = 1.0 / inv_b if inv_b > 0 else 1e12
+        errors["collective"] = _rel_rms(base + steps * hop + traffic * inv_b, c_t, c_w)
+    alone = [s.time_s for s in by.get("overlap_alone", [])]
+    during = [s.time_s for s in by.get("overlap_during", [])]
+    slowdown = float(np.clip(1 - np.mean(alone) / np.mean(during), 0.0, 0.9)) if alone and during else 0.0
+    return Fit(float(o), float(bw), float(rate), tm, tn, float(kh), layouts, a_eff, slowdown, float(port_bw),
+               float(base), float(hop), errors)
+
+
+def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = REPEATS,
+                   wall_limit_s: float = 900.0) -> tuple[Fit, dict, object]:
+    """Run the microbenchmarks on `nproc` local ranks (`opts`: executor.launch.WorkerOptions), fit, write
+    `output` and its calibration JSON. Returns (fit, the JSON document, the executor.measured.Measured run)."""
+    from executor.launch import run_local
+    from executor.machinefile import host_description, write_machine
+    from executor.measured import load_measured
+    from twin.ir_io import save_schedule
+
+    os.makedirs(out_dir, exist_ok=True)
+    schedule, what = calibration_schedule(nproc, repeats)
+    path = os.path.join(out_dir, "calibration-schedule.json")
+    save_schedule(schedule, path)
+    run_local(schedule, path, nproc, out_dir, opts, wall_limit_s)
+    measured = load_measured(out_dir, schedule)
+    samples = collect(list(measured.steps), what)
+    fitted = fit(samples)
+    host = {**host_description(nproc), "compute_nice": getattr(opts, "compute_nice", 0)}
+    doc = write_machine(output, fitted, samples, host, measured.dtype)
+    return fitted, doc, measured

@@ -1,0 +1,285 @@
+"""`twin run`, `twin calibrate`, `twin compare`: the executor's commands, added to twin's parser.
+
+Importing this module never imports torch (twin must run without it): each
+command checks for torch first and, without it, fails with one line and exit
+code 2. The ranks themselves are separate processes (executor.worker),
+started by torchrun (executor.launch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+
+from twin.errors import TwinError
+
+NEEDS_TORCH = "twin {command} needs torch: pip install -e '.[torch]'"
+
+
+def _require_torch(command: str) -> None:
+    if importlib.util.find_spec("torch") is None:
+        raise TwinError(NEEDS_TORCH.format(command=command))
+
+
+def _worker_options(args: argparse.Namespace, **extra):
+    from executor.launch import WorkerOptions
+
+    return WorkerOptions(steps=args.steps, warmup=args.warmup, device=args.device, dtype=args.dtype,
+                         timeout_s=args.timeout, threads=args.threads, tune=not args.no_tune,
+                         compute_nice=args.compute_nice, **extra)
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    for name in ("steps", "nproc", "threads"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise TwinError(f"--{name} must be at least 1, got {value}")
+    if getattr(args, "warmup", 0) < 0:
+        raise TwinError(f"--warmup must be 0 or more, got {args.warmup}")
+    if args.timeout <= 0:
+        raise TwinError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+
+
+def _out_dir(args: argparse.Namespace, schedule_path: str, what: str) -> str:
+    if args.out:
+        return args.out
+    stem = os.path.basename(schedule_path).removesuffix(".json")
+    return os.path.join("out", f"{what}-{stem}")
+
+
+BUSY_WARNING_CORES = 0.3
+
+
+def _load_note(out: str) -> str:
+    """A line on what else ran on the host during the measurement (executor.launch writes it)."""
+    from executor.launch import other_load
+
+    load = other_load(out)
+    if load is None:
+        return ""
+    if load > BUSY_WARNING_CORES:
+        return (f"  note: other processes kept {load:.1f} of this host's {os.cpu_count()} CPUs busy during the run: "
+                "times are noisier and slower than on a quiet host")
+    return f"  other load on the host during the run: {load:.2f} cores"
+
+
+def _machine_for_peaks(name: str | None) -> str | None:
+    """The machine whose peaks the summary's percentages use: --machine, else `local` if it loads."""
+    from topologies.machine import load_machine
+
+    for candidate in ([name] if name else ["local"]):
+        try:
+            load_machine(candidate)
+            return candidate
+        except TwinError:
+            if name:
+                raise
+    return None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from twin.ir_io import load_schedule
+
+    _check_counts(args)
+    schedule = load_schedule(args.schedule)
+    if args.launcher == "srun":
+        from executor.launch import srun_script
+
+        if not args.machine:
+            raise TwinError("--launcher srun needs --machine (frontier, perlmutter or alps)")
+        opts = _worker_options(args, check_numerics=args.check_numerics)
+        print(srun_script(args.machine, schedule, args.schedule, _out_dir(args, args.schedule, "run"), opts))
+        print("# printed, not submitted: run these lines inside an allocation (salloc/sbatch)", file=sys.stderr)
+        return 0
+    _require_torch("run")
+    from executor.launch import run_local
+
+    nproc = args.nproc or schedule.world_size
+    out = _out_dir(args, args.schedule, "numerics" if args.check_numerics else "run")
+    if args.trace:
+        from twin.cli import check_output_path
+
+        check_output_path(args.trace, "--trace")
+    machine = None if args.check_numerics else _machine_for_peaks(args.machine)
+    opts = _worker_options(args, check_numerics=args.check_numerics, machine=machine)
+    wall = run_local(schedule, args.schedule, nproc, out, opts, args.wall_timeout)
+    with open(os.path.join(out, "rank0.json")) as f:
+        rank0 = json.load(f)
+    where = f"{nproc} ranks (torchrun, {rank0['backend']}, {rank0['device_name']}, {rank0['dtype']}: {rank0['dtype_note']})"
+    if args.check_numerics:
+        return _report_numerics(args, out, where, wall)
+    with open(os.path.join(out, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(out, "run.json")) as f:
+        run = json.load(f)
+    if args.trace:
+        import shutil
+
+        shutil.copyfile(os.path.join(out, "trace.json"), args.trace)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    from twin.report import Summary, format_summary
+
+    print(f"measured {args.schedule} on {where}")
+    print(format_summary(Summary(**summary)).replace("simulated", "measured"))
+    steps = ", ".join(f"{s:.4f}" for s in run["step_times_s"])
+    print(f"  measured steps (s): {steps}; the median step is summarised, after {args.warmup} warm-up step(s)")
+    print(f"  trace written to {args.trace or os.path.join(out, 'trace.json')} (all files in {out}, {wall:.1f} s)")
+    if _load_note(out):
+        print(_load_note(out))
+    return 0
+
+
+def _report_numerics(args: argparse.Namespace, out: str, where: str, wall: float) -> int:
+    with open(os.path.join(out, "numerics.json")) as f:
+        result = json.load(f)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"numerics check of {args.schedule} on {where}")
+        status = "PASSED" if result["ok"] else "FAILED"
+        print(f"  {status}: {result['checks']} comparisons of outputs, input gradients and weight-gradient shards "
+              f"({max(result['linears_per_rank'])} linear layers per rank) with a float64 single-process reference; "
+              f"max relative error {result['max_rel_err']:.2e} (bound {result['bound']:.0e}, float32)")
+        for line in result["failures"]:
+            print(f"  {line}")
+        if result["n_failures"] > len(result["failures"]):
+            print(f"  ... and {result['n_failures'] - len(result['failures'])} more")
+        print(f"  details in {out}/numerics.json ({wall:.1f} s)")
+    if not result["ok"]:
+        print(f"twin: numerics check failed: {result['n_failures']} problem(s); see {out}/numerics.json", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    _require_torch("calibrate")
+    _check_counts(args)
+    import time
+
+    from executor.calibrate import calibrate_host, calibration_schedule
+    from twin.cli import check_output_path
+
+    check_output_path(args.output, "--output", ("toml",))
+    if args.repeats < 1:
+        raise TwinError(f"--repeats must be at least 1, got {args.repeats}")
+    out = args.out or os.path.join("out", "calibrate")
+    n_ops = len(calibration_schedule(args.nproc, args.repeats)[0].programs[0].ops)
+    print(f"calibrating {args.nproc} ranks on this host: {n_ops} microbenchmark ops x {args.steps} step(s)...",
+          file=sys.stderr)
+    start = time.perf_counter()
+    fitted, doc, measured = calibrate_host(args.nproc, args.output, out, _worker_options(args), args.repeats,
+                                           args.wall_timeout)
+    wall = time.perf_counter() - start
+    if args.json:
+        print(json.dumps({"machine_file": args.output, "fit": doc["fit"], "simulator_vs_measured": doc["simulator_vs_measured"]}, indent=2))
+        return 0
+    f = fitted
+    print(f"wrote {args.output} ({measured.dtype}, {args.nproc} ranks, {wall:.0f} s) and the measurements beside it:")
+    print(f"  GEMM {f.gemm_flop_per_s / 1e9:.1f} GF/s per rank (tiles {f.gemm_tile_m}x{f.gemm_tile_n}, k_half {f.gemm_k_half:g}; "
+          f"layouts NN {f.layout_efficiency['NN']:.2f} NT {f.layout_efficiency['NT']:.2f} TN {f.layout_efficiency['TN']:.2f})")
+    print(f"  copy {f.hbm_bw_bytes_per_s / 1e9:.2f} GB/s, kernel overhead {f.kernel_overhead_s * 1e6:.1f} us, "
+          f"attention efficiency {f.attention_efficiency:.2f}, comm/compute slowdown {f.comm_compute_slowdown:.2f}")
+    print(f"  collectives: {f.port_bw_bytes_per_s / 1e9:.3f} GB/s per rank, latency {f.base_latency_s * 1e6:.0f} us + "
+          f"{f.hop_latency_s * 1e6:.0f} us per ring step")
+    print("  the simulator on this file vs the microbenchmarks (median |error|):")
+    for kind, row in doc["simulator_vs_measured"].items():
+        print(f"    {kind:<16}{100 * row['median_abs_error']:6.1f}%  ({row['samples']} points)")
+    if _load_note(out):
+        print(_load_note(out))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    _require_torch("compare")
+    _check_counts(args)
+    from executor.compare import comparison_figures, format_comparison, simulate_and_execute
+    from twin.ir_io import load_schedule
+
+    schedule = load_schedule(args.schedule)
+    nproc = args.nproc or schedule.world_size
+    out = _out_dir(args, args.schedule, "compare")
+    c, sim_run, measured = simulate_and_execute(schedule, args.schedule, args.machine, nproc, out,
+                                                _worker_options(args, machine=args.machine), args.wall_timeout)
+    stem = os.path.basename(args.schedule).removesuffix(".json")
+    prefix = args.figures or os.path.join("figures", f"compare-{stem}")
+    sim_tl = next(t for t in sim_run.timelines if t.rank == c.rank)
+    figures = comparison_figures(prefix, c, sim_tl, measured.timelines[c.rank])
+    if args.json:
+        print(json.dumps({**c.to_json_dict(), "figures": figures}, indent=2))
+        return 0
+    print(format_comparison(c))
+    print(f"  machine {sim_run.machine.name} ({args.machine}); measured {measured.dtype} on {nproc} ranks; "
+          f"figures {', '.join(figures)}; details in {out}/compare.json")
+    if _load_note(out):
+        print(_load_note(out))
+    return 0
+
+
+def _add_exec_options(p: argparse.ArgumentParser, steps: int = 5, warmup: int = 2) -> None:
+    p.add_argument("--steps", type=int, default=steps, help=f"measured steps (default {steps})")
+    p.add_argument("--warmup", type=int, default=warmup, help=f"warm-up steps, not measured (default {warmup})")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where ranks run (default: GPU if any)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="element type (default: the schedule's on GPU, float32 on CPU)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds before a collective counts as dead (default 30)")
+    p.add_argument("--wall-timeout", type=float, default=900.0, help="seconds before the whole launch is stopped")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per rank on CPU (default 1)")
+    p.add_argument("--no-tune", action="store_true", help="run GEMMs in the IR's layout, not the fastest one")
+    p.add_argument("--compute-nice", type=int, default=10,
+                   help="CPU: niceness of each rank's compute thread, so communication threads preempt it (default 10; "
+                   "0: off; use the same value to calibrate and to run)")
+    p.add_argument("--out", help="folder for the ranks' files, trace and summary (default out/<command>-<schedule>)")
+
+
+def add_parsers(sub) -> None:
+    """Add run, calibrate and compare to twin's subcommands."""
+    p = sub.add_parser(
+        "run", help="execute a schedule with torch.distributed (torchrun): measured trace and summary",
+        description="Execute a schedule IR (from `twin export`) for real: torchrun on this host (gloo on CPU, NCCL on "
+        "GPUs), warm-up steps, then measured steps; writes a Chrome trace and the summary keys of `twin simulate "
+        "--json`. --check-numerics runs one step with real data through the 4D linear layers and checks it against "
+        "a single-process reference. --launcher srun prints the Slurm lines for Frontier, Perlmutter or Alps. "
+        "Example: twin run step.json --nproc 4",
+    )
+    p.add_argument("schedule", help="a schedule IR file (twin export)")
+    p.add_argument("--nproc", type=int, help="processes on this host (default: the schedule's ranks)")
+    p.add_argument("--check-numerics", action="store_true", help="check the linear layers' numbers against one process")
+    p.add_argument("--launcher", choices=("torchrun", "srun"), default="torchrun", help="torchrun here, or print srun lines")
+    p.add_argument("--machine", help="machine for the %% of peak (default: local if present); with srun: the cluster")
+    p.add_argument("--trace", help="also copy the measured Chrome trace here")
+    p.add_argument("--json", action="store_true", help="print the summary (or numerics result) as JSON")
+    _add_exec_options(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser(
+        "calibrate", help="GEMM, element-wise, attention and collective microbenchmarks -> a machine file",
+        description="Run microbenchmarks with the executor on this host (GEMM shapes x NN/NT/TN, copies, attention, "
+        "all-reduce/all-gather/reduce-scatter over sizes and group sizes), fit the simulator's device and link "
+        "parameters and write a machine file plus NAME.calibration.json beside it. "
+        "Example: twin calibrate --nproc 4 -o topologies/local.toml",
+    )
+    p.add_argument("--nproc", type=int, default=4, help="ranks on this host (default 4)")
+    p.add_argument("-o", "--output", default=os.path.join("topologies", "local.toml"), help="machine file to write")
+    p.add_argument("--repeats", type=int, default=4, help="repeats of each microbenchmark per step (default 4)")
+    p.add_argument("--json", action="store_true", help="print the fit as JSON")
+    _add_exec_options(p, steps=3, warmup=1)
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser(
+        "compare", help="simulate and execute one schedule, side by side: per op class, per step, figures",
+        description="Simulate the schedule on --machine and execute it here, then compare per op class and per "
+        "step, and draw figures/compare-NAME-scatter.png and -timeline.png. "
+        "Example: twin compare step.json --machine topologies/local.toml --nproc 4",
+    )
+    p.add_argument("schedule", help="a schedule IR file (twin export)")
+    p.add_argument("--machine", required=True, help="machine name or .toml (e.g. topologies/local.toml)")
+    p.add_argument("--nproc", type=int, help="processes on this host (default: the schedule's ranks)")
+    p.add_argument("--figures", help="figure path prefix (default figures/compare-<schedule>)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    _add_exec_options(p)
+    p.set_defaults(func=cmd_compare)

@@ -1,0 +1,201 @@
+"""The machine file `twin calibrate` writes for this host, and the audit of it by the simulator's own models.
+
+The host becomes a one-node machine whose "devices" are the ranks: a
+"loopback" node switch (every rank one port of the fitted bandwidth), a
+one-node fat tree with a placeholder NIC (the schema wants one; nothing
+leaves the host), NCCL's tuning model with a single protocol carrying the
+fitted gloo latencies. Every number is either "measured on <host> by twin
+calibrate on <date>: <what>" (source) or an estimate saying why it is unused
+or fixed. `check_with_simulator` loads the written file with
+topologies.machine and predicts each microbenchmark with twin.sim.compute and
+twin.sim.collectives, so the JSON beside the file shows what the simulator,
+not the fit, makes of it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import re
+from dataclasses import asdict
+
+import numpy as np
+
+from executor.calibrate import DTYPE, GEMM_SHAPES, Fit, Sample
+from twin.ir import Attention, Elementwise, Gemm
+
+
+def host_description(nproc: int) -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    mem = 0.0
+    try:
+        with open("/proc/meminfo") as f:
+            mem = next(float(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "logical_cpus": os.cpu_count() or 1, "memory_bytes": mem, "nproc": nproc,
+            "hostname": platform.node()}
+
+
+def _short_cpu(cpu: str) -> str:
+    """"Intel(R) Xeon(R) Processor @ 2.1GHz" -> "Intel Xeon": a device name that fits a table."""
+    words = re.sub(r"\((R|TM|r|tm)\)|@.*", " ", cpu).split()
+    return " ".join(w for w in words if w.lower() not in ("cpu", "processor")) or "CPU"
+
+
+def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local") -> str:
+    n = host["nproc"]
+    where = (f"measured on {host['cpu']} ({host['logical_cpus']} logical CPUs, {host['memory_bytes'] / 1e9:.0f} GB), "
+             f"{n} gloo ranks, {dtype}, compute nice +{host.get('compute_nice', 0)}, by twin calibrate on {date}")
+
+    def num(value: float, what: str, digits: int = 6) -> str:
+        shown = int(value) if float(value).is_integer() and abs(value) < 1e6 else float(f"{value:.{digits}g}")
+        return f'{{ value = {shown!r}, source = "{where}: {what}" }}'
+
+    def est(value: float, why: str) -> str:
+        return f'{{ value = {value!r}, estimate = "{why}" }}'
+
+    empirical = f.gemm_flop_per_s / 1e12
+    lines = [
+        f"# This host as a machine: {n} processes (ranks) are its 'devices', joined by gloo over",
+        "# loopback through one switch vertex. Written by `twin calibrate`; the measurements and the",
+        f"# simulator's predictions from this file are in {name}.calibration.json beside it.",
+        "# Key style as the other machine files: units in key names, every number with source/estimate.",
+        "",
+        "[machine]",
+        f'name = "{name}"',
+        f'description = "this host: {n} executor ranks on {host["cpu"]} ({host["logical_cpus"]} logical CPUs), calibrated {date}"',
+        "",
+        "[device]",
+        f'name = "{_short_cpu(host["cpu"])}, 1/{n} host"',
+        f"peak_bf16_tflop_per_s = {est(float(f'{empirical:.6g}'), 'no advertised peak for a share of a CPU: set to the measured GEMM rate')}",
+        f"empirical_gemm_bf16_tflop_per_s = {num(empirical, f'GEMM rate fitted over {len(GEMM_SHAPES)} shapes x 3 layouts, {dtype} (the executor element type)')}",
+        f"hbm_gb = {num(host['memory_bytes'] / n / 1e9, f'host memory / {n} ranks (/proc/meminfo)')}",
+        f"hbm_bw_gb_per_s = {num(f.hbm_bw_bytes_per_s / 1e9, 'copy bandwidth (read + write) fitted over element-wise ops 4 KB..64 MB, all ranks at once')}",
+        f"compute_units = {est(1, 'one process runs one kernel at a time: no wave quantization')}",
+        f"gemm_tile_m = {num(f.gemm_tile_m, 'fitted (grid search) to the GEMM times')}",
+        f"gemm_tile_n = {num(f.gemm_tile_n, 'fitted (grid search) to the GEMM times')}",
+        f"gemm_k_half = {num(f.gemm_k_half, 'fitted (grid search) to the GEMM times')}",
+        f"tn_penalty_min_dim = {est(0, 'layout efficiencies apply to every GEMM')}",
+        f"attention_efficiency = {num(min(f.attention_efficiency, 1.0), 'SDPA forward and backward rate fitted over the attention shapes, over the GEMM rate')}",
+        f"hbm_efficiency = {est(1.0, 'hbm_bw_gb_per_s is the achieved copy bandwidth already')}",
+        f"comm_compute_slowdown = {num(f.comm_compute_slowdown, 'GEMM time alone / GEMM time under a 64 MB all-reduce of all ranks')}",
+        f"kernel_overhead_us = {num(f.kernel_overhead_s * 1e6, 'per-op fixed time (dispatch, launch) fitted jointly over GEMM, element-wise and attention')}",
+        "",
+        "[device.layout_efficiency]",
+    ]
+    for lay in ("NN", "NT", "TN"):
+        lines.append(f"{lay.lower()} = {num(min(f.layout_efficiency[lay], 1.0), f'{lay} rate fitted over the GEMM shapes / the fastest layout')}")
+    lines += [
+        "",
+        "[node]",
+        f"gpus_per_node = {num(n, 'the number of ranks calibrated')}",
+        "",
+        "# gloo over loopback: every rank has one port of the measured bandwidth to a switch vertex.",
+        "[node.switch]",
+        'kind = "loopback"',
+        f"links_per_gpu = {est(1, 'one TCP loopback path per rank')}",
+        f"bw_per_direction_gb_per_s = {num(f.port_bw_bytes_per_s / 1e9, 'per-rank bandwidth fitted to all_reduce/all_gather/reduce_scatter times (ring traffic model), groups of 2..N')}",
+        "",
+        "[[node.nics]]",
+        "index = 0",
+        "attach_gpu = 0",
+        f"bw_per_direction_gb_per_s = {est(1.0, 'unused: one host, no traffic leaves it')}",
+        f"attach_bw_per_direction_gb_per_s = {est(1.0, 'unused: one host, no traffic leaves it')}",
+        'estimate = "a placeholder NIC: the fat_tree network needs one; one host never uses it"',
+        "",
+        "[node.link_efficiency]",
+        f"loopback = {est(1.0, 'the port bandwidth is the achieved one already')}",
+        f"nic = {est(1.0, 'unused: one host')}",
+        f"attach = {est(1.0, 'unused: one host')}",
+        "",
+        "[network]",
+        'kind = "fat_tree"',
+        f"nodes_per_leaf_group = {est(1, 'one host')}",
+        f"n_nodes = {est(1, 'one host')}",
+        f"link_bw_per_direction_gb_per_s = {est(1.0, 'unused: one host')}",
+        f"switch_latency_us = {est(0.0, 'unused: one host')}",
+        f"nic_latency_us = {est(0.0, 'unused: one host')}",
+        f"oversubscription = {est(1.0, 'unused: one host')}",
+        "",
+        "# NCCL's tuning model with one protocol; fitted to gloo (ring latency = base + steps x hop).",
+        "[collectives.protocols]",
+        'allowed = ["simple"]',
+        'estimate = "gloo has no LL/LL128 protocols: one protocol carries the fitted latency and bandwidth"',
+        "",
+        "[collectives.base_latency_us.ring]",
+        f"simple = {num(f.base_latency_s * 1e6, 'fitted base latency of a collective')}",
+        "",
+        "[collectives.base_latency_us.tree]",
+        f"simple = {num(f.base_latency_s * 1e6, 'as ring (trees need two nodes: unused on one host)')}",
+        "",
+        "[collectives.intra_hop_latency_us]",
+        f"simple = {num(f.hop_latency_s * 1e6, 'fitted latency per ring step')}",
+        "",
+        "[collectives.inter_hop_latency_us]",
+        f"simple = {num(f.hop_latency_s * 1e6, 'as intra-host (unused on one host)')}",
+        "",
+        "[collectives.protocol_bw_fraction]",
+        f"simple = {est(1.0, 'the fitted port bandwidth is the achieved one')}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def check_with_simulator(machine_path: str, samples: list[Sample]) -> list[dict]:
+    """What twin.sim's own models predict, from the written file, for each microbenchmark."""
+    from topologies.fabric import Fabric
+    from topologies.machine import load_machine
+    from twin.sim.collectives import CollectiveModel
+    from twin.sim.compute import ComputeModel
+
+    machine = load_machine(machine_path)
+    compute = ComputeModel(machine.device)
+    n = machine.node.gpus_per_node
+    collectives = CollectiveModel(Fabric(machine, n))
+    rows = []
+    for s in samples:
+        p = s.params
+        if s.kind == "gemm":
+            pred = compute.duration_s(Gemm(p["m"], p["n"], p["k"], p["layout"], DTYPE))
+        elif s.kind == "elementwise":
+            pred = compute.duration_s(Elementwise(p["nbytes"]))
+        elif s.kind == "attention":
+            pred = compute.duration_s(Attention(p["batch"], p["seq"], p["heads"], p["head_dim"], p["backward"], True, DTYPE))
+        elif s.kind == "collective":
+            gpus = tuple(range(p["group_size"]))
+            lowering, protocol = collectives.choose(gpus, p["kind"], p["nbytes"])
+            pred = collectives.time_alone_s(lowering, protocol, p["nbytes"])
+        else:
+            continue
+        rows.append({"kind": s.kind, **p, "measured_s": s.time_s, "simulated_s": pred,
+                     "error": (pred - s.time_s) / s.time_s})
+    return rows
+
+
+def write_machine(path: str, f: Fit, samples: list[Sample], host: dict, dtype: str, date: str | None = None) -> dict:
+    """Write the machine file and NAME.calibration.json beside it; return the JSON document."""
+    date = date or datetime.date.today().isoformat()
+    name = os.path.basename(path).removesuffix(".toml")
+    text = machine_toml(f, host, date, dtype, name)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as out:
+        out.write(text)
+    os.replace(tmp, path)
+    checks = check_with_simulator(path, samples)
+    summary = {}
+    for kind in sorted({c["kind"] for c in checks}):
+        errs = [abs(c["error"]) for c in checks if c["kind"] == kind]
+        summary[kind] = {"samples": len(errs), "median_abs_error": float(np.median(errs)), "max_abs_error": float(max(errs))}
+    doc = {"host": host, "date": date, "dtype": dtype, "fit": asdict(f), "simulator_vs_measured": summary,
+           "samples": [asdict(s) for s in samples], "predictions": checks}
+    with open(os.path.join(os.path.dirname(os.path.abspath(path)), f"{name}.calibration.json"), "w") as out:
+        json.dump(doc, out, indent=1)
+    return doc

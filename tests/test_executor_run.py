@@ -1,0 +1,176 @@
+"""The executor for real: gloo on CPU, 2-8 processes started by torchrun, each run under a hard time limit.
+
+Every launch has a wall-clock limit (run_local kills its torchrun process
+group when it passes), so no test can hang. The slow ones (8 ranks, timeouts,
+calibration, compare) run in CI with `make test-all`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import fields, replace
+
+import pytest
+
+pytest.importorskip("torch")
+
+from topologies import load_machine  # noqa: E402
+from twin.build import build_step  # noqa: E402
+from twin.cli import main  # noqa: E402
+from twin.errors import TwinError  # noqa: E402
+from twin.ir_io import load_schedule, save_schedule  # noqa: E402
+from twin.model import get_model  # noqa: E402
+from twin.plan import parse_plan  # noqa: E402
+from twin.report import Summary  # noqa: E402
+
+from executor.launch import WorkerOptions, run_local  # noqa: E402
+
+LIMIT_S = 120  # per launch
+
+
+def export(tmp_path, plan: str, gpus: int, batch: int = 8, name: str = "step.json"):
+    model = get_model("tiny")
+    built = build_step(model, parse_plan(plan, parse_plan(f"global_batch={batch}")), load_machine("frontier"), gpus)
+    path = tmp_path / name
+    save_schedule(built.schedule, path)
+    return built.schedule, str(path)
+
+
+def numerics(schedule, path, out) -> dict:
+    run_local(schedule, path, schedule.world_size, str(out), WorkerOptions(check_numerics=True), LIMIT_S)
+    return json.loads((out / "numerics.json").read_text())
+
+
+# ---- measuring ------------------------------------------------------------------------------
+
+
+def test_run_measures_a_step_and_the_trace_loads_back(tmp_path, capsys):
+    _, path = export(tmp_path, "gx=2", 2)
+    trace = tmp_path / "measured.trace.json"
+    rc = main(["run", path, "--nproc", "2", "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "run"),
+               "--trace", str(trace), "--wall-timeout", str(LIMIT_S)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "float32" in out and "gloo" in out and "step time" in out
+    schedule = load_schedule(path)
+    doc = json.loads(trace.read_text())
+    spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == 2 * len(schedule.programs[0].ops)
+    assert all(e["dur"] >= 0 for e in spans)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(summary) == {f.name for f in fields(Summary)}
+    assert summary["step_time_s"] > 0 and summary["gpus"] == 2
+    launch = json.loads((tmp_path / "run" / "launch.json").read_text())
+    assert launch["returncode"] == 0
+
+
+# ---- numerics ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("plan", ["gx=2,gy=2", "gx=2,gy=2,oar=0,ors=0,oag=0,recompute=none"])
+def test_numerics_pass_for_4d_layers_transposed_and_not(tmp_path, plan):
+    schedule, path = export(tmp_path, plan, 4)
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+    assert result["max_rel_err"] < result["bound"] == 1e-4
+    assert result["linears_per_rank"] == [9, 9, 9, 9]  # 2 layers x 4 linears + the LM head
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan, gpus", [
+    ("gx=2,gy=2,gz=2", 8),  # every tensor axis > 1
+    ("gz=2,gdata=2,zero=3", 4),  # ZeRO-3: weights sharded over z+data
+    ("gx=2,gdata=2,mbs=2", 4),  # gradient accumulation + data-parallel all-reduce
+    ("tp=2,pp=2,mbs=1", 4),  # pipeline: layers on two stages, p2p transfers
+])
+def test_numerics_pass_for_more_plans(tmp_path, plan, gpus):
+    schedule, path = export(tmp_path, plan, gpus)
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+
+
+def test_numerics_fail_when_a_wrong_group_is_injected(tmp_path, capsys):
+    schedule, _ = export(tmp_path, "gx=2,gy=2", 4)
+
+    def wrong(op):  # the QKV forward all-reduce of layer 0 over X instead of Y
+        if op.name.endswith("L0.qkv.ar_y"):
+            return replace(op, stream="comm:x", work=replace(op.work, group="x"))
+        return op
+
+    bad = replace(schedule, programs=tuple(replace(p, ops=tuple(wrong(op) for op in p.ops)) for p in schedule.programs))
+    path = tmp_path / "bad.json"
+    save_schedule(bad, path)
+    rc = main(["run", str(path), "--nproc", "4", "--check-numerics", "--out", str(tmp_path / "num"),
+               "--wall-timeout", str(LIMIT_S)])
+    out = capsys.readouterr()
+    assert rc == 1
+    assert "FAILED" in out.out and "L0.qkv mb0 O: relative error" in out.out
+    assert "numerics check failed" in out.err
+
+
+# ---- failures ---------------------------------------------------------------------------------
+
+
+def test_a_killed_rank_ends_the_run_with_a_message_naming_rank_and_op(tmp_path, monkeypatch):
+    schedule, path = export(tmp_path, "gx=2,gz=2", 4)
+    op = 20
+    name = schedule.programs[0].ops[op].name
+    monkeypatch.setenv("EXATWIN_FAULT", f"kill:rank=1:step=1:op={op}")
+    start = time.perf_counter()
+    with pytest.raises(TwinError) as err:
+        run_local(schedule, path, 4, str(tmp_path / "run"), WorkerOptions(steps=2, warmup=1), LIMIT_S)
+    elapsed = time.perf_counter() - start
+    message = str(err.value)
+    assert f"rank 1 died (signal SIGKILL) in step 1 at op {op} '{name}'" in message
+    assert "\n" not in message
+    assert elapsed < 60
+
+
+@pytest.mark.slow
+def test_a_hung_rank_times_out_instead_of_hanging(tmp_path, monkeypatch):
+    schedule, path = export(tmp_path, "gx=2", 2)
+    monkeypatch.setenv("EXATWIN_FAULT", "hang:rank=1:step=0:op=3")
+    start = time.perf_counter()
+    with pytest.raises(TwinError) as err:
+        run_local(schedule, path, 2, str(tmp_path / "run"), WorkerOptions(steps=1, warmup=0, timeout_s=5), LIMIT_S)
+    assert time.perf_counter() - start < 60
+    message = str(err.value)
+    assert "rank 0" in message and "op 5 'mb0.fwd.L0.attn_out.ar_x'" in message  # the all-reduce rank 1 never joins
+    assert "rank 1 died" in message  # stopped by torchrun once rank 0 failed
+
+
+# ---- calibrate and compare ----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_calibrate_writes_a_machine_the_simulator_loads(tmp_path):
+    from executor.calibrate import calibrate_host
+
+    path = tmp_path / "here.toml"
+    fitted, doc, _ = calibrate_host(2, str(path), str(tmp_path / "cal"), WorkerOptions(steps=1, warmup=0), repeats=1,
+                                    wall_limit_s=LIMIT_S)
+    machine = load_machine(str(path))
+    assert machine.node.gpus_per_node == 2
+    assert fitted.gemm_flop_per_s > 0 and fitted.port_bw_bytes_per_s > 0
+    assert {"gemm", "elementwise", "attention", "all_reduce"} <= set(doc["simulator_vs_measured"])
+    assert (tmp_path / "here.calibration.json").exists()
+
+
+@pytest.mark.slow
+def test_compare_prints_classes_and_step_and_draws_figures(tmp_path, capsys):
+    model = get_model("tiny")
+    built = build_step(model, parse_plan("gx=2,global_batch=8"), load_machine("local"), 2)
+    path = tmp_path / "step.json"
+    save_schedule(built.schedule, path)
+    prefix = str(tmp_path / "fig")
+    rc = main(["compare", str(path), "--machine", "local", "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "cmp"),
+               "--figures", prefix, "--wall-timeout", str(LIMIT_S)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "all_reduce" in out and "gemm" in out and "step time" in out
+    for suffix in ("-scatter.png", "-timeline.png"):
+        assert os.path.getsize(prefix + suffix) > 1000
+    doc = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert {r["op_class"] for r in doc["by_class"]} >= {"gemm", "attention", "elementwise", "all_reduce"}
