@@ -76,36 +76,16 @@ def time_by_class(program: Program, timeline: RankTimeline) -> dict[str, float]:
 
 def critical_timeline(run: SimRun) -> RankTimeline:
     """The simulated rank that finishes last."""
-    return max(run.timelines, key=lambda t: float(np.nanmax(t.end_s)) if len(t.end_s) else 0.0)
+    return _last_to_finish(run.timelines)
+
+
+def _last_to_finish(timelines) -> RankTimeline:
+    return max(timelines, key=lambda t: float(np.nanmax(t.end_s)) if len(t.end_s) else 0.0)
 
 
 def summarize(run: SimRun, flops_formula: str = "hardware") -> Summary:
-    sched, machine = run.schedule, run.machine
-    info = sched.info
-    flops = info.flops_hardware if flops_formula == "hardware" else info.flops_model
-    timeline = critical_timeline(run)
-    program = sched.programs[timeline.program]
-    per_gpu = flops / run.step_time_s / sched.world_size if run.step_time_s > 0 else 0.0
-    dev = machine.device
-    return Summary(
-        machine=machine.name,
-        model=info.model,
-        plan=info.plan,
-        gpus=sched.world_size,
-        global_batch=info.global_batch,
-        seq=info.seq,
-        step_time_s=run.step_time_s,
-        flops_formula=flops_formula,
-        pflops_total=per_gpu * sched.world_size / 1e15,
-        tflops_per_gpu=per_gpu / 1e12,
-        pct_peak_advertised=100 * per_gpu / dev.peak_flop_per_s,
-        pct_peak_empirical=100 * per_gpu / dev.empirical_gemm_flop_per_s,
-        exposed_comm_s=exposed_comm_s(program, timeline),
-        memory_per_gpu_gb=info.memory_per_gpu_bytes / 1e9,
-        time_by_class_s=time_by_class(program, timeline),
-        simulated_ranks=len(run.timelines),
-        sim_wall_s=run.wall_s,
-    )
+    return summarize_timelines(run.schedule, list(run.timelines), run.step_time_s, run.machine.name,
+                               run.machine.device, run.wall_s, flops_formula)
 
 
 def format_summary(s: Summary) -> str:
@@ -130,17 +110,16 @@ def format_summary(s: Summary) -> str:
 
 def summarize_timelines(schedule, timelines: list[RankTimeline], step_time_s: float, machine_name: str,
                         device=None, wall_s: float = 0.0, flops_formula: str = "hardware") -> Summary:
-    """The same Summary as `summarize`, from timelines that were measured rather than simulated.
+    """The Summary of a step from its timelines, simulated (`summarize`) or measured (the executor).
 
-    `timelines` holds one RankTimeline per rank that ran (the executor's
-    measured step); the critical one is the rank that finishes last, as in
-    `summarize`. `device` (a topologies DeviceSpec) gives the peaks the
-    percentages are of; without one they are 0. `simulated_ranks` counts the
-    ranks measured and `sim_wall_s` is the wall time of the measurement.
+    The critical timeline is the rank that finishes last. `device` (a
+    topologies DeviceSpec) gives the peaks the percentages are of; without one
+    they are 0. `simulated_ranks` counts the timelines, `sim_wall_s` is the
+    wall time of the simulation or measurement.
     """
     info = schedule.info
     flops = info.flops_hardware if flops_formula == "hardware" else info.flops_model
-    timeline = max(timelines, key=lambda t: float(np.nanmax(t.end_s)) if len(t.end_s) else 0.0)
+    timeline = _last_to_finish(timelines)
     program = schedule.programs[timeline.program]
     per_gpu = flops / step_time_s / schedule.world_size if step_time_s > 0 else 0.0
     peak = device.peak_flop_per_s if device is not None else 0.0
