@@ -1,6 +1,6 @@
 """How well the twin predicts this host: calibrate once, then simulate and execute many plans.
 
-    .venv/bin/python benchmarks/compare_local.py [--nproc 4] [--machine FILE] [--steps 7] [--json]
+    .venv/bin/python benchmarks/compare_local.py [--nproc 2|4] [--machine FILE] [--steps 7] [--json]
 
 1. `twin calibrate` on --nproc ranks of this host (skipped with --machine: use
    that calibrated file instead), written to out/compare_local/local.toml;
@@ -13,7 +13,20 @@
    is under 10%.
 
 Nothing here is fitted to these plans: the machine file comes from the
-microbenchmarks alone (executor.calibrate).
+microbenchmarks alone (executor.calibrate). Every measurement waits for the
+host to be quiet first and is repeated (--retries) when other processes
+loaded it meanwhile; the table shows what other load remained.
+
+Why 2 ranks by default: on a 2-core host one rank per core is the host as
+two devices. With 4 ranks (`--nproc 4 --machine topologies/local.toml`) two
+ranks share each core, and a rank's compute rate then depends on how many
+others are busy at that moment (half a core in lockstep, a whole one while
+the others wait, e.g. in a pipeline's bubble): no per-device model, the
+simulator's included, can express that, and the 4-rank error is about twice
+the 2-rank one. Results on the project's 2-core VM (Intel Xeon, 2 vCPUs,
+quiet host, executor commit of this file): 2 ranks, mean absolute step-time
+error 5.5% and 12.7% in two runs (the second uniformly under-predicted: the
+calibration minutes earlier ran ~10% faster); 4 ranks 17.7-20.8%.
 """
 
 from __future__ import annotations
@@ -36,6 +49,7 @@ from twin.ir_io import save_schedule  # noqa: E402
 from twin.model import get_model, parse_model_spec  # noqa: E402
 from twin.plan import parse_plan  # noqa: E402
 
+BUSY_CORES = 0.3  # other load above which a measurement is repeated
 SMALL = "layers=2,hidden=512,heads=8,seq=128,vocab=2048"  # 'small': tiny x 2 in width
 DEEP = "layers=4,hidden=256,heads=4,seq=256,vocab=1024"  # 'deep': tiny x 2 in depth and sequence
 # (model, plan, global batch) per rank count: every layout the builder makes, overlap on and off, pipelines.
@@ -83,19 +97,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="working folder (default out/compare_local-<nproc>)")
     ap.add_argument("--quiet-wait", type=float, default=120.0,
                     help="seconds to wait, before each measurement, for other processes to leave the host (0: do not wait)")
+    ap.add_argument("--retries", type=int, default=2, help="measure again while the host was busy (default 2)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     args.out = args.out or f"out/compare_local-{args.nproc}"
     os.makedirs(args.out, exist_ok=True)
     quiet = (lambda: wait_for_quiet(max_wait_s=args.quiet_wait)) if args.quiet_wait > 0 else (lambda: None)
+
+    def measured_quietly(measure, out_dir: str):
+        """Run `measure`; again (up to --retries times) while other processes loaded the host during it."""
+        for attempt in range(args.retries + 1):
+            quiet()
+            result = measure()
+            load = other_load(out_dir)
+            if load is None or load <= BUSY_CORES or attempt == args.retries:
+                return result
+            print(f"  the host was busy ({load:.2f} cores of other load): measuring again", file=sys.stderr)
+        return result
+
     machine_path = args.machine
     if machine_path is None:
-        quiet()
         machine_path = os.path.join(args.out, "local.toml")
         start = time.perf_counter()
         print(f"calibrating {args.nproc} ranks -> {machine_path} ...", file=sys.stderr)
-        calibrate_host(args.nproc, machine_path, os.path.join(args.out, "calibrate"), WorkerOptions(steps=3, warmup=1))
-        print(f"  calibrated in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        cal_dir = os.path.join(args.out, "calibrate")
+        measured_quietly(lambda: calibrate_host(args.nproc, machine_path, cal_dir, WorkerOptions(steps=3, warmup=1)), cal_dir)
+        print(f"  calibrated in {time.perf_counter() - start:.0f} s (other load {other_load(cal_dir) or 0:.2f} cores)",
+              file=sys.stderr)
     machine = load_machine(machine_path)
     rows = []
     if args.nproc not in PLANS:
@@ -108,9 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         path = os.path.join(args.out, f"{tag}.json")
         save_schedule(built.schedule, path)
         opts = WorkerOptions(steps=args.steps, warmup=args.warmup, machine=machine_path)
-        quiet()
-        c, _, _ = simulate_and_execute(built.schedule, path, machine_path, args.nproc, os.path.join(args.out, tag), opts)
-        background = other_load(os.path.join(args.out, tag))
+        run_dir = os.path.join(args.out, tag)
+        c, _, _ = measured_quietly(
+            lambda: simulate_and_execute(built.schedule, path, machine_path, args.nproc, run_dir, opts), run_dir)
+        background = other_load(run_dir)
         steps = sorted(c.measured_steps_s)
         spread = (steps[-1] - steps[0]) / c.measured_step_s
         rows.append({"model": model.name, "plan": built.plan.describe(), "ops": len(built.schedule.programs[0].ops),
