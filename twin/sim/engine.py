@@ -60,7 +60,7 @@ class ComputeUnit:
             rate, start = self.rate(), self.env.now
             self._running = self.env.active_process
             try:
-                yield self.env.timeout(remaining / rate)
+                yield self.env.timeout(max(remaining, 0.0) / rate)
                 self._running = None
                 return
             except simpy.Interrupt:
