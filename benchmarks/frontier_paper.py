@@ -29,14 +29,11 @@ from twin.errors import TwinError  # noqa: E402
 from twin.model import get_model  # noqa: E402
 from twin.plan import parse_plan  # noqa: E402
 from twin.presets import PRESETS  # noqa: E402
+from twin.published import FRONTIER_PAPER_SCALING_EFFICIENCY, FRONTIER_PAPER_TFLOPS_PER_GCD  # noqa: E402
 from twin.report import summarize  # noqa: E402
 from twin.scale import scaling  # noqa: E402
 from twin.sim.engine import simulate  # noqa: E402
 
-PUBLISHED = {  # Dash et al. ISC'24, TF/s per GCD and % of 191.5
-    "22B": (73.5, 38.38), "175B": (69.2, 36.14), "1T": (61.2, 31.96),
-}
-PUBLISHED_SCALING = {"175B": {"weak": 1.00, "strong": 0.89}, "1T": {"weak": 1.00, "strong": 0.87}}
 ROWS = [("22B", "frontier-22b"), ("175B", "frontier-175b"), ("1T", "frontier-1t")]
 SCALING = {
     "175B": ("tp=4,pp=16,zero=1,mbs=1,recompute=full", 640, [128, 256, 512, 1024]),
@@ -89,7 +86,7 @@ def main() -> int:
         print(f"  {model_name}: {len(valid)} of {len(tried)} plans valid, best {best['plan']}: "
               f"{best['tflops_per_gpu']:.1f} TF/s per GCD", file=sys.stderr)
         results["throughput"].append({"model": model_name, "gpus": preset.gpus, "script": script, "best": best,
-                                      "published_tflops": PUBLISHED[model_name][0], "tried": tried})
+                                      "published_tflops": FRONTIER_PAPER_TFLOPS_PER_GCD[model_name], "tried": tried})
     for model_name, (plan_text, batch, counts) in SCALING.items():
         if args.quick and model_name == "1T":
             continue
@@ -98,7 +95,7 @@ def main() -> int:
             mode_counts = STRONG_COUNTS.get(model_name, counts) if mode == "strong" else counts
             points = scaling(get_model(model_name), plan, load_machine("frontier"), mode_counts, mode)
             results["scaling"].append({"model": model_name, "mode": mode, "points": [asdict(p) for p in points],
-                                       "published": PUBLISHED_SCALING[model_name][mode]})
+                                       "published": FRONTIER_PAPER_SCALING_EFFICIENCY[model_name][mode]})
             print(f"  {model_name} {mode} scaling: " + ", ".join(f"{p.gpus}: {100 * p.efficiency:.1f}%" for p in points),
                   file=sys.stderr)
     results["wall_s"] = time.perf_counter() - start

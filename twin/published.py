@@ -35,3 +35,11 @@ AXONN_TABLE_III: tuple[WeakScalingRow, ...] = (
 )
 
 AXONN_BATCH_SEQUENCES = 8192  # 16.8M tokens at sequence length 2048 [derived from their launch scripts]
+
+
+# Dash et al. ISC'24 (arXiv 2312.12705), Megatron-DeepSpeed on Frontier, peak 191.5 TF/s per GCD.
+FRONTIER_PAPER_TFLOPS_PER_GCD: dict[str, float] = {"22B": 73.5, "175B": 69.2, "1T": 61.2}
+FRONTIER_PAPER_SCALING_EFFICIENCY: dict[str, dict[str, float]] = {
+    "175B": {"weak": 1.00, "strong": 0.89},
+    "1T": {"weak": 1.00, "strong": 0.87},
+}
