@@ -26,11 +26,15 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   element-wise bandwidth (hbm_bw, efficiency 1) by weighted least squares;
   layout efficiencies as each layout's fitted rate over the best one's;
   attention_efficiency as the median attention rate over R;
+- attention: a fixed time per call plus flops at attention_efficiency x R
+  (both non-negative, weighted least squares);
 - the collective model on one node is ring latency + bytes x traffic / B,
   latency = base + steps x hop (NCCL's tuning model with one protocol,
-  "simple"): base, hop and the per-rank port bandwidth B (a "loopback" node
-  switch, efficiency 1) by non-negative weighted least squares over all
-  kinds, sizes and group sizes;
+  "simple"), with a base and a bandwidth per kind (gloo's kinds differ: its
+  reduce-scatter costs about an all-reduce): bases, hop and per-kind
+  bandwidths by non-negative weighted least squares over all kinds, sizes
+  and group sizes; the fastest kind's bandwidth is the per-rank port B (a
+  "loopback" node switch), the others kind_bw_fraction of it;
 - comm_compute_slowdown = 1 - (GEMM time alone) / (GEMM time under an all-reduce).
 
 executor.machinefile writes the machine file (each number "measured on
@@ -44,7 +48,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -186,6 +190,9 @@ class Fit:
     base_latency_s: float
     hop_latency_s: float
     rms_log_error: dict  # per category, of the fit itself
+    attention_overhead_s: float = 0.0
+    kind_latency_s: dict = field(default_factory=dict)  # collective kind -> latency above base_latency_s
+    kind_bw_fraction: dict = field(default_factory=dict)  # collective kind -> bandwidth / port_bw
 
 
 TILES = (1, 8, 16, 32, 64, 128, 256)
@@ -287,35 +294,54 @@ def fit(samples: list[Sample]) -> Fit:
                 g_best = (chi, shape, inv_rates, pred)
         g_chi, shape, inv_rates, g_pred = g_best
         fastest = min(inv_rates.values())
-        inv_ae = _scale(a_f * fastest, a_t - o, a_w) if at else 1.0
+        a_over, inv_ae = _nnls_weighted([np.ones_like(a_t), a_f * fastest], a_t - o, a_w) if at else (0.0, 1.0)
         a_eff = float(np.clip(1.0 / inv_ae, 1e-3, 1.0)) if inv_ae > 0 else 1.0
-        a_pred = a_f * fastest / a_eff + o
+        a_pred = a_f * fastest / a_eff + a_over + o
         total = _chi2(ew_pred, ew_t, ew_w) + g_chi + _chi2(a_pred, a_t, a_w)
         if best is None or total < best[0]:
             errors = {"elementwise": _rel_rms(ew_pred, ew_t, ew_w), "gemm": _rel_rms(g_pred, g_t, g_w),
                       "attention": _rel_rms(a_pred, a_t, a_w)}
             best = (total, o, 1.0 / inv_bw, 1.0 / fastest, shape, {lay: fastest / inv for lay, inv in inv_rates.items()},
-                    a_eff, errors)
+                    a_eff, float(a_over), errors)
     if best is None:
         raise ValueError("calibration: the element-wise times leave no room for any bandwidth; measurements look broken")
-    _, o, bw, rate, (tm, tn, kh), layouts, a_eff, errors = best
+    _, o, bw, rate, (tm, tn, kh), layouts, a_eff, a_over, errors = best
 
-    cm = by.get("collective", [])
-    port_bw, base, hop = 1e12, 0.0, 0.0
-    if cm:
-        c_t, c_w = _arrays(cm)
-        n = np.array([s.params["group_size"] for s in cm], float)
-        ar = np.array([s.params["kind"] == "all_reduce" for s in cm])
-        steps = np.where(ar, 2 * (n - 1), n - 1)  # NCCL's ring steps (twin.sim.collectives.ring_steps)
-        traffic = np.where(ar, 2 * (n - 1) / n, (n - 1) / n) * np.array([s.params["nbytes"] for s in cm], float)
-        base, hop, inv_b = _nnls_weighted([np.ones_like(c_t), steps, traffic], c_t, c_w)
-        port_bw = 1.0 / inv_b if inv_b > 0 else 1e12
-        errors["collective"] = _rel_rms(base + steps * hop + traffic * inv_b, c_t, c_w)
+    port_bw, base, hop, kind_latency, kind_fraction = _fit_collectives(by.get("collective", []), errors)
     alone = [s.time_s for s in by.get("overlap_alone", [])]
     during = [s.time_s for s in by.get("overlap_during", [])]
     slowdown = float(np.clip(1 - np.mean(alone) / np.mean(during), 0.0, 0.9)) if alone and during else 0.0
     return Fit(float(o), float(bw), float(rate), tm, tn, float(kh), layouts, a_eff, slowdown, float(port_bw),
-               float(base), float(hop), errors)
+               float(base), float(hop), errors, a_over, kind_latency, kind_fraction)
+
+
+def _fit_collectives(cm: list[Sample], errors: dict) -> tuple[float, float, float, dict, dict]:
+    """(port bandwidth, base latency, hop latency, extra latency per kind, bandwidth fraction per kind).
+
+    Each kind gets its own base latency and bandwidth, one hop latency shared:
+    a library's kinds need not be alike (gloo's reduce-scatter moves about an
+    all-reduce's bytes, not an all-gather's). The fastest kind's bandwidth is
+    the port's; the others are fractions of it; the lowest base is the base.
+    """
+    if not cm:
+        return 1e12, 0.0, 0.0, {}, {}
+    c_t, c_w = _arrays(cm)
+    n = np.array([s.params["group_size"] for s in cm], float)
+    kind = np.array([s.params["kind"] for s in cm])
+    ar = kind == "all_reduce"
+    steps = np.where(ar, 2 * (n - 1), n - 1)  # NCCL's ring steps (twin.sim.collectives.ring_steps)
+    traffic = np.where(ar, 2 * (n - 1) / n, (n - 1) / n) * np.array([s.params["nbytes"] for s in cm], float)
+    kinds = sorted(set(kind))
+    masks = [(kind == k).astype(float) for k in kinds]
+    x = _nnls_weighted([*masks, steps, *(m * traffic for m in masks)], c_t, c_w)
+    bases, hop, inv = x[:len(kinds)], x[len(kinds)], x[len(kinds) + 1:]
+    errors["collective"] = _rel_rms(sum(m * (b + i * traffic) for m, b, i in zip(masks, bases, inv)) + steps * hop, c_t, c_w)
+    base = float(min(bases))
+    positive = [i for i in inv if i > 0]
+    fastest = min(positive) if positive else 1e-12
+    kind_latency = {k: float(b - base) for k, b in zip(kinds, bases)}
+    kind_fraction = {k: float(fastest / i) if i > 0 else 1.0 for k, i in zip(kinds, inv)}
+    return 1.0 / fastest, base, float(hop), kind_latency, kind_fraction
 
 
 def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = REPEATS,

@@ -183,9 +183,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"  GEMM {f.gemm_flop_per_s / 1e9:.1f} GF/s per rank (tiles {f.gemm_tile_m}x{f.gemm_tile_n}, k_half {f.gemm_k_half:g}; "
           f"layouts NN {f.layout_efficiency['NN']:.2f} NT {f.layout_efficiency['NT']:.2f} TN {f.layout_efficiency['TN']:.2f})")
     print(f"  copy {f.hbm_bw_bytes_per_s / 1e9:.2f} GB/s, kernel overhead {f.kernel_overhead_s * 1e6:.1f} us, "
-          f"attention efficiency {f.attention_efficiency:.2f}, comm/compute slowdown {f.comm_compute_slowdown:.2f}")
+          f"attention efficiency {f.attention_efficiency:.2f} + {f.attention_overhead_s * 1e6:.0f} us per call, comm/compute slowdown {f.comm_compute_slowdown:.2f}")
     print(f"  collectives: {f.port_bw_bytes_per_s / 1e9:.3f} GB/s per rank, latency {f.base_latency_s * 1e6:.0f} us + "
-          f"{f.hop_latency_s * 1e6:.0f} us per ring step")
+          f"{f.hop_latency_s * 1e6:.0f} us per ring step; per kind "
+          + ", ".join(f"{k} +{f.kind_latency_s.get(k, 0) * 1e6:.0f} us x{v:.2f} bandwidth" for k, v in f.kind_bw_fraction.items()))
     print("  the simulator on this file vs the microbenchmarks (median |error|):")
     for kind, row in doc["simulator_vs_measured"].items():
         print(f"    {kind:<16}{100 * row['median_abs_error']:6.1f}%  ({row['samples']} points)")

@@ -88,6 +88,7 @@ def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local")
         f"hbm_efficiency = {est(1.0, 'hbm_bw_gb_per_s is the achieved copy bandwidth already')}",
         f"comm_compute_slowdown = {num(f.comm_compute_slowdown, 'GEMM time alone / GEMM time under a 64 MB all-reduce of all ranks')}",
         f"kernel_overhead_us = {num(f.kernel_overhead_s * 1e6, 'per-op fixed time (dispatch, launch) fitted jointly over GEMM, element-wise and attention')}",
+        f"attention_overhead_us = {num(f.attention_overhead_s * 1e6, 'fixed time per attention call beyond kernel_overhead_us, fitted with attention_efficiency')}",
         "",
         "[device.layout_efficiency]",
     ]
@@ -146,6 +147,15 @@ def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local")
         f"simple = {est(1.0, 'the fitted port bandwidth is the achieved one')}",
         "",
     ]
+    if f.kind_latency_s:
+        lines.append("[collectives.kind_latency_us]")
+        lines += [f"{k} = {num(v * 1e6, 'fitted base latency of this kind above base_latency_us')}" for k, v in f.kind_latency_s.items()]
+        lines.append("")
+    if f.kind_bw_fraction:
+        lines.append("[collectives.kind_bw_fraction]")
+        lines += [f"{k} = {num(min(v, 1.0), 'fitted bandwidth of this kind / the port bandwidth (the fastest kind)')}"
+                  for k, v in f.kind_bw_fraction.items()]
+        lines.append("")
     return "\n".join(lines)
 
 

@@ -129,7 +129,7 @@ def synthetic_samples(truth: dict, nproc: int = 4):
         out.append(cal.Sample("elementwise", {"nbytes": b}, t, 0.01 * t, 10))
     for (b, h, s, d) in cal.ATTENTION_SHAPES:
         for bwd in (False, True):
-            t = Attention(b, s, h, d, bwd, True).flops / (truth["rate"] * truth["attention"]) + o
+            t = Attention(b, s, h, d, bwd, True).flops / (truth["rate"] * truth["attention"]) + o + truth["attention_over"]
             out.append(cal.Sample("attention", {"batch": b, "heads": h, "seq": s, "head_dim": d, "backward": bwd}, t, 0.01 * t, 10))
     for size in cal.group_sizes(nproc):
         for kind in cal.COLLECTIVE_KINDS:
@@ -137,7 +137,8 @@ def synthetic_samples(truth: dict, nproc: int = 4):
                 ar = kind == "all_reduce"
                 steps = 2 * (size - 1) if ar else size - 1
                 traffic = (2 if ar else 1) * (size - 1) / size * nbytes
-                t = truth["base"] + steps * truth["hop"] + traffic / truth["port"]
+                t = (truth["base"] + truth["kind_latency"][kind] + steps * truth["hop"]
+                     + traffic / (truth["port"] * truth["kind_fraction"][kind]))
                 out.append(cal.Sample("collective", {"kind": kind, "group_size": size, "nbytes": nbytes}, t, 0.01 * t, 10))
     out.append(cal.Sample("overlap_alone", {}, 1.0, 0.0, 3))
     out.append(cal.Sample("overlap_during", {}, 1.25, 0.0, 3))
@@ -149,8 +150,10 @@ def test_calibration_fit_recovers_known_parameters_and_the_simulator_agrees(tmp_
     from executor.machinefile import write_machine
 
     truth = {"overhead": float(cal.OVERHEADS_S[20]), "bw": 10e9, "rate": 100e9, "tile_m": 32, "tile_n": 64,
-             "k_half": 64.0, "layouts": {"NN": 1.0, "NT": 0.9, "TN": 0.8}, "attention": 0.5,
-             "base": 100e-6, "hop": 50e-6, "port": 1e9}
+             "k_half": 64.0, "layouts": {"NN": 1.0, "NT": 0.9, "TN": 0.8}, "attention": 0.5, "attention_over": 300e-6,
+             "base": 100e-6, "hop": 50e-6, "port": 1e9,
+             "kind_latency": {"all_reduce": 0.0, "all_gather": 20e-6, "reduce_scatter": 400e-6},
+             "kind_fraction": {"all_reduce": 1.0, "all_gather": 0.8, "reduce_scatter": 0.5}}
     samples = synthetic_samples(truth)
     f = cal.fit(samples)
     assert f.kernel_overhead_s == pytest.approx(truth["overhead"], rel=1e-6)
@@ -158,8 +161,10 @@ def test_calibration_fit_recovers_known_parameters_and_the_simulator_agrees(tmp_
     assert f.gemm_flop_per_s == pytest.approx(truth["rate"], rel=1e-3)
     assert f.gemm_k_half == 64.0  # tiles are identified only as far as the shapes quantize: checked below
     assert f.layout_efficiency == pytest.approx(truth["layouts"], rel=1e-3)
-    assert f.attention_efficiency == pytest.approx(0.5, rel=1e-3)
+    assert (f.attention_efficiency, f.attention_overhead_s) == pytest.approx((0.5, 300e-6), rel=1e-3)
     assert (f.base_latency_s, f.hop_latency_s, f.port_bw_bytes_per_s) == pytest.approx((100e-6, 50e-6, 1e9), rel=1e-3)
+    assert f.kind_latency_s == pytest.approx(truth["kind_latency"], abs=1e-9)
+    assert f.kind_bw_fraction == pytest.approx(truth["kind_fraction"], rel=1e-3)
     assert f.comm_compute_slowdown == pytest.approx(0.2)
     path = tmp_path / "mine.toml"
     host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
@@ -302,3 +307,38 @@ def test_srun_launcher_prints_without_torch(tmp_path, capsys):
     assert main(["run", str(path), "--launcher", "srun", "--machine", "perlmutter"]) == 0
     out = capsys.readouterr().out
     assert "srun -N 2 -n 8" in out and "python -m executor.worker" in out
+
+
+def test_per_kind_collective_parameters_reach_the_simulated_step(tmp_path):
+    """A calibrated kind_latency/kind_bw_fraction slows that kind in a simulated step, as in time_alone_s."""
+    from executor import calibrate as cal
+    from executor.machinefile import write_machine
+    from topologies.fabric import Fabric
+    from twin.builders.program import ProgramWriter
+    from twin.ir import Collective, GroupAxis, Program, Schedule, StepInfo
+    from twin.sim.collectives import CollectiveModel
+    from twin.sim.engine import simulate
+
+    truth = {"overhead": float(cal.OVERHEADS_S[20]), "bw": 10e9, "rate": 100e9, "tile_m": 32, "tile_n": 64,
+             "k_half": 64.0, "layouts": {"NN": 1.0, "NT": 0.9, "TN": 0.8}, "attention": 0.5, "attention_over": 0.0,
+             "base": 100e-6, "hop": 50e-6, "port": 1e9,
+             "kind_latency": {"all_reduce": 0.0, "all_gather": 0.0, "reduce_scatter": 400e-6},
+             "kind_fraction": {"all_reduce": 1.0, "all_gather": 1.0, "reduce_scatter": 0.5}}
+    samples = synthetic_samples(truth)
+    path = tmp_path / "kinds.toml"
+    write_machine(str(path), cal.fit(samples), samples, {"cpu": "c", "logical_cpus": 2, "memory_bytes": 8e9, "nproc": 4,
+                                                         "hostname": "h"}, "float32", date="2026-01-01")
+    machine = load_machine(str(path))
+    model = CollectiveModel(Fabric(machine, 4))
+    step = {}
+    for kind in ("all_gather", "reduce_scatter"):
+        w = ProgramWriter()
+        w.wait(w.collective("c", "g", Collective(kind, "g", 8 << 20, "bf16")))
+        info = StepInfo(model="m", plan="p", global_batch=1, seq=1, flops_hardware=0.0, flops_model=0.0,
+                        memory_per_gpu_bytes=0.0)
+        schedule = Schedule(4, (GroupAxis("g", ((0, 1, 2, 3),)),), (Program((0, 1, 2, 3), tuple(w.ops)),), info)
+        step[kind] = simulate(schedule, machine).step_time_s
+        lowering, protocol = model.choose((0, 1, 2, 3), kind, 8 << 20)
+        assert step[kind] == pytest.approx(model.time_alone_s(lowering, protocol, 8 << 20), rel=1e-6)
+    traffic = 3 / 4 * (8 << 20)
+    assert step["reduce_scatter"] - step["all_gather"] == pytest.approx(400e-6 + traffic / 1e9, rel=1e-3)

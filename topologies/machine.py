@@ -23,7 +23,7 @@ and figures; the simulator's hot path uses ``topologies.fabric.Fabric``.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -32,6 +32,7 @@ import networkx as nx
 from topologies import dragonfly, fattree
 from topologies.schema import Fields, Sourced
 from twin.errors import TwinError
+from twin.ir import COLLECTIVE_KINDS
 
 __all__ = [
     "Sourced", "DeviceSpec", "NodeLink", "NicSpec", "NodeSwitch", "NodeSpec", "NetworkSpec",
@@ -65,6 +66,7 @@ class DeviceSpec:
     hbm_efficiency: float  # achieved / peak HBM bandwidth for streaming kernels
     comm_compute_slowdown: float  # fraction of compute rate lost while a collective runs
     kernel_overhead_s: float
+    attention_overhead_s: float = 0.0  # fixed time per attention call beyond kernel_overhead_s (optional key)
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,12 @@ class CollectiveTuning:
     intra_hop_latency_s: dict[str, float]  # per protocol
     inter_hop_latency_s: dict[str, float]  # per protocol
     protocol_bw_fraction: dict[str, float]  # per protocol
+    # Optional per collective kind (a library whose kinds differ, e.g. gloo's reduce-scatter):
+    kind_latency_s: dict[str, float] = field(default_factory=dict)  # added to the algorithm's latency
+    kind_bw_fraction: dict[str, float] = field(default_factory=dict)  # achieved / fitted port bandwidth
+
+    def kind_fraction(self, kind: str) -> float:
+        return self.kind_bw_fraction.get(kind, 1.0)
 
 
 @dataclass(frozen=True)
@@ -331,6 +339,7 @@ def _device(f: Fields) -> DeviceSpec:
         hbm_efficiency=f.number("hbm_efficiency", "fraction"),
         comm_compute_slowdown=f.number("comm_compute_slowdown", "nonneg"),
         kernel_overhead_s=f.number("kernel_overhead_us", "nonneg") * US,
+        attention_overhead_s=f.number("attention_overhead_us", "nonneg") * US if f.has("attention_overhead_us") else 0.0,
     )
     if spec.empirical_gemm_flop_per_s > spec.peak_flop_per_s:
         f.fail("empirical_gemm_bf16_tflop_per_s", "exceeds peak_bf16_tflop_per_s; check both values")
@@ -492,6 +501,21 @@ def _collectives(f: Fields) -> CollectiveTuning:
         intra_hop_latency_s=_per_protocol(f.table("intra_hop_latency_us"), allowed, "nonneg", US),
         inter_hop_latency_s=_per_protocol(f.table("inter_hop_latency_us"), allowed, "nonneg", US),
         protocol_bw_fraction=_per_protocol(f.table("protocol_bw_fraction"), allowed, "fraction", 1.0),
+        kind_latency_s=_per_kind(f, "kind_latency_us", "nonneg", US),
+        kind_bw_fraction=_per_kind(f, "kind_bw_fraction", "fraction", 1.0),
     )
     f.finish()
     return tuning
+
+
+def _per_kind(f: Fields, key: str, check: str, scale: float) -> dict[str, float]:
+    """An optional table of numbers per collective kind (absent: the kinds are alike)."""
+    if not f.has(key):
+        return {}
+    t = f.table(key)
+    out = {k: t.number(k, check) * scale for k in t.keys()}
+    for k in out:
+        if k not in COLLECTIVE_KINDS:
+            t.fail(k, f"is not a collective kind; use {', '.join(COLLECTIVE_KINDS)}")
+    t.finish()
+    return out

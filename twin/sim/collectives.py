@@ -351,9 +351,12 @@ class CollectiveModel:
         return Lowering("p2p", "send", (loads,), 2, nodes, 1)
 
     def latency_s(self, lowering: Lowering, protocol: str) -> float:
-        t = self.tuning
         if lowering.n_ranks < 2:
             return 0.0
+        return self._algorithm_latency_s(lowering, protocol) + self.tuning.kind_latency_s.get(lowering.kind, 0.0)
+
+    def _algorithm_latency_s(self, lowering: Lowering, protocol: str) -> float:
+        t = self.tuning
         intra, inter = t.intra_hop_latency_s[protocol], t.inter_hop_latency_s[protocol]
         if lowering.algorithm == "p2p":  # [estimate] NCCL's ring base latency plus one hop
             return t.base_latency_s[("ring", protocol)] + (inter if lowering.n_nodes > 1 else intra)
@@ -373,8 +376,12 @@ class CollectiveModel:
             inter_steps = 0
         return base + (steps - inter_steps) * intra + inter_steps * inter
 
+    def bw_fraction(self, kind: str, protocol: str) -> float:
+        """Achieved / link bandwidth for this protocol and collective kind."""
+        return self.tuning.protocol_bw_fraction[protocol] * self.tuning.kind_fraction(kind)
+
     def time_alone_s(self, lowering: Lowering, protocol: str, nbytes: float) -> float:
-        bandwidth_term = nbytes * lowering.bottleneck_s_per_byte(self.fabric) / self.tuning.protocol_bw_fraction[protocol]
+        bandwidth_term = nbytes * lowering.bottleneck_s_per_byte(self.fabric) / self.bw_fraction(lowering.kind, protocol)
         return self.latency_s(lowering, protocol) + bandwidth_term
 
     def choose(self, gpus: tuple[int, ...], kind: str, nbytes: float) -> tuple[Lowering, str]:

@@ -19,7 +19,9 @@ whose smallest dimension is at least `tn_penalty_min_dim` (the slow rocBLAS
 kernels were seen on large GEMMs); a tunable GEMM with tuning on takes the best
 layout, as AxoNN's first-batch kernel timing does.
 
-Attention (flash) runs at attention_efficiency x the empirical GEMM rate;
+Attention (flash) runs at attention_efficiency x the empirical GEMM rate,
+plus attention_overhead_s per call where a machine file measured one (on a
+CPU, SDPA's backward is several kernels and allocations: a fixed cost);
 element-wise work streams its bytes at hbm_efficiency x HBM bandwidth. Every
 kernel pays kernel_overhead_s (launch and tail).
 """
@@ -81,7 +83,7 @@ class ComputeModel:
             return self.gemm_time_s(work)
         if isinstance(work, Attention):
             rate = dev.empirical_gemm_flop_per_s * dev.attention_efficiency
-            return work.flops / rate + dev.kernel_overhead_s
+            return work.flops / rate + dev.kernel_overhead_s + dev.attention_overhead_s
         if isinstance(work, Elementwise):
             return work.nbytes / (dev.hbm_bw_bytes_per_s * dev.hbm_efficiency) + dev.kernel_overhead_s
         raise TypeError(f"not a compute op: {type(work).__name__}")

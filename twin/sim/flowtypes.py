@@ -130,7 +130,7 @@ class FlowTypes:
                 protocol = "simple"
             else:
                 _, _, algorithm, protocol = key
-                fraction = model.tuning.protocol_bw_fraction[protocol]
+                fraction = model.bw_fraction(kind, protocol)
                 lowerings = [model.lowering(tuple(gpu_of[r] for r in members), kind, algorithm) for members in instances]
             indices = []
             for phase in range(len(lowerings[0].phases)):
