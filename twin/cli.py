@@ -349,6 +349,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="the IR file to write")
     p.set_defaults(func=cmd_export)
 
+    from twin.search import cli as search_cli
+
+    search_cli.add_parsers(sub)
+
     try:  # the executor's commands (run, calibrate, compare); they import torch only when run
         from executor import cli as executor_cli
     except ImportError:  # pragma: no cover - twin without the executor package

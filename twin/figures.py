@@ -90,3 +90,37 @@ def _save(fig, path: str) -> None:
     fig.savefig(tmp, dpi=120, format=os.path.splitext(path)[1].lstrip(".") or "png")
     plt.close(fig)
     os.replace(tmp, path)
+
+
+def landscape_figure(path: str, points: list, title: str) -> None:
+    """Every valid plan of a search: step time (filled, simulated) or its lower bound (hollow, never
+    simulated because the bound ruled it out), against tensor-parallel size, coloured by memory per GPU."""
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    sim = [p for p in points if p.step_time_s is not None]
+    rest = [p for p in points if p.step_time_s is None]
+    mems = [p.memory_per_gpu_gb for p in points]
+    norm = matplotlib.colors.Normalize(vmin=min(mems), vmax=max(mems))
+    cmap = matplotlib.colormaps["viridis"]
+
+    def tp(plan: str) -> int:
+        d = dict(item.split("=") for item in plan.split(","))
+        return int(d["gx"]) * int(d["gy"]) * int(d["gz"])
+
+    if rest:
+        ax.scatter([tp(p.plan) for p in rest], [p.bound_s for p in rest], s=18, facecolors="none",
+                   edgecolors=[cmap(norm(p.memory_per_gpu_gb)) for p in rest], linewidths=0.8,
+                   label=f"lower bound only ({len(rest)} plans ruled out)")
+    sc = ax.scatter([tp(p.plan) for p in sim], [p.step_time_s for p in sim], s=26, c=[p.memory_per_gpu_gb for p in sim],
+                    cmap=cmap, norm=norm, label=f"simulated ({len(sim)} plans)")
+    best = min(sim, key=lambda p: p.step_time_s)
+    ax.scatter([tp(best.plan)], [best.step_time_s], s=120, marker="*", color="#d62728", label="best", zorder=3)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("gx * gy * gz (3D tensor-parallel size)")
+    ax.set_ylabel("step time (s)")
+    ax.grid(alpha=0.3, which="both")
+    fig.colorbar(sc, ax=ax, label="memory per GPU (GB)")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)

@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Mesh:
@@ -74,12 +76,17 @@ class Mesh:
         their lowest rank, so group i of an axis is the same on every run.
         """
         names = axis.split("+")
-        by_key: dict[tuple[int, ...], list[int]] = {}
-        for rank in range(self.size):
-            coords = self.coords(rank)
-            key = tuple(v for name, v in coords.items() if name not in names)
-            by_key.setdefault(key, []).append(rank)
-        return sorted(tuple(members) for members in by_key.values())
+        for name in names:
+            if name not in self.names:
+                raise KeyError(name)
+        outer_first = [name for name, _ in reversed(self.axes)]
+        grid = np.arange(self.size).reshape([size for _, size in reversed(self.axes)])
+        others = [i for i, name in enumerate(outer_first) if name not in names]
+        members = [i for i, name in enumerate(outer_first) if name in names]  # outer first: rank order
+        group_size = prod(self.axis_size(name) for name in names)
+        rows = grid.transpose(others + members).reshape(-1, group_size)
+        rows = rows[np.argsort(rows[:, 0], kind="stable")]
+        return [tuple(row) for row in rows.tolist()]
 
 
 def axonn_mesh(gx: int, gy: int, gz: int, gdata: int, pp: int = 1) -> Mesh:

@@ -370,7 +370,8 @@ def build_axonn(model: ModelSpec, plan: ParallelPlan) -> Schedule:
     if plan.mbs <= 0 or plan.ga <= 0:
         raise ValueError("build_axonn needs a plan with mbs and ga resolved (twin.memory.resolve_micro_batch)")
     mesh = axonn_mesh(plan.gx, plan.gy, plan.gz, plan.gdata, plan.pp)
-    stage_ranks = {s: tuple(r for r in range(mesh.size) if mesh.coords(r)["pp"] == s) for s in range(plan.pp)}
+    per_stage = mesh.size // plan.pp  # pp is the outermost axis: each stage is a block of consecutive ranks
+    stage_ranks = {s: tuple(range(s * per_stage, (s + 1) * per_stage)) for s in range(plan.pp)}
     programs = tuple(Program(stage_ranks[s], tuple(_StageWriter(model, plan, s).write())) for s in range(plan.pp))
 
     used = sorted({op.work.group for prog in programs for op in prog.ops if isinstance(op.work, (Collective, P2P))})

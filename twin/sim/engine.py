@@ -105,12 +105,16 @@ class SimRun:
 
 
 class Simulator:
-    def __init__(self, schedule: Schedule, machine: Machine, full: bool = False) -> None:
+    def __init__(self, schedule: Schedule, machine: Machine, full: bool = False,
+                 collectives: CollectiveModel | None = None) -> None:
         self.schedule, self.machine, self.full = schedule, machine, full
-        self.fabric = Fabric(machine, schedule.world_size)
+        if collectives is not None and (collectives.fabric.machine is not machine
+                                        or collectives.fabric.n_gpus != schedule.world_size):
+            raise ValueError("a shared CollectiveModel must be for this machine and world size")
+        self.collectives = collectives or CollectiveModel(Fabric(machine, schedule.world_size))
+        self.fabric = self.collectives.fabric
         self.gpu_of = place_ranks(schedule.world_size, machine)
         self.compute = ComputeModel(machine.device)
-        self.collectives = CollectiveModel(self.fabric)
         self.symmetry = classify(schedule, full)
 
     def run(self) -> SimRun:
@@ -208,6 +212,12 @@ def _by_stream(program: Program) -> dict[str, list]:
     return streams
 
 
-def simulate(schedule: Schedule, machine: Machine, full: bool = False) -> SimRun:
-    """Simulate one training step; `full` simulates every rank instead of one per class."""
-    return Simulator(schedule, machine, full).run()
+def simulate(schedule: Schedule, machine: Machine, full: bool = False,
+             collectives: CollectiveModel | None = None) -> SimRun:
+    """Simulate one training step; `full` simulates every rank instead of one per class.
+
+    `collectives`: a CollectiveModel of this machine and world size to reuse; its
+    lowerings are cached by GPU set, so simulations of many plans (twin search)
+    lower each group they share once.
+    """
+    return Simulator(schedule, machine, full, collectives).run()

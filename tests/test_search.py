@@ -1,0 +1,149 @@
+"""twin search: the space, the lower bound, branch and bound, the cache, the command line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from helpers import SMALL_SPEC
+from test_cli import assert_user_error, run
+from topologies import load_machine
+from twin.build import build_step
+from twin.errors import TwinError
+from twin.memory import memory_per_gpu, usable_bytes
+from twin.model import get_model, parse_model_spec
+from twin.plan import validate_plan
+from twin.search.batch import sequences_for_tokens
+from twin.search.bound import BoundModel
+from twin.search.rank import search
+from twin.search.space import SearchSpace, enumerate_space, factorisations
+from twin.sim.engine import simulate
+
+# A model whose every plan on 16 Frontier GCDs simulates in well under a second.
+SEARCH_SPEC = "layers=4,hidden=1024,heads=16,seq=512,vocab=4096"
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXATWIN_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_factorisations_are_every_ordered_product():
+    found = factorisations(16, ("gx", "gy", "gz"))
+    assert all(f["gx"] * f["gy"] * f["gz"] == 16 for f in found)
+    assert len({tuple(sorted(f.items())) for f in found}) == len(found) == 15  # C(4 + 2, 2)
+
+
+def test_every_candidate_is_valid_and_fits_and_the_rejected_say_why():
+    machine = load_machine("frontier")
+    model = get_model("GPT-20B")
+    space = enumerate_space(model, 256, 8192, machine.device.hbm_bytes, SearchSpace(zero=(0, 1)))
+    assert space.candidates
+    for cand in space.candidates:
+        validate_plan(cand.plan, model, 256)
+        assert cand.memory_bytes == memory_per_gpu(model, cand.plan).total <= usable_bytes(machine.device.hbm_bytes)
+        assert cand.plan.zero == 0 or cand.plan.gdata > 1
+    assert space.rejected["does not fit in memory"] > 0
+    plans = [c.plan.describe() for c in space.candidates]
+    assert len(set(plans)) == len(plans)
+
+
+def test_pipeline_plans_try_every_power_of_two_micro_batch_that_fits():
+    machine = load_machine("frontier")
+    space = enumerate_space(get_model("175B"), 128, 64, machine.device.hbm_bytes,
+                            SearchSpace(axes=("gx", "gdata", "pp"), zero=(1,)))
+    script = [c.plan for c in space.candidates if (c.plan.gx, c.plan.pp, c.plan.gdata) == (4, 16, 2)]
+    assert sorted(p.mbs for p in script) == [1, 2, 4, 8, 16, 32]
+
+
+def test_lower_bound_never_exceeds_the_simulated_step():
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC)
+    bounds = BoundModel(machine, 16)
+    space = enumerate_space(model, 16, 64, machine.device.hbm_bytes, SearchSpace(axes=("gx", "gy", "gz", "gdata", "pp")))
+    assert len(space.candidates) > 20
+    ratios = []
+    for cand in space.candidates:
+        built = build_step(model, cand.plan, machine, 16)
+        bound = bounds.bound_s(built.schedule)
+        step = simulate(built.schedule, machine).step_time_s
+        assert bound <= step * (1 + 1e-9), cand.plan.describe()
+        ratios.append(bound / step)
+    assert max(ratios) > 0.95  # and it is not vacuous
+
+
+def test_branch_and_bound_ranks_exactly_as_simulating_every_plan():
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC)
+    space = SearchSpace(axes=("gx", "gy", "gz", "gdata", "pp"), zero=(0, 1))
+    pruned = search(model, 16, 64, machine, space, top=10, use_cache=False, jobs=1)
+    every = search(model, 16, 64, machine, space, top=10, exhaustive=True, use_cache=False, jobs=1)
+    assert every.simulated == every.candidates > pruned.simulated
+    assert [r.plan for r in pruned.ranked] == [r.plan for r in every.ranked]
+    assert [r.step_time_s for r in pruned.ranked] == [r.step_time_s for r in every.ranked]
+    steps = [r.step_time_s for r in every.ranked]
+    assert steps == sorted(steps) and len(steps) == 10
+
+
+def test_parallel_workers_give_the_same_ranking():
+    machine = load_machine("perlmutter")
+    model = parse_model_spec(SMALL_SPEC)
+    one = search(model, 16, 64, machine, top=5, use_cache=False, jobs=1)
+    two = search(model, 16, 64, machine, top=5, use_cache=False, jobs=2)
+    assert [(r.plan, r.step_time_s) for r in one.ranked] == [(r.plan, r.step_time_s) for r in two.ranked]
+
+
+def test_a_repeated_search_comes_from_the_cache_and_a_changed_input_does_not():
+    machine = load_machine("perlmutter")
+    model = parse_model_spec(SMALL_SPEC)
+    first = search(model, 8, 32, machine, top=3, jobs=1)
+    again = search(model, 8, 32, machine, top=3, jobs=1)
+    assert not first.cached and again.cached
+    assert again.ranked == first.ranked
+    other = search(replace(model, layers=4), 8, 32, machine, top=3, jobs=1)
+    assert not other.cached
+
+
+def test_no_valid_plan_is_a_one_line_error():
+    machine = load_machine("frontier")
+    with pytest.raises(TwinError, match="no valid plan.*GB more"):
+        search(get_model("GPT-320B"), 8, 8192, machine, use_cache=False, jobs=1)
+
+
+@pytest.mark.parametrize("text,seq,expected", [("16.8M", 2048, 8192), ("16777216", 2048, 8192), ("4M", 2048, 2048),
+                                               ("1k", 128, 8)])
+def test_batch_tokens(text, seq, expected):
+    assert sequences_for_tokens(text, seq) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "16.8X", "1000"])
+def test_bad_batch_tokens(text):
+    with pytest.raises(TwinError, match="--batch-tokens"):
+        sequences_for_tokens(text, 2048)
+
+
+def test_search_command_json_and_figure(capsys, tmp_path):
+    figure = tmp_path / "landscape.png"
+    rc, out, err = run(capsys, "search", "--machine", "perlmutter", "--model-spec", SMALL_SPEC, "--gpus", "8",
+                       "--global-batch", "32", "--top", "3", "--jobs", "1", "--json", "--figure", str(figure))
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert len(doc["ranked"]) == 3 and figure.exists()
+    assert {"plan", "step_time_s", "pflops_total", "memory_per_gpu_gb", "exposed_comm_s"} <= set(doc["ranked"][0])
+
+
+@pytest.mark.parametrize("extra,mentions", [
+    (["--axes", "gx,gq"], ["--axes", "gq"]),
+    (["--zero", "5"], ["--zero"]),
+    (["--recompute", "some"], ["--recompute"]),
+    (["--min-tp", "8", "--max-tp", "4"], ["--max-tp"]),
+    (["--global-batch", "3", "--axes", "gz,gdata"], ["no valid plan"]),
+    (["--top", "0"], ["--top"]),
+    (["--batch-tokens", "many"], ["--batch-tokens"]),
+])
+def test_bad_searches_exit_2_with_one_line(capsys, extra, mentions):
+    rc, out, err = run(capsys, "search", "--machine", "perlmutter", "--model-spec", SMALL_SPEC, "--gpus", "8",
+                       "--jobs", "1", *extra)
+    assert_user_error(rc, out, err, *mentions)

@@ -1,0 +1,203 @@
+"""A lower bound on a plan's simulated step time, in milliseconds of CPU.
+
+The simulator runs each stream's ops in order, an op after its
+dependencies; a compute op takes at least its time alone (twin.sim.compute:
+communication only slows it); a collective takes at least its latency plus
+its bytes over the bottleneck of its own links, which is what it would take
+with the fabric to itself (other instances and other traffic only share
+those links), with the fastest algorithm NCCL's tuner has for it; a
+collective's rendezvous and a receive's wait for its send only add time.
+So the longest path through one program's ops, with those durations, is a
+lower bound on the step the simulator reports (and so is the compute
+stream's work plus the part of it communication must slow, below): exact on a program with no
+communication, and as tight as the plan's communication is uncontended.
+
+`twin search` simulates plans in the order of this bound and stops once the
+next bound exceeds the k-th best simulated step: the plans it never simulates
+provably could not enter the top k, so the ranking is the one simulating
+every plan would give.
+
+Contention the bound does count: every instance of a collective runs at once
+(the ranks are symmetric), so the links of one node carry the loads of every
+instance with a member on that node. Per phase the bound takes the larger of
+(a) the representative's instance on all its links and (b) the instances on
+the representative's node, summed, on that node's links (GPU links and NICs:
+nothing else reaches them). Network links beyond the node would need every
+instance lowered, which is the simulator's own (expensive) work.
+The latency is the cheaper of the instance holding the representative and
+the axis's first instance (the one whose latency the simulator charges a
+whole symmetric family), so it holds whichever the symmetry reduction uses.
+"""
+
+from __future__ import annotations
+
+from topologies.fabric import Fabric
+from topologies.machine import Machine
+from topologies.placement import place_ranks
+from twin.builders.program import COMPUTE_STREAM
+from twin.ir import P2P, Collective, Program, Schedule
+
+
+from twin.sim.collectives import CollectiveModel
+from twin.sim.compute import ComputeModel
+
+
+class BoundModel:
+    """Lower bounds for schedules on one machine and GPU count; its caches serve every plan of a search."""
+
+    def __init__(self, machine: Machine, gpus: int) -> None:
+        self.machine = machine
+        self.compute = ComputeModel(machine.device)
+        self.collectives = CollectiveModel(Fabric(machine, gpus))
+        self.gpu_of = place_ranks(gpus, machine)
+        self._alone: dict[tuple, float] = {}
+        self._instance_cache: dict[tuple, tuple] = {}
+        self._lines: dict[tuple, list[tuple[float, float]]] = {}  # across plans: keyed by GPUs, not axis names
+        self._node_lines: dict[tuple, dict[int, float]] = {}
+        self._rank_of_gpu: dict[int, int] | None = None
+
+    def _collective_s(self, schedule: Schedule, axis: str, rank: int, kind: str, nbytes: float) -> float:
+        key = (axis, rank, kind, nbytes)
+        if key not in self._alone:
+            self._alone[key] = self._contended_s(self._instances(schedule, axis, rank), kind, nbytes)
+        return self._alone[key]
+
+    def _instances(self, schedule: Schedule, axis: str, rank: int) -> tuple[tuple[int, ...], tuple, tuple]:
+        """(representative's instance, axis's first instance, instances on the representative's node), as GPUs."""
+        key = (axis, rank)
+        if key not in self._instance_cache:
+            fabric = self.collectives.fabric
+            node = fabric.node_of(self.gpu_of[rank])
+            local = {r for r in self._ranks_on_node(node)}
+            mine, touching = None, []
+            for members in schedule.group(axis).instances:
+                hit = local.intersection(members)
+                if hit:
+                    touching.append(tuple(self.gpu_of[r] for r in members))
+                    local -= hit
+                if rank in members:
+                    mine = tuple(self.gpu_of[r] for r in members)
+                if not local and mine is not None:
+                    break
+            first = tuple(self.gpu_of[r] for r in schedule.group(axis).instances[0])
+            self._instance_cache[key] = (mine, first, tuple(touching), node)
+        return self._instance_cache[key]
+
+    def _ranks_on_node(self, node: int) -> list[int]:
+        if self._rank_of_gpu is None:
+            self._rank_of_gpu = {g: r for r, g in enumerate(self.gpu_of)}
+        gpn = self.machine.node.gpus_per_node
+        return [self._rank_of_gpu[g] for g in range(node * gpn, (node + 1) * gpn) if g in self._rank_of_gpu]
+
+    def _contended_s(self, instances, kind: str, nbytes: float) -> float:
+        return min(latency + nbytes * s_per_byte for latency, s_per_byte in self._cost_lines(instances, kind))
+
+    def _cost_lines(self, instances, kind: str) -> list[tuple[float, float]]:
+        """(latency, seconds per byte) of each (algorithm, protocol): the bound is the lowest line at nbytes."""
+        mine, first, touching, node = instances
+        key = (mine, first, touching, node, kind)
+        if key in self._lines:
+            return self._lines[key]
+        model, fabric = self.collectives, self.collectives.fabric
+        block = fabric.links_per_node
+        lo, hi = node * block, (node + 1) * block
+        capacity = fabric.capacity_bytes_per_s
+        lines = []
+        for own in model.lowerings(mine, kind):
+            try:
+                others = [model.lowering(g, kind, own.algorithm) for g in touching]
+                head = model.lowering(first, kind, own.algorithm)
+            except KeyError:
+                continue
+            per_phase = []
+            for phase, loads in enumerate(own.phases):
+                alone = max((load / capacity[link] for link, load in loads.items()), default=0.0)
+                shared: dict[int, float] = {}
+                for other in others:
+                    for link, load in other.phases[phase].items():
+                        if lo <= link < hi:
+                            shared[link] = shared.get(link, 0.0) + load
+                together = max((load / capacity[link] for link, load in shared.items()), default=0.0)
+                per_phase.append(max(alone, together))
+            for protocol in model.tuning.protocols:
+                latency = min(model.latency_s(own, protocol), model.latency_s(head, protocol))
+                lines.append((latency, sum(per_phase) / model.bw_fraction(kind, protocol)))
+        self._lines[key] = lines
+        return lines
+
+    def _transfer_s(self, src: int, dst: int, nbytes: float) -> float:
+        key = (src, dst, "p2p", nbytes)
+        if key not in self._alone:
+            self._alone[key] = self.collectives.time_alone_s(self.collectives.transfer(src, dst), "simple", nbytes)
+        return self._alone[key]
+
+    def program_bound_s(self, schedule: Schedule, program: Program) -> float:
+        rank = program.ranks[0]
+        end = [0.0] * len(program.ops)
+        busy: dict[str, float] = {}  # per stream: the sum of its ops' durations
+        traffic: dict[tuple, int] = {}  # (axis, kind, bytes) -> collectives issued
+        stream_free: dict[str, float] = {}
+        duration = self.compute.duration_s
+        for op in program.ops:
+            start = stream_free.get(op.stream, 0.0)
+            for dep in op.deps:
+                if end[dep] > start:
+                    start = end[dep]
+            work = op.work
+            if isinstance(work, Collective):
+                t = self._collective_s(schedule, work.group, rank, work.kind, work.nbytes)
+                traffic[(work.group, work.kind, work.nbytes)] = traffic.get((work.group, work.kind, work.nbytes), 0) + 1
+            elif isinstance(work, P2P):
+                members = next(m for m in schedule.group(work.group).instances if rank in m)
+                own = members.index(rank)
+                peer = members[own + work.peer]
+                src, dst = (rank, peer) if work.kind == "send" else (peer, rank)
+                t = self._transfer_s(self.gpu_of[src], self.gpu_of[dst], work.nbytes)
+            else:
+                t = duration(work)
+            end[op.id] = stream_free[op.stream] = start + t
+            busy[op.stream] = busy.get(op.stream, 0.0) + t
+        compute = busy.pop(COMPUTE_STREAM, 0.0)
+        comm = max(busy.values(), default=0.0)
+        # Compute slowed while communication runs: with W of compute and at least U of communication, doing
+        # x of the compute under communication takes (W - x) + x / r and leaves U + (W - x) of the step
+        # outside it (r = 1 - slowdown); the larger of the two is smallest at x = r U: W + (1 - r) U.
+        slowed = compute + self.machine.device.comm_compute_slowdown * comm
+        return max(max(end, default=0.0), slowed, self._busiest_link_s(schedule, rank, traffic))
+
+    def _busiest_link_s(self, schedule: Schedule, rank: int, traffic: dict[tuple, int]) -> float:
+        """The representative node's busiest link: every byte the step's collectives put on it, over its capacity.
+
+        Collectives of different streams overlap in time but share these links;
+        with the simulator's own choice of algorithm and protocol per collective,
+        no schedule moves the step's bytes through a link faster than its capacity.
+        """
+        seconds: dict[int, float] = {}
+        for (axis, kind, nbytes), count in traffic.items():
+            mine, first, touching, node = self._instances(schedule, axis, rank)
+            lowering, protocol = self.collectives.choose(first, kind, nbytes)
+            per_byte = self._node_seconds_per_byte(touching, node, kind, lowering.algorithm, protocol)
+            for link, x in per_byte.items():
+                seconds[link] = seconds.get(link, 0.0) + x * nbytes * count
+        return max(seconds.values(), default=0.0)
+
+    def _node_seconds_per_byte(self, touching, node: int, kind: str, algorithm: str, protocol: str) -> dict[int, float]:
+        key = (touching, node, kind, algorithm, protocol)
+        if key not in self._node_lines:
+            model, fabric = self.collectives, self.collectives.fabric
+            lo, hi = node * fabric.links_per_node, (node + 1) * fabric.links_per_node
+            capacity, fraction = fabric.capacity_bytes_per_s, model.bw_fraction(kind, protocol)
+            out: dict[int, float] = {}
+            for gpus in touching:
+                for phase in model.lowering(gpus, kind, algorithm).phases:
+                    for link, load in phase.items():
+                        if lo <= link < hi:
+                            out[link] = out.get(link, 0.0) + load / (capacity[link] * fraction)
+            self._node_lines[key] = out
+        return self._node_lines[key]
+
+    def bound_s(self, schedule: Schedule) -> float:
+        """The largest program's bound: no rank, and so no step, can finish sooner."""
+        self._alone = {k: v for k, v in self._alone.items() if k[2] == "p2p"}  # per schedule: keyed by axis
+        self._instance_cache = {}
+        return max(self.program_bound_s(schedule, p) for p in schedule.programs)

@@ -1,0 +1,145 @@
+"""`twin search` and `twin validate`: their argument parsers and output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from twin.errors import TwinError
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise TwinError(f"{flag} {text!r} must be comma-separated integers, e.g. 0,1") from None
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+class ProgressBar:
+    """tqdm bars on stderr, one per phase (bounding, simulating); silent when stderr is not a terminal
+    unless forced, so --json output and CI logs stay clean."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bars: dict = {}
+
+    def __call__(self, phase: str, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        from tqdm import tqdm
+
+        bar = self._bars.get(phase)
+        if bar is None:
+            bar = self._bars[phase] = tqdm(total=total, desc=f"{phase:<10}", unit="plan", file=sys.stderr,
+                                           leave=False, dynamic_ncols=True)
+        bar.update(done - bar.n)
+
+    def close(self) -> None:
+        for bar in self._bars.values():
+            bar.close()
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from topologies.machine import load_machine
+    from twin.figures import landscape_figure
+    from twin.model import get_model, parse_model_spec
+    from twin.search.batch import sequences_for_tokens
+    from twin.search.rank import search
+    from twin.search.space import AXES, SearchSpace
+
+    machine = load_machine(args.machine)
+    model = get_model(args.model) if args.model else parse_model_spec(args.model_spec)
+    if args.seq is not None:
+        if args.seq <= 0:
+            raise TwinError("--seq must be a positive number of tokens")
+        model = replace(model, seq=args.seq)
+    if args.gpus <= 0:
+        raise TwinError("--gpus must be a positive number")
+    if args.global_batch is not None and args.batch_tokens is not None:
+        raise TwinError("give one of --global-batch (sequences) and --batch-tokens (tokens)")
+    if args.global_batch is not None:
+        batch = args.global_batch
+    else:
+        batch = sequences_for_tokens(args.batch_tokens or "16.8M", model.seq)
+    if batch <= 0:
+        raise TwinError("--global-batch must be a positive number of sequences")
+    if args.figure:
+        from twin.cli import FIGURE_FORMATS, check_output_path
+
+        check_output_path(args.figure, "--figure", FIGURE_FORMATS)
+    axes = _words(args.axes) if args.axes else AXES
+    space = SearchSpace(axes=axes, min_tp=args.min_tp, max_tp=args.max_tp, zero=_ints(args.zero, "--zero"),
+                        recompute=_words(args.recompute), mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else ())
+    bar = ProgressBar(not args.json and (args.progress or sys.stderr.isatty()))
+    try:
+        result = search(model, args.gpus, batch, machine, space, top=args.top, exhaustive=args.exhaustive,
+                        progress=bar, use_cache=not args.no_cache, jobs=args.jobs)
+    finally:
+        bar.close()
+    if args.figure:
+        title = (f"{result.model} on {result.gpus} {machine.name} GPUs, {batch} x {model.seq} tokens: "
+                 f"{result.candidates} valid plans")
+        landscape_figure(args.figure, result.landscape, title)
+    if args.json:
+        doc = result.to_json_dict(landscape=args.landscape)
+        if args.figure:
+            doc["figure"] = args.figure
+        print(json.dumps(doc, indent=2))
+        return 0
+    how = "from the cache" if result.cached else f"in {result.wall_s:.1f} s"
+    ruled_out = result.candidates - result.simulated
+    print(f"{result.model} on {result.gpus} {machine.name} GPUs, global batch {batch} x {model.seq} tokens "
+          f"({batch * model.seq / 1e6:.1f}M); {result.space}")
+    print(f"{result.candidates} valid plans fit in memory; {result.simulated} simulated, {ruled_out} ruled out by "
+          f"their lower bound (none of them can enter the top {args.top}) {how}")
+    print(f"{'#':>3} {'step s':>8} {'PF/s':>8} {'TF/s/GPU':>9} {'mem GB':>7} {'exposed s':>9}  plan")
+    for i, r in enumerate(result.ranked, 1):
+        print(f"{i:>3} {r.step_time_s:>8.3f} {r.pflops_total:>8.1f} {r.tflops_per_gpu:>9.1f} {r.memory_per_gpu_gb:>7.1f} "
+              f"{r.exposed_comm_s:>9.3f}  {r.plan}")
+    if args.figure:
+        print(f"landscape: {args.figure}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser(
+        "search", help="rank every valid plan by simulated step time",
+        description="Every valid plan for the model, GPU count and batch (factorisations over --axes, ZeRO stages, "
+        "recompute modes, micro-batch sizes; overlap and GEMM tuning on), pruned by memory, then simulated in order "
+        "of a lower bound on their step time until no plan left can enter the top. The ranking equals simulating "
+        "every plan (--exhaustive does). Results are cached in ~/.cache/exatwin (--no-cache). Example: twin search "
+        "--machine frontier --model GPT-320B --gpus 32768 --batch-tokens 16.8M --seq 2048 --top 10",
+    )
+    p.add_argument("--machine", required=True, help="machine name (see `twin machines`) or path to a machine .toml")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", help="catalog model (see `twin models`), e.g. GPT-320B")
+    model.add_argument("--model-spec", help="any GPT-style model: layers=..,hidden=..,heads=..[,seq=..,vocab=..,ffn=..]")
+    p.add_argument("--gpus", type=int, required=True, help="number of GPUs (GCDs on Frontier)")
+    p.add_argument("--batch-tokens", help="tokens per step, e.g. 16.8M (default; AxoNN's batch): rounded to a sequence "
+                   "count with the most factors of two within the digits given")
+    p.add_argument("--global-batch", type=int, help="sequences per step (instead of --batch-tokens)")
+    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--top", type=int, default=10, help="how many plans to rank (default 10)")
+    p.add_argument("--axes", help="axes to search, from gx,gy,gz,gdata,pp (default all; gx,gy,gz,gdata = AxoNN only)")
+    p.add_argument("--min-tp", type=int, default=1, help="smallest gx*gy*gz (default 1)")
+    p.add_argument("--max-tp", type=int, default=0, help="largest gx*gy*gz (default: no limit)")
+    p.add_argument("--zero", default="0", help="ZeRO stages to try over gdata, e.g. 0,1 (default 0)")
+    p.add_argument("--recompute", default="full", help="recompute modes to try, from full,selective,none (default full)")
+    p.add_argument("--mbs", default="auto", help="micro-batch sizes to try, e.g. 1,2,4; auto (default): the largest that "
+                   "fits without a pipeline, every power of two that fits with one")
+    p.add_argument("--exhaustive", action="store_true", help="simulate every valid plan (slow; the ranking is the same)")
+    p.add_argument("--jobs", type=int, help="processes (default: every core)")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
+    p.add_argument("--figure", help="write the search landscape (every plan's step time by memory use) to this PNG")
+    p.add_argument("--landscape", action="store_true", help="with --json: include every valid plan's bound and step")
+    p.add_argument("--progress", action="store_true", help="show progress bars even when stderr is not a terminal")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_search)

@@ -1,0 +1,172 @@
+"""The search space: every valid plan for a model, a GPU count and a batch.
+
+A plan is one factorisation G = gx gy gz gdata pp over the searched axes
+(the others stay 1), a ZeRO stage, a recompute mode and a micro-batch size,
+with AxoNN's overlap switches and GEMM tuning on. Plans are checked exactly
+as `twin simulate` checks them (twin.plan.validate_plan: divisibility of
+heads, hidden, ffn, vocabulary, weight blocks and batch), then pruned by
+memory fit (twin.memory) before anything is simulated.
+
+Micro-batch ("auto"): without a pipeline the largest micro-batch that fits
+(larger GEMMs run closer to peak and a micro-batch repeats every weight
+all-gather, so smaller ones never win in the twin); with a pipeline every
+power-of-two micro-batch that fits, since a smaller one shrinks the bubble.
+A ZeRO stage only above 0 when gdata > 1 (it shards over gdata).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from itertools import product
+
+from twin.errors import TwinError
+from twin.memory import memory_per_gpu, usable_bytes
+from twin.model import ModelSpec
+from twin.plan import RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan, validate_plan, with_micro_batch
+
+AXES = ("gx", "gy", "gz", "gdata", "pp")
+AXONN_AXES = ("gx", "gy", "gz", "gdata")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What may vary. Defaults: AxoNN's four axes, ZeRO 0, full recompute (both papers' choice)."""
+
+    axes: tuple[str, ...] = AXONN_AXES
+    min_tp: int = 1  # gx*gy*gz at least this
+    max_tp: int = 0  # 0: no limit
+    zero: tuple[int, ...] = (0,)
+    recompute: tuple[str, ...] = ("full",)
+    mbs: tuple[int, ...] = ()  # () = auto (module docstring)
+
+    def __post_init__(self) -> None:
+        for axis in self.axes:
+            if axis not in AXES:
+                raise TwinError(f"--axes: unknown axis {axis!r}; use some of {', '.join(AXES)}")
+        if not self.axes:
+            raise TwinError("--axes is empty; give at least one of " + ", ".join(AXES))
+        for z in self.zero:
+            if z not in ZERO_STAGES:
+                raise TwinError(f"--zero: {z} is not a ZeRO stage; use some of 0,1,2,3")
+        for r in self.recompute:
+            if r not in RECOMPUTE_MODES:
+                raise TwinError(f"--recompute: {r!r} is unknown; use some of {', '.join(RECOMPUTE_MODES)}")
+        if self.min_tp < 1:
+            raise TwinError(f"--min-tp {self.min_tp} must be at least 1")
+        if self.max_tp and self.max_tp < self.min_tp:
+            raise TwinError(f"--max-tp {self.max_tp} is below --min-tp {self.min_tp}; raise it or drop one")
+        if any(m < 1 for m in self.mbs):
+            raise TwinError("--mbs values must be positive integers")
+
+    def describe(self) -> str:
+        tp = f"tp {self.min_tp}..{self.max_tp or 'any'}"
+        mbs = ",".join(map(str, self.mbs)) if self.mbs else "auto"
+        return (f"axes {','.join(self.axes)}; {tp}; zero {','.join(map(str, self.zero))}; "
+                f"recompute {','.join(self.recompute)}; mbs {mbs}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A valid plan that fits, with its memory per GPU."""
+
+    plan: ParallelPlan
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class Space:
+    candidates: tuple[Candidate, ...]
+    factorisations: int  # degree tuples tried
+    rejected: Counter  # reason -> count
+    smallest_overflow_gb: float | None  # the plan closest to fitting, when none fits: GB over
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def factorisations(gpus: int, axes: tuple[str, ...]) -> list[dict[str, int]]:
+    """Every way to write gpus as a product of one degree per axis (axes not named are 1)."""
+    out: list[dict[str, int]] = []
+
+    def rec(i: int, left: int, chosen: dict[str, int]) -> None:
+        if i == len(axes) - 1:
+            out.append({**chosen, axes[i]: left})
+            return
+        for d in _divisors(left):
+            rec(i + 1, left // d, {**chosen, axes[i]: d})
+
+    rec(0, gpus, {})
+    return out
+
+
+def _micro_batches(model: ModelSpec, plan: ParallelPlan, space: SearchSpace, usable: float) -> list[tuple[ParallelPlan, float]]:
+    """(plan with mbs resolved, memory) for each micro-batch size the space allows that fits."""
+    per_rank = plan.sequences_per_rank
+    sizes = [m for m in space.mbs if per_rank % m == 0] if space.mbs else \
+        [d for d in range(per_rank, 0, -1) if per_rank % d == 0 and (plan.pp > 1 and d & (d - 1) == 0 or plan.pp == 1)]
+    fits = []
+    for mbs in sizes:
+        trial = with_micro_batch(plan, mbs)
+        if plan.vpp > 1 and (trial.ga < plan.pp or trial.ga % plan.pp):
+            continue
+        mem = memory_per_gpu(model, trial).total
+        if mem <= usable:
+            fits.append((trial, mem))
+            if plan.pp == 1 and not space.mbs:
+                break  # auto without a pipeline: the largest that fits
+    return fits
+
+
+def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: float, space: SearchSpace) -> Space:
+    """Every valid plan that fits, and why the others were rejected."""
+    if gpus <= 0:
+        raise TwinError("--gpus must be a positive number of GPUs")
+    if global_batch <= 0:
+        raise TwinError("--batch-tokens/--global-batch must give at least one sequence")
+    usable = usable_bytes(hbm_bytes)
+    rejected: Counter = Counter()
+    candidates: list[Candidate] = []
+    overflow: float | None = None
+    degrees = factorisations(gpus, space.axes)
+    for deg, zero, recompute in product(degrees, space.zero, space.recompute):
+        tp = deg.get("gx", 1) * deg.get("gy", 1) * deg.get("gz", 1)
+        if tp < space.min_tp or (space.max_tp and tp > space.max_tp):
+            rejected["outside --min-tp/--max-tp"] += 1
+            continue
+        if zero and deg.get("gdata", 1) == 1:
+            rejected["ZeRO needs gdata > 1"] += 1
+            continue
+        plan = replace(ParallelPlan(), global_batch=global_batch, zero=zero, recompute=recompute, **deg)
+        try:
+            validate_plan(plan, model, gpus)
+        except TwinError as e:
+            rejected[_reason(str(e))] += 1
+            continue
+        fits = _micro_batches(model, plan, space, usable)
+        if not fits:
+            rejected["does not fit in memory"] += 1
+            smallest = memory_per_gpu(model, with_micro_batch(plan, 1)).total
+            over = (smallest - usable) / 1e9
+            overflow = over if overflow is None else min(overflow, over)
+            continue
+        candidates += [Candidate(p, mem) for p, mem in fits]
+    return Space(tuple(candidates), len(degrees), rejected, overflow)
+
+
+def _reason(message: str) -> str:
+    """A validation error shortened to its cause (the part before the numbers)."""
+    head = message.split(":")[0] if not message.startswith("--plan") else message.split(":")[1]
+    return head.strip().split(" is not")[0].split(";")[0][:60]
+
+
+def explain_empty(space_result: Space, model: ModelSpec, gpus: int, global_batch: int, hbm_gb: float) -> str:
+    """One line: why no plan exists."""
+    reasons = ", ".join(f"{n} {r}" for r, n in space_result.rejected.most_common(3))
+    if space_result.smallest_overflow_gb is not None and space_result.rejected["does not fit in memory"]:
+        return (f"no valid plan for {model.name} on {gpus} GPUs with {global_batch} sequences: the closest plan needs "
+                f"{space_result.smallest_overflow_gb:.1f} GB more than the {hbm_gb:.0f} GB per GPU allow "
+                f"({reasons}); use more GPUs, more axes (--axes), ZeRO (--zero) or recompute")
+    return (f"no valid plan for {model.name} on {gpus} GPUs with {global_batch} sequences ({reasons}); "
+            "change the GPU count, the batch or --axes")
