@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all bench bench-executor clean
+.PHONY: demo test test-all bench bench-search bench-executor validate clean
 
 $(BIN)/twin: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,10 +35,20 @@ test-all: $(VENV)/.torch-installed
 bench: $(BIN)/twin
 	$(BIN)/python benchmarks/sim_speed.py
 
-# The executor on this host: overhead against a hand-written loop, then simulated vs measured (minutes).
+# twin search and twin validate, cold (an empty cache): wall time against the targets (minutes).
+bench-search: $(BIN)/twin
+	$(BIN)/python benchmarks/search_speed.py
+
+# Every published measurement predicted; rewrites the README's Accuracy table and the validation figures.
+validate: $(BIN)/twin
+	$(BIN)/twin validate --figures --readme README.md
+
+# The executor on this host: overhead against a hand-written loop, simulated vs measured, and whether the
+# twin ranks plans as the host does (minutes).
 bench-executor: $(VENV)/.torch-installed
 	$(BIN)/python benchmarks/executor_overhead.py
 	$(BIN)/python benchmarks/compare_local.py
+	$(BIN)/python benchmarks/ranking_local.py
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

@@ -14,7 +14,7 @@ from twin.build import build_step
 from twin.errors import TwinError
 from twin.memory import memory_per_gpu, usable_bytes
 from twin.model import get_model, parse_model_spec
-from twin.plan import validate_plan
+from twin.plan import parse_plan, validate_plan
 from twin.search.batch import sequences_for_tokens
 from twin.search.bound import BoundModel
 from twin.search.rank import search
@@ -147,3 +147,19 @@ def test_bad_searches_exit_2_with_one_line(capsys, extra, mentions):
     rc, out, err = run(capsys, "search", "--machine", "perlmutter", "--model-spec", SMALL_SPEC, "--gpus", "8",
                        "--jobs", "1", *extra)
     assert_user_error(rc, out, err, *mentions)
+
+
+def test_micro_batch_extrapolation_matches_the_full_step():
+    """A step of many micro-batches, from its 2- and 3-micro-batch steps, against simulating all of them."""
+    from twin.search import rank
+
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC)
+    for text in ("gx=2,gz=2,gdata=4,mbs=1", "gx=4,gy=2,gdata=2,mbs=2", "gz=16,mbs=1"):
+        plan = build_step(model, parse_plan(f"{text},global_batch=256"), machine, 16).plan
+        assert plan.ga > rank.GA_EXACT
+        rank._init_worker(model, machine, 16)
+        predicted = rank._simulate_plan(plan).step_time_s
+        full = simulate(build_step(model, plan, machine, 16).schedule, machine).step_time_s
+        assert predicted == pytest.approx(full, rel=1e-3), text
+        assert rank._bound_of(plan) <= predicted * (1 + 1e-9)

@@ -352,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     from twin.search import cli as search_cli
 
     search_cli.add_parsers(sub)
+    search_cli.add_validate_parser(sub)
 
     try:  # the executor's commands (run, calibrate, compare); they import torch only when run
         from executor import cli as executor_cli

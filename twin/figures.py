@@ -124,3 +124,25 @@ def landscape_figure(path: str, points: list, title: str) -> None:
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     _save(fig, path)
+
+
+def weak_scaling_validation_figure(path: str, machine: str, gpus: list[int], published_pflops: list[float],
+                                   predicted_pflops: list[float], models: list[str]) -> None:
+    """Published and predicted total PF/s against GPU count (AxoNN Table III), one machine."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(gpus, published_pflops, "o-", color="#333333", label="published (AxoNN SC'24 Table III)")
+    ax.plot(gpus, predicted_pflops, "s--", color="#d62728", label="twin (best plan it finds)")
+    ideal = [published_pflops[0] * g / gpus[0] for g in gpus]
+    ax.plot(gpus, ideal, ":", color="#999999", label="ideal weak scaling from the first published point")
+    for g, p, q, m in zip(gpus, published_pflops, predicted_pflops, models):
+        ax.annotate(f"{m}\n{100 * (q / p - 1):+.0f}%", (g, q), textcoords="offset points", xytext=(6, -14), fontsize=7)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(gpus, [str(g) for g in gpus])
+    ax.set_xlabel("GPUs (GCDs on Frontier)")
+    ax.set_ylabel("sustained bf16 PF/s (total)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{machine}: weak scaling, predicted vs published", fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)

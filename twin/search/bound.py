@@ -18,11 +18,11 @@ provably could not enter the top k, so the ranking is the one simulating
 every plan would give.
 
 Contention the bound does count: every instance of a collective runs at once
-(the ranks are symmetric), so the links of one node carry the loads of every
-instance with a member on that node. Per phase the bound takes the larger of
-(a) the representative's instance on all its links and (b) the instances on
-the representative's node, summed, on that node's links (GPU links and NICs:
-nothing else reaches them). Network links beyond the node would need every
+(the ranks are symmetric), so every link carries at least the loads of the
+instances with a member on the representative's node (on that node's own
+links, exactly theirs). Per phase the bound takes the larger of (a) the
+representative's instance alone and (b) those instances summed, on the
+busiest link. Every instance's load on the network links would need every
 instance lowered, which is the simulator's own (expensive) work.
 The latency is the cheaper of the instance holding the representative and
 the axis's first instance (the one whose latency the simulator charges a
@@ -63,7 +63,8 @@ class BoundModel:
         return self._alone[key]
 
     def _instances(self, schedule: Schedule, axis: str, rank: int) -> tuple[tuple[int, ...], tuple, tuple]:
-        """(representative's instance, axis's first instance, instances on the representative's node), as GPUs."""
+        """(representative's instance, axis's first instance, instances on the representative's node), as GPUs,
+        and the representative's node."""
         key = (axis, rank)
         if key not in self._instance_cache:
             fabric = self.collectives.fabric
@@ -99,8 +100,6 @@ class BoundModel:
         if key in self._lines:
             return self._lines[key]
         model, fabric = self.collectives, self.collectives.fabric
-        block = fabric.links_per_node
-        lo, hi = node * block, (node + 1) * block
         capacity = fabric.capacity_bytes_per_s
         lines = []
         for own in model.lowerings(mine, kind):
@@ -115,8 +114,7 @@ class BoundModel:
                 shared: dict[int, float] = {}
                 for other in others:
                     for link, load in other.phases[phase].items():
-                        if lo <= link < hi:
-                            shared[link] = shared.get(link, 0.0) + load
+                        shared[link] = shared.get(link, 0.0) + load
                 together = max((load / capacity[link] for link, load in shared.items()), default=0.0)
                 per_phase.append(max(alone, together))
             for protocol in model.tuning.protocols:
@@ -166,7 +164,8 @@ class BoundModel:
         return max(max(end, default=0.0), slowed, self._busiest_link_s(schedule, rank, traffic))
 
     def _busiest_link_s(self, schedule: Schedule, rank: int, traffic: dict[tuple, int]) -> float:
-        """The representative node's busiest link: every byte the step's collectives put on it, over its capacity.
+        """The busiest link: every byte the step's collectives (their instances on the representative's node) put
+        on it, over its capacity.
 
         Collectives of different streams overlap in time but share these links;
         with the simulator's own choice of algorithm and protocol per collective,
@@ -185,14 +184,12 @@ class BoundModel:
         key = (touching, node, kind, algorithm, protocol)
         if key not in self._node_lines:
             model, fabric = self.collectives, self.collectives.fabric
-            lo, hi = node * fabric.links_per_node, (node + 1) * fabric.links_per_node
             capacity, fraction = fabric.capacity_bytes_per_s, model.bw_fraction(kind, protocol)
             out: dict[int, float] = {}
             for gpus in touching:
                 for phase in model.lowering(gpus, kind, algorithm).phases:
                     for link, load in phase.items():
-                        if lo <= link < hi:
-                            out[link] = out.get(link, 0.0) + load / (capacity[link] * fraction)
+                        out[link] = out.get(link, 0.0) + load / (capacity[link] * fraction)
             self._node_lines[key] = out
         return self._node_lines[key]
 

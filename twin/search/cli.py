@@ -143,3 +143,70 @@ def add_parsers(sub) -> None:
     p.add_argument("--progress", action="store_true", help="show progress bars even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_search)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from twin.validate import markdown_table, update_readme, validate
+
+    sections = tuple(_words(args.sections.upper()))
+    for s in sections:
+        if s not in ("A", "B"):
+            raise TwinError(f"--sections: unknown section {s!r}; use A (AxoNN), B (the Frontier paper) or A,B")
+    if args.readme and not os.path.exists(args.readme):
+        raise TwinError(f"--readme {args.readme}: no such file")
+    show = not args.json and (args.progress or sys.stderr.isatty())
+    v = validate(jobs=args.jobs, progress=(lambda what: print(f"  {what} ...", file=sys.stderr)) if show else None,
+                 sections=sections)
+    figures = []
+    if args.figures:
+        figures = _validation_figures(v, args.figures_dir)
+    if args.readme:
+        update_readme(args.readme, v)
+    if args.json:
+        doc = v.to_json_dict()
+        doc["figures"] = figures
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(markdown_table(v))
+    print(f"\n(wall time {v.wall_s:.0f} s; each search and simulation is cached: a repeat only prints)")
+    for path in figures:
+        print(f"figure: {path}")
+    if args.readme:
+        print(f"updated the Accuracy section of {args.readme}")
+    return 0
+
+
+def _validation_figures(v, folder: str) -> list[str]:
+    from twin.figures import weak_scaling_validation_figure
+    from twin.published import AXONN_TABLE_III
+
+    out = []
+    predicted = {r.quantity: r.predicted for r in v.rows}
+    for machine in ("frontier", "perlmutter"):
+        rows = [p for p in AXONN_TABLE_III if p.machine == machine]
+        keys = [f"{p.machine} {p.gpus} GPUs {p.model}: total PF/s" for p in rows]
+        if not all(k in predicted for k in keys):
+            continue
+        path = os.path.join(folder, f"validate-weak-scaling-{machine}.png")
+        weak_scaling_validation_figure(path, machine.capitalize(), [p.gpus for p in rows], [p.pflops_total for p in rows],
+                                       [predicted[k] for k in keys], [p.model for p in rows])
+        out.append(path)
+    return out
+
+
+def add_validate_parser(sub) -> None:
+    p = sub.add_parser(
+        "validate", help="predict every published measurement (reference/published.md) and print the errors",
+        description="Every row of reference/published.md sections A (AxoNN SC'24) and B (the Frontier paper), "
+        "predicted from the machine files: plans the papers did not publish are searched (twin search) under the "
+        "published constraints. Prints published, predicted and error per row, then the mean and max error. "
+        "Searches and simulations are cached (~/.cache/exatwin), so only the first run is slow.",
+    )
+    p.add_argument("--sections", default="A,B", help="A (AxoNN), B (the Frontier paper) or A,B (default)")
+    p.add_argument("--figures", action="store_true", help="write predicted vs published weak-scaling figures")
+    p.add_argument("--figures-dir", default="figures", help="where --figures writes (default figures/)")
+    p.add_argument("--readme", help="rewrite this README's Accuracy section (between the accuracy markers)")
+    p.add_argument("--jobs", type=int, help="processes for the searches (default: every core)")
+    p.add_argument("--progress", action="store_true", help="report each task on stderr even when not a terminal")
+    p.add_argument("--json", action="store_true", help="print the rows and the error summary as JSON")
+    p.set_defaults(func=cmd_validate)

@@ -16,6 +16,7 @@ A ZeRO stage only above 0 when gdata > 1 (it shards over gdata).
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import product
@@ -31,11 +32,13 @@ AXONN_AXES = ("gx", "gy", "gz", "gdata")
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """What may vary. Defaults: AxoNN's four axes, ZeRO 0, full recompute (both papers' choice)."""
+    """What may vary. Defaults: every axis, ZeRO 0, full recompute (both papers' choice), micro-batch auto."""
 
-    axes: tuple[str, ...] = AXONN_AXES
+    axes: tuple[str, ...] = AXES
     min_tp: int = 1  # gx*gy*gz at least this
     max_tp: int = 0  # 0: no limit
+    min_gx: int = 1
+    max_gx: int = 0  # 0: no limit (AxoNN's Fig. 7 baseline: 1D tensor parallelism over a whole node, gx = 8)
     zero: tuple[int, ...] = (0,)
     recompute: tuple[str, ...] = ("full",)
     mbs: tuple[int, ...] = ()  # () = auto (module docstring)
@@ -61,6 +64,8 @@ class SearchSpace:
 
     def describe(self) -> str:
         tp = f"tp {self.min_tp}..{self.max_tp or 'any'}"
+        if self.min_gx > 1 or self.max_gx:
+            tp += f", gx {self.min_gx}..{self.max_gx or 'any'}"
         mbs = ",".join(map(str, self.mbs)) if self.mbs else "auto"
         return (f"axes {','.join(self.axes)}; {tp}; zero {','.join(map(str, self.zero))}; "
                 f"recompute {','.join(self.recompute)}; mbs {mbs}")
@@ -132,8 +137,9 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
     degrees = factorisations(gpus, space.axes)
     for deg, zero, recompute in product(degrees, space.zero, space.recompute):
         tp = deg.get("gx", 1) * deg.get("gy", 1) * deg.get("gz", 1)
-        if tp < space.min_tp or (space.max_tp and tp > space.max_tp):
-            rejected["outside --min-tp/--max-tp"] += 1
+        if tp < space.min_tp or (space.max_tp and tp > space.max_tp) or (space.max_gx and deg.get("gx", 1) > space.max_gx) \
+                or deg.get("gx", 1) < space.min_gx:
+            rejected["outside the tensor-parallel limits"] += 1
             continue
         if zero and deg.get("gdata", 1) == 1:
             rejected["ZeRO needs gdata > 1"] += 1
@@ -158,12 +164,12 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
 def _reason(message: str) -> str:
     """A validation error shortened to its cause (the part before the numbers)."""
     head = message.split(":")[0] if not message.startswith("--plan") else message.split(":")[1]
-    return head.strip().split(" is not")[0].split(";")[0][:60]
+    return re.sub(r"\d+", "N", head.strip().split(" is not")[0].split(";")[0])[:60]
 
 
 def explain_empty(space_result: Space, model: ModelSpec, gpus: int, global_batch: int, hbm_gb: float) -> str:
     """One line: why no plan exists."""
-    reasons = ", ".join(f"{n} {r}" for r, n in space_result.rejected.most_common(3))
+    reasons = "; ".join(f"{n} plans: {r}" for r, n in space_result.rejected.most_common(3))
     if space_result.smallest_overflow_gb is not None and space_result.rejected["does not fit in memory"]:
         return (f"no valid plan for {model.name} on {gpus} GPUs with {global_batch} sequences: the closest plan needs "
                 f"{space_result.smallest_overflow_gb:.1f} GB more than the {hbm_gb:.0f} GB per GPU allow "

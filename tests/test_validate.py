@@ -1,0 +1,75 @@
+"""twin validate's bookkeeping: rows, errors, the README section, figures (the searches are stubbed: the
+physics behind each row is tested with the search and the simulator, and runs for real in benchmarks)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_cli import run
+from twin import validate as v
+from twin.published import AXONN_TABLE_III
+
+
+@pytest.fixture
+def stubbed(monkeypatch):
+    """Every plan runs at exactly the published rate x 1.1; untuned 3% slower, no overlap 20% slower."""
+    published = {(p.machine, p.gpus): p for p in AXONN_TABLE_III}
+
+    def best_plan(machine, model, gpus, batch, space, jobs):
+        pub = published.get((machine, gpus))
+        pflops = 1.1 * pub.pflops_total if pub and pub.model == model else 100.0
+        step = 10.0 * (1.2 if space.min_gx > 1 else 1.0)  # the Fig. 7 baseline 20% slower
+        return {"plan": f"gx=8,gy=1,gz=1,gdata={gpus // 8},mbs=1,ga=1,recompute=full,oar=1,ors=1,oag=1,tune=1",
+                "step_time_s": step, "pflops_total": pflops, "tflops_per_gpu": 1e3 * pflops / gpus, "candidates": 7}
+
+    def simulate_plan(machine, model, gpus, plan, batch):
+        factor = 1.03 if "tune=0" in plan else 1.2 if "oar=0" in plan else 1.0
+        return {"plan": plan, "step_time_s": 10.0 * factor, "pflops_total": 1.0, "tflops_per_gpu": 70.0,
+                "compute_s": 13.0 * factor, "gemm_s": 12.0}
+
+    def scaling_points(model, plan, batch, counts, mode):
+        return [{"gpus": g, "global_batch": batch, "efficiency": 1.0 if i == 0 else 0.9} for i, g in enumerate(counts)]
+
+    monkeypatch.setattr(v, "best_plan", best_plan)
+    monkeypatch.setattr(v, "simulate_plan", simulate_plan)
+    monkeypatch.setattr(v, "scaling_points", scaling_points)
+
+
+def test_rows_errors_and_checks(stubbed):
+    result = v.validate()
+    table = [r for r in result.rows if r.section == "A" and r.kind == "value"]
+    assert len(table) == len(AXONN_TABLE_III)
+    assert all(r.error == pytest.approx(0.1) for r in table)
+    by = {r.quantity: r for r in result.rows}
+    tuning = [r for r in result.rows if "tuning gain" in r.quantity]
+    assert len(tuning) == 5 and all(r.holds and r.predicted == pytest.approx(3.0) for r in tuning)
+    baseline = [r for r in result.rows if "3D TP faster" in r.quantity]
+    assert all(r.holds and r.predicted == pytest.approx(20.0) for r in baseline)
+    assert by["Frontier weak-scaling efficiency 512 -> 8192 GCDs"].predicted == pytest.approx(
+        100 * (571.4 / 8192) / (40.4 / 512))
+    values = [abs(r.error) for r in result.rows if r.error is not None]
+    assert result.mean_abs_error == pytest.approx(sum(values) / len(values))
+    assert result.max_abs_error == pytest.approx(max(values))
+    b = [r for r in result.rows if r.section == "B"]
+    assert len(b) == 3 + 4
+
+
+def test_command_json_figures_and_readme(stubbed, capsys, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{v.README_START}\nSTALE\n{v.README_END}\n\nafter\n")
+    rc, out, err = run(capsys, "validate", "--json", "--figures", "--figures-dir", str(tmp_path), "--readme", str(readme))
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["rows"] and "mean_abs_error" in doc
+    assert len(doc["figures"]) == 2 and all((tmp_path / p.split("/")[-1]).exists() for p in doc["figures"])
+    text = readme.read_text()
+    assert "STALE" not in text and "after" in text and "| § | quantity |" in text and "Mean absolute error" in text
+
+
+def test_validate_user_errors(capsys, tmp_path):
+    rc, out, err = run(capsys, "validate", "--sections", "C")
+    assert rc == 2 and "--sections" in err
+    rc, out, err = run(capsys, "validate", "--readme", str(tmp_path / "missing.md"))
+    assert rc == 2 and "--readme" in err

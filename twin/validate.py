@@ -1,0 +1,296 @@
+"""`twin validate`: every measurement of reference/published.md, predicted, beside the published number.
+
+Nothing here feeds the model: the published numbers (twin.published) are only
+compared with. Where a paper did not publish its plan (AxoNN's Table III, its
+strong-scaling runs), the prediction is the best plan `twin search` finds under
+the published constraints (machine, model, GPU count, 16.8M-token batch, the
+paper's axes); the Frontier paper's rows use the authors' launch-script plans
+(twin.presets), the only plans in public text.
+
+Each task (one search or simulation) is cached on disk with the search
+results (twin.search.cache), keyed by its inputs, the machine file and the
+simulator's source, so a second `twin validate` only prints.
+
+Rows are of three kinds:
+- value: a published number; error = predicted / published - 1;
+- range: a published range ("13-45%"): reported as inside or outside;
+- bound: a published inequality ("over 50 months"): reported as holding or not.
+The mean and max absolute error are over the value rows.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from topologies.machine import load_machine
+from twin.build import build_step
+from twin.model import get_model
+from twin.plan import parse_plan
+from twin.presets import PRESETS
+from twin.published import (AXONN_BATCH_SEQUENCES, AXONN_TABLE_III, FRONTIER_PAPER_SCALING_EFFICIENCY,
+                            FRONTIER_PAPER_TFLOPS_PER_GCD)
+from twin.report import summarize
+from twin.scale import scaling
+from twin.search import cache
+from twin.search.rank import search
+from twin.search.space import AXONN_AXES, SearchSpace
+from twin.sim.engine import simulate
+
+TRAINING_TOKENS = 2e12  # AxoNN Fig. 9: time to train on 2T tokens
+SECONDS_PER_DAY = 86400.0
+DAYS_PER_MONTH = 365.25 / 12
+
+
+@dataclass(frozen=True)
+class Row:
+    section: str
+    quantity: str
+    published: str  # as the paper states it
+    predicted: float
+    unit: str
+    kind: str  # value | range | bound
+    error: float | None  # value rows: predicted / published - 1
+    holds: bool | None  # range and bound rows
+    plan: str
+    how: str
+
+
+def _value(section, quantity, published: float, predicted: float, unit: str, plan: str, how: str,
+           shown: str | None = None) -> Row:
+    return Row(section, quantity, shown or f"{published:g} {unit}", predicted, unit, "value", predicted / published - 1,
+               None, plan, how)
+
+
+def _range(section, quantity, lo: float, hi: float, predicted: float, unit: str, plan: str, how: str) -> Row:
+    return Row(section, quantity, f"{lo:g}-{hi:g} {unit}", predicted, unit, "range", None, lo <= predicted <= hi, plan,
+               how)
+
+
+def _bound(section, quantity, text: str, predicted: float, holds: bool, unit: str, plan: str, how: str) -> Row:
+    return Row(section, quantity, text, predicted, unit, "bound", None, holds, plan, how)
+
+
+# ---- cached tasks ---------------------------------------------------------------------------------------------
+
+
+def _cached(name: str, inputs: dict, machine_name: str, compute: Callable[[], dict]) -> dict:
+    machine_text = open(load_machine(machine_name).path).read()
+    key = cache.cache_key(f"validate-{name}", inputs, machine_text)
+    hit = cache.load("validate", key)
+    if hit is not None:
+        return hit
+    doc = compute()
+    cache.store("validate", key, doc)
+    return doc
+
+
+def best_plan(machine_name: str, model_name: str, gpus: int, batch: int, space: SearchSpace, jobs: int | None) -> dict:
+    """The search's best plan: its plan, step and throughput (search results are cached by twin.search)."""
+    result = search(get_model(model_name), gpus, batch, load_machine(machine_name), space, top=1, jobs=jobs)
+    best = result.ranked[0]
+    return {"plan": best.plan, "step_time_s": best.step_time_s, "pflops_total": best.pflops_total,
+            "tflops_per_gpu": best.tflops_per_gpu, "candidates": result.candidates}
+
+
+def simulate_plan(machine_name: str, model_name: str, gpus: int, plan_text: str, batch: int) -> dict:
+    def compute() -> dict:
+        machine = load_machine(machine_name)
+        built = build_step(get_model(model_name), parse_plan(f"{plan_text},global_batch={batch}"), machine, gpus)
+        s = summarize(simulate(built.schedule, machine))
+        compute_s = sum(v for k, v in s.time_by_class_s.items() if k in ("gemm", "attention", "elementwise"))
+        return {"plan": built.plan.describe(), "step_time_s": s.step_time_s, "pflops_total": s.pflops_total,
+                "tflops_per_gpu": s.tflops_per_gpu, "compute_s": compute_s, "gemm_s": s.time_by_class_s.get("gemm", 0.0)}
+
+    return _cached("simulate", {"machine": machine_name, "model": model_name, "gpus": gpus, "plan": plan_text,
+                                "batch": batch}, machine_name, compute)
+
+
+def scaling_points(model_name: str, plan_text: str, batch: int, counts: list[int], mode: str) -> list[dict]:
+    def compute() -> dict:
+        plan = parse_plan(f"{plan_text},global_batch={batch}")
+        return {"points": [asdict(p) for p in scaling(get_model(model_name), plan, load_machine("frontier"), counts, mode)]}
+
+    return _cached("scale", {"model": model_name, "plan": plan_text, "batch": batch, "counts": counts, "mode": mode},
+                   "frontier", compute)["points"]
+
+
+def _short(plan: str) -> str:
+    return plan.split(",recompute")[0]
+
+
+# ---- the sections ---------------------------------------------------------------------------------------------
+
+AXONN_SPACE = SearchSpace(axes=AXONN_AXES)
+# AxoNN Fig. 7's baseline: 1D tensor parallelism inside a node (gx = the node's 8 GCDs) + hybrid sharded data
+# parallelism across nodes (gz shards, gdata replicates)
+FIG7_BASELINE = SearchSpace(axes=("gx", "gz", "gdata"), min_gx=8, max_gx=8)
+# AxoNN Fig. 9 (strong scaling, GPT-80B and GPT-640B on Frontier): time to train 2T tokens.
+STRONG = [("GPT-80B", 128, "over 50 months", 50 * DAYS_PER_MONTH, "lower"),
+          ("GPT-80B", 8192, "25.5 days", 25.5, "value"),
+          ("GPT-640B", 512, "14 years", 14 * 365.25, "value"),
+          ("GPT-640B", 8192, "15 months", 15 * DAYS_PER_MONTH, "value")]
+GPT320B_GPUS = 32768  # [assumption] the paper's GPT-320B run, the largest on Frontier
+
+
+def axonn_rows(jobs: int | None, progress) -> list[Row]:
+    rows: list[Row] = []
+    best: dict[tuple[str, int], dict] = {}
+    for pub in AXONN_TABLE_III:
+        progress(f"AxoNN {pub.machine} {pub.gpus} {pub.model}")
+        b = best[(pub.machine, pub.gpus)] = best_plan(pub.machine, pub.model, pub.gpus, AXONN_BATCH_SEQUENCES,
+                                                      AXONN_SPACE, jobs)
+        rows.append(_value("A", f"{pub.machine} {pub.gpus} GPUs {pub.model}: total PF/s", pub.pflops_total,
+                           b["pflops_total"], "PF/s", _short(b["plan"]), f"best of {b['candidates']} plans"))
+    f512, f8192 = best[("frontier", 512)], best[("frontier", 8192)]
+    rows.append(_value("A+", "Frontier weak-scaling efficiency 512 -> 8192 GCDs", 88.3,
+                       100 * f8192["tflops_per_gpu"] / f512["tflops_per_gpu"], "%", "", "TF/s per GCD, rows above"))
+    p512, p4096 = best[("perlmutter", 512)], best[("perlmutter", 4096)]
+    rows.append(_value("A+", "Perlmutter PF/s growth 512 -> 4096 GPUs", 8.0, p4096["pflops_total"] / p512["pflops_total"],
+                       "x", "", "rows above", shown="~8 x"))
+    for pub in [p for p in AXONN_TABLE_III if p.machine == "frontier"]:
+        b = best[("frontier", pub.gpus)]
+        progress(f"Fig. 7 baseline and tuning, {pub.gpus} {pub.model}")
+        base = best_plan("frontier", pub.model, pub.gpus, AXONN_BATCH_SEQUENCES, FIG7_BASELINE, jobs)
+        rows.append(_range("A+", f"Fig. 7 {pub.model}@{pub.gpus}: 3D TP faster than 1D TP in node + HSDP", 13, 45,
+                           100 * (base["step_time_s"] / b["step_time_s"] - 1), "%",
+                           f"{_short(b['plan'])} vs {_short(base['plan'])}", "both searched"))
+        untuned = simulate_plan("frontier", pub.model, pub.gpus, b["plan"].replace("tune=1", "tune=0"),
+                                AXONN_BATCH_SEQUENCES)
+        rows.append(_range("A+", f"Fig. 7 {pub.model}@{pub.gpus}: GEMM layout tuning gain", 2, 4,
+                           100 * (untuned["step_time_s"] / b["step_time_s"] - 1), "%", _short(b["plan"]), "tune=0 vs 1"))
+    b80 = best[("frontier", 8192)]
+    progress("overlap, GPT-80B 8192")
+    plain = simulate_plan("frontier", "GPT-80B", 8192,
+                          b80["plan"].replace("oar=1", "oar=0").replace("ors=1", "ors=0").replace("oag=1", "oag=0"),
+                          AXONN_BATCH_SEQUENCES)
+    rows.append(_value("A+", "Fig. 7 GPT-80B@8192: collective overlap gain", 22,
+                       100 * (plain["step_time_s"] / b80["step_time_s"] - 1), "%", _short(b80["plan"]),
+                       "overlap off vs on", shown="up to 22 %"))
+    progress(f"GPT-320B on {GPT320B_GPUS} GCDs")
+    b320 = best_plan("frontier", "GPT-320B", GPT320B_GPUS, AXONN_BATCH_SEQUENCES, AXONN_SPACE, jobs)
+    tuned = simulate_plan("frontier", "GPT-320B", GPT320B_GPUS, b320["plan"], AXONN_BATCH_SEQUENCES)
+    untuned = simulate_plan("frontier", "GPT-320B", GPT320B_GPUS, b320["plan"].replace("tune=1", "tune=0"),
+                            AXONN_BATCH_SEQUENCES)
+    how = f"compute time on the critical GCD, {GPT320B_GPUS} GCDs [assumed count]"
+    rows.append(_value("A+", "GPT-320B compute time per batch, tuned GEMMs", 13.19, tuned["compute_s"], "s",
+                       _short(b320["plan"]), how))
+    rows.append(_value("A+", "GPT-320B compute time per batch, untuned TN kernel", 30.1, untuned["compute_s"], "s",
+                       _short(b320["plan"]), how))
+    steps = TRAINING_TOKENS / (AXONN_BATCH_SEQUENCES * 2048)
+    times: dict[str, list[tuple[int, float]]] = {}
+    for model, gpus, text, published_days, kind in STRONG:
+        progress(f"strong scaling {model} {gpus}")
+        b = best_plan("frontier", model, gpus, AXONN_BATCH_SEQUENCES, AXONN_SPACE, jobs)
+        days = steps * b["step_time_s"] / SECONDS_PER_DAY
+        times.setdefault(model, []).append((gpus, days))
+        quantity = f"Fig. 9 {model}@{gpus}: days to train 2T tokens"
+        if kind == "lower":
+            rows.append(_bound("A+", quantity, text, days, days > published_days, "days", _short(b["plan"]),
+                               f"best of {b['candidates']} plans"))
+        else:
+            rows.append(_value("A+", quantity, published_days, days, "days", _short(b["plan"]),
+                               f"best of {b['candidates']} plans", shown=f"{text} (= {published_days:.0f} days)"))
+    for model, pts in times.items():
+        (g0, d0), (g1, d1) = pts[0], pts[-1]
+        eff = 100 * d0 * g0 / (d1 * g1)
+        rows.append(_bound("A+", f"Fig. 9 {model}: strong-scaling efficiency {g0} -> {g1}", "above 90%", eff, eff > 90,
+                           "%", "", "times above"))
+    return rows
+
+
+FRONTIER_ROWS = [("22B", "frontier-22b"), ("175B", "frontier-175b"), ("1T", "frontier-1t")]
+FRONTIER_SCALING = {
+    "175B": ("tp=4,pp=16,zero=1,mbs=1,recompute=full", 640, {"weak": [128, 1024], "strong": [128, 1024]}),
+    # 1,024 sequences do not split over dp = 6 (3,072 GCDs): strong scaling to 4,096 instead
+    "1T": ("tp=4,pp=128,zero=1,mbs=1,recompute=full", 1024, {"weak": [1024, 3072], "strong": [1024, 4096]}),
+}
+
+
+def frontier_rows(progress) -> list[Row]:
+    rows = []
+    for model, preset_name in FRONTIER_ROWS:
+        preset = PRESETS[preset_name]
+        progress(f"Frontier paper {model} on {preset.gpus} GCDs")
+        r = simulate_plan("frontier", model, preset.gpus, preset.plan, preset.global_batch)
+        rows.append(_value("B", f"Frontier paper {model}@{preset.gpus}: TF/s per GCD",
+                           FRONTIER_PAPER_TFLOPS_PER_GCD[model], r["tflops_per_gpu"], "TF/s", _short(r["plan"]),
+                           "authors' script plan"))
+    for model, (plan, batch, counts) in FRONTIER_SCALING.items():
+        for mode in ("weak", "strong"):
+            progress(f"Frontier paper {model} {mode} scaling")
+            points = scaling_points(model, plan, batch, counts[mode], mode)
+            published = 100 * FRONTIER_PAPER_SCALING_EFFICIENCY[model][mode]
+            rows.append(_value("B", f"Frontier paper {model}: {mode}-scaling efficiency {counts[mode][0]} -> "
+                               f"{counts[mode][-1]}", published, 100 * points[-1]["efficiency"], "%", _short(plan),
+                               f"script plan, batch {points[0]['global_batch']}" + (" fixed" if mode == "strong" else
+                                                                                   " per replica kept")))
+    return rows
+
+
+@dataclass(frozen=True)
+class Validation:
+    rows: list[Row]
+    mean_abs_error: float
+    max_abs_error: float
+    ranges_and_bounds_holding: int
+    ranges_and_bounds: int
+    wall_s: float
+
+    def to_json_dict(self) -> dict:
+        return asdict(self)
+
+
+def validate(jobs: int | None = None, progress: Callable[[str], None] | None = None,
+             sections: tuple[str, ...] = ("A", "B")) -> Validation:
+    start = time.perf_counter()
+    say = progress or (lambda _: None)
+    rows: list[Row] = []
+    if "A" in sections:
+        rows += axonn_rows(jobs, say)
+    if "B" in sections:
+        rows += frontier_rows(say)
+    errors = [abs(r.error) for r in rows if r.error is not None]
+    checks = [r.holds for r in rows if r.holds is not None]
+    return Validation(rows, sum(errors) / len(errors) if errors else 0.0, max(errors, default=0.0),
+                      sum(checks), len(checks), time.perf_counter() - start)
+
+
+def markdown_table(v: Validation) -> str:
+    """The README's Accuracy table."""
+    out = ["| § | quantity | published | twin | error | plan (twin's) | how |", "|---|---|---|---|---|---|---|"]
+    for r in v.rows:
+        if r.kind == "value":
+            verdict = f"{100 * r.error:+.0f}%"
+        else:
+            verdict = ("inside" if r.kind == "range" else "holds") if r.holds else \
+                ("outside" if r.kind == "range" else "does not hold")
+        pred = f"{r.predicted:.3g}" if abs(r.predicted) < 1000 else f"{r.predicted:.0f}"
+        out.append(f"| {r.section} | {r.quantity} | {r.published} | {pred} {r.unit} | {verdict} | "
+                   f"{r.plan} | {r.how} |")
+    out.append("")
+    out.append(f"Mean absolute error {100 * v.mean_abs_error:.1f}%, max {100 * v.max_abs_error:.1f}% over "
+               f"{sum(r.error is not None for r in v.rows)} published values; {v.ranges_and_bounds_holding} of "
+               f"{v.ranges_and_bounds} published ranges and bounds hold.")
+    return "\n".join(out)
+
+
+README_START, README_END = "<!-- accuracy:start -->", "<!-- accuracy:end -->"
+
+
+def update_readme(path: str, v: Validation) -> None:
+    """Replace the README's Accuracy table (between the accuracy markers) with this validation's."""
+    with open(path) as f:
+        text = f.read()
+    if README_START not in text or README_END not in text:
+        raise ValueError(f"{path} has no {README_START} ... {README_END} markers")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    body = (f"{README_START}\n<!-- generated by `twin validate --readme README.md`; do not edit by hand -->\n\n"
+            f"{markdown_table(v)}\n{README_END}")
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(head + body + tail)
+    os.replace(tmp, path)
