@@ -8,9 +8,11 @@ with the fabric to itself (other instances and other traffic only share
 those links), with the fastest algorithm NCCL's tuner has for it; a
 collective's rendezvous and a receive's wait for its send only add time.
 So the longest path through one program's ops, with those durations, is a
-lower bound on the step the simulator reports (and so is the compute
-stream's work plus the part of it communication must slow, below): exact on a program with no
-communication, and as tight as the plan's communication is uncontended.
+lower bound on the step the simulator reports: exact on a program with no
+communication, and as tight as the plan's communication is uncontended. Two
+more bounds hold and the largest is taken: the compute stream's work plus
+the part communication must slow (program_bound_s), and the busiest link's
+bytes over its capacity (_busiest_link_s).
 
 `twin search` simulates plans in the order of this bound and stops once the
 next bound exceeds the k-th best simulated step: the plans it never simulates
@@ -36,8 +38,6 @@ from topologies.machine import Machine
 from topologies.placement import place_ranks
 from twin.builders.program import COMPUTE_STREAM
 from twin.ir import P2P, Collective, Program, Schedule
-
-
 from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
 
