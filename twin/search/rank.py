@@ -108,9 +108,7 @@ def search(model: ModelSpec, gpus: int, global_batch: int, machine: Machine, spa
     if use_cache:
         hit = cache.load("search", key)
         if hit is not None:
-            result = SearchResult.from_json_dict(hit)
-            return SearchResult(**{**asdict(result), "ranked": result.ranked, "landscape": result.landscape,
-                                   "cached": True})
+            return replace(SearchResult.from_json_dict(hit), cached=True)
     start = time.perf_counter()
     found = enumerate_space(model, gpus, global_batch, machine.device.hbm_bytes, space)
     if not found.candidates:

@@ -109,8 +109,10 @@ def factorisations(gpus: int, axes: tuple[str, ...]) -> list[dict[str, int]]:
 def _micro_batches(model: ModelSpec, plan: ParallelPlan, space: SearchSpace, usable: float) -> list[tuple[ParallelPlan, float]]:
     """(plan with mbs resolved, memory) for each micro-batch size the space allows that fits."""
     per_rank = plan.sequences_per_rank
-    sizes = [m for m in space.mbs if per_rank % m == 0] if space.mbs else \
-        [d for d in range(per_rank, 0, -1) if per_rank % d == 0 and (plan.pp > 1 and d & (d - 1) == 0 or plan.pp == 1)]
+    if space.mbs:
+        sizes = [m for m in space.mbs if per_rank % m == 0]
+    else:  # largest first; with a pipeline, powers of two only
+        sizes = [d for d in range(per_rank, 0, -1) if per_rank % d == 0 and (plan.pp == 1 or d & (d - 1) == 0)]
     fits = []
     for mbs in sizes:
         trial = with_micro_batch(plan, mbs)
