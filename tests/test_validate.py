@@ -27,7 +27,7 @@ def stubbed(monkeypatch):
     def simulate_plan(machine, model, gpus, plan, batch):
         factor = 1.03 if "tune=0" in plan else 1.2 if "oar=0" in plan else 1.0
         return {"plan": plan, "step_time_s": 10.0 * factor, "pflops_total": 1.0, "tflops_per_gpu": 70.0,
-                "compute_s": 13.0 * factor, "gemm_s": 12.0}
+                "compute_s": 13.0 * factor}
 
     def scaling_points(model, plan, batch, counts, mode):
         return [{"gpus": g, "global_batch": batch, "efficiency": 1.0 if i == 0 else 0.9} for i, g in enumerate(counts)]

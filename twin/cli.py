@@ -35,13 +35,12 @@ def _add_step_arguments(p: argparse.ArgumentParser, required: bool = True) -> No
     p.add_argument("--no-tune", action="store_true", help="switch off GEMM-layout tuning (use the framework's layouts)")
 
 
-def _step_inputs(args: argparse.Namespace):
-    """(model, plan, machine) from the common step arguments."""
+def machine_and_model(args: argparse.Namespace):
+    """(machine, model) from --machine, --model/--model-spec and --seq; --gpus checked positive."""
     from dataclasses import replace
 
     from topologies.machine import load_machine
     from twin.model import get_model, parse_model_spec
-    from twin.plan import parse_plan
 
     machine = load_machine(args.machine)
     model = get_model(args.model) if args.model else parse_model_spec(args.model_spec)
@@ -51,6 +50,16 @@ def _step_inputs(args: argparse.Namespace):
         model = replace(model, seq=args.seq)
     if args.gpus <= 0:
         raise TwinError("--gpus must be a positive number")
+    return machine, model
+
+
+def _step_inputs(args: argparse.Namespace):
+    """(model, plan, machine) from the common step arguments."""
+    from dataclasses import replace
+
+    from twin.plan import parse_plan
+
+    machine, model = machine_and_model(args)
     batch = args.global_batch if args.global_batch is not None else max(1, DEFAULT_BATCH_TOKENS // model.seq)
     if batch <= 0:
         raise TwinError("--global-batch must be a positive number of sequences")

@@ -102,9 +102,10 @@ def landscape_figure(path: str, points: list, title: str) -> None:
     norm = matplotlib.colors.Normalize(vmin=min(mems), vmax=max(mems))
     cmap = matplotlib.colormaps["viridis"]
 
+    from twin.plan import parse_plan
+
     def tp(plan: str) -> int:
-        d = dict(item.split("=") for item in plan.split(","))
-        return int(d["gx"]) * int(d["gy"]) * int(d["gz"])
+        return parse_plan(plan).tensor_parallel_size
 
     if rest:
         ax.scatter([tp(p.plan) for p in rest], [p.bound_s for p in rest], s=18, facecolors="none",

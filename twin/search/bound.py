@@ -50,26 +50,27 @@ class BoundModel:
         self.compute = ComputeModel(machine.device)
         self.collectives = CollectiveModel(Fabric(machine, gpus))
         self.gpu_of = place_ranks(gpus, machine)
-        self._alone: dict[tuple, float] = {}
-        self._instance_cache: dict[tuple, tuple] = {}
+        self._collective: dict[tuple, float] = {}  # per schedule: keyed by axis name
+        self._instance_cache: dict[tuple, tuple] = {}  # per schedule: keyed by axis name
+        self._transfer: dict[tuple, float] = {}  # across plans: keyed by GPUs
         self._lines: dict[tuple, list[tuple[float, float]]] = {}  # across plans: keyed by GPUs, not axis names
         self._node_lines: dict[tuple, dict[int, float]] = {}
         self._rank_of_gpu: dict[int, int] | None = None
 
     def _collective_s(self, schedule: Schedule, axis: str, rank: int, kind: str, nbytes: float) -> float:
         key = (axis, rank, kind, nbytes)
-        if key not in self._alone:
-            self._alone[key] = self._contended_s(self._instances(schedule, axis, rank), kind, nbytes)
-        return self._alone[key]
+        if key not in self._collective:
+            self._collective[key] = self._contended_s(self._instances(schedule, axis, rank), kind, nbytes)
+        return self._collective[key]
 
-    def _instances(self, schedule: Schedule, axis: str, rank: int) -> tuple[tuple[int, ...], tuple, tuple]:
+    def _instances(self, schedule: Schedule, axis: str, rank: int) -> tuple[tuple[int, ...], tuple, tuple, int]:
         """(representative's instance, axis's first instance, instances on the representative's node), as GPUs,
         and the representative's node."""
         key = (axis, rank)
         if key not in self._instance_cache:
             fabric = self.collectives.fabric
             node = fabric.node_of(self.gpu_of[rank])
-            local = {r for r in self._ranks_on_node(node)}
+            local = set(self._ranks_on_node(node))
             mine, touching = None, []
             for members in schedule.group(axis).instances:
                 hit = local.intersection(members)
@@ -124,10 +125,10 @@ class BoundModel:
         return lines
 
     def _transfer_s(self, src: int, dst: int, nbytes: float) -> float:
-        key = (src, dst, "p2p", nbytes)
-        if key not in self._alone:
-            self._alone[key] = self.collectives.time_alone_s(self.collectives.transfer(src, dst), "simple", nbytes)
-        return self._alone[key]
+        key = (src, dst, nbytes)
+        if key not in self._transfer:
+            self._transfer[key] = self.collectives.time_alone_s(self.collectives.transfer(src, dst), "simple", nbytes)
+        return self._transfer[key]
 
     def program_bound_s(self, schedule: Schedule, program: Program) -> float:
         rank = program.ranks[0]
@@ -195,6 +196,5 @@ class BoundModel:
 
     def bound_s(self, schedule: Schedule) -> float:
         """The largest program's bound: no rank, and so no step, can finish sooner."""
-        self._alone = {k: v for k, v in self._alone.items() if k[2] == "p2p"}  # per schedule: keyed by axis
-        self._instance_cache = {}
+        self._collective, self._instance_cache = {}, {}
         return max(self.program_bound_s(schedule, p) for p in schedule.programs)

@@ -37,6 +37,15 @@ def code_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
+def machine_text(machine) -> str:
+    """The machine file's text: part of every key, so an edited file is a different machine."""
+    try:
+        with open(machine.path) as f:
+            return f.read()
+    except OSError:
+        return machine.path
+
+
 def cache_key(kind: str, inputs: dict, machine_text: str) -> str:
     doc = json.dumps({"kind": kind, "inputs": inputs, "machine": machine_text, "code": code_fingerprint()},
                      sort_keys=True, default=str)

@@ -46,23 +46,13 @@ class ProgressBar:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from topologies.machine import load_machine
+    from twin.cli import machine_and_model
     from twin.figures import landscape_figure
-    from twin.model import get_model, parse_model_spec
     from twin.search.batch import sequences_for_tokens
     from twin.search.rank import search
     from twin.search.space import AXES, SearchSpace
 
-    machine = load_machine(args.machine)
-    model = get_model(args.model) if args.model else parse_model_spec(args.model_spec)
-    if args.seq is not None:
-        if args.seq <= 0:
-            raise TwinError("--seq must be a positive number of tokens")
-        model = replace(model, seq=args.seq)
-    if args.gpus <= 0:
-        raise TwinError("--gpus must be a positive number")
+    machine, model = machine_and_model(args)
     if args.global_batch is not None and args.batch_tokens is not None:
         raise TwinError("give one of --global-batch (sequences) and --batch-tokens (tokens)")
     if args.global_batch is not None:
@@ -179,12 +169,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def _validation_figures(v, folder: str) -> list[str]:
     from twin.figures import weak_scaling_validation_figure
     from twin.published import AXONN_TABLE_III
+    from twin.validate import table_iii_quantity
 
     out = []
     predicted = {r.quantity: r.predicted for r in v.rows}
     for machine in ("frontier", "perlmutter"):
         rows = [p for p in AXONN_TABLE_III if p.machine == machine]
-        keys = [f"{p.machine} {p.gpus} GPUs {p.model}: total PF/s" for p in rows]
+        keys = [table_iii_quantity(p) for p in rows]
         if not all(k in predicted for k in keys):
             continue
         path = os.path.join(folder, f"validate-weak-scaling-{machine}.png")

@@ -104,7 +104,7 @@ def search(model: ModelSpec, gpus: int, global_batch: int, machine: Machine, spa
         raise TwinError(f"--gpus {gpus} exceeds {machine.name}'s {machine.max_gpus} GPUs; use at most that many")
     inputs = {"model": asdict(model), "gpus": gpus, "global_batch": global_batch, "space": asdict(space),
               "top": top, "exhaustive": exhaustive}
-    key = cache.cache_key("search", inputs, _machine_text(machine))
+    key = cache.cache_key("search", inputs, cache.machine_text(machine))
     if use_cache:
         hit = cache.load("search", key)
         if hit is not None:
@@ -261,11 +261,3 @@ class _Workers:
                 if progress:
                     progress("simulating", len(results), len(plans))
         return results
-
-
-def _machine_text(machine: Machine) -> str:
-    try:
-        with open(machine.path) as f:
-            return f.read()
-    except OSError:
-        return machine.path
