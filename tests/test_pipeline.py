@@ -191,10 +191,9 @@ def test_memory_per_stage_for_175b_by_hand():
     model = get_model("175B")
     plan = parse_plan("tp=4,pp=16,dp=2,zero=1,mbs=1,ga=320,recompute=full,global_batch=640")
     validate_plan(plan, model, 128)
-    h, V, s, layers = 12288, 50304, 2048, 96
-    per_layer = 4 * h * h + 4 * h + 2 * h * 4 * h + 4 * h + h + 4 * h + 4 * h  # qkv, out, up, down (+ biases) ...
-    per_layer = model.params_per_layer  # ... as the model counts it (12 h^2 + 13 h); checked just below
-    assert per_layer == 12 * h * h + 13 * h
+    h, V, s = 12288, 50304, 2048
+    per_layer = model.params_per_layer  # qkv, out, up, down, two layer norms, with biases: 12 h^2 + 13 h
+    assert model.layers == 96 and per_layer == 12 * h * h + 13 * h
     stage0 = stage_memory(model, plan, 0)
     params0 = 6 * per_layer + V * h + s * h  # 6 layers + token and position embeddings
     assert stage0.model_state == pytest.approx((2 + 2 + 12 / 2) * params0 / 4)

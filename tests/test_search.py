@@ -149,17 +149,15 @@ def test_bad_searches_exit_2_with_one_line(capsys, extra, mentions):
     assert_user_error(rc, out, err, *mentions)
 
 
-def test_micro_batch_extrapolation_matches_the_full_step():
-    """A step of many micro-batches, from its 2- and 3-micro-batch steps, against simulating all of them."""
+def test_continued_bound_stays_below_the_continued_step():
+    """Bounds of many-micro-batch plans (pipelined or not) are continued from two short ones, like the steps."""
+    from twin.micro_batches import evaluation_points
     from twin.search import rank
 
     machine = load_machine("frontier")
     model = parse_model_spec(SEARCH_SPEC)
-    for text in ("gx=2,gz=2,gdata=4,mbs=1", "gx=4,gy=2,gdata=2,mbs=2", "gz=16,mbs=1"):
+    for text in ("gx=2,gz=2,gdata=4,mbs=1", "gz=16,mbs=1", "gx=2,gdata=2,pp=4,mbs=1"):
         plan = build_step(model, parse_plan(f"{text},global_batch=256"), machine, 16).plan
-        assert plan.ga > rank.GA_EXACT
+        assert evaluation_points(plan) is not None, text
         rank._init_worker(model, machine, 16)
-        predicted = rank._simulate_plan(plan).step_time_s
-        full = simulate(build_step(model, plan, machine, 16).schedule, machine).step_time_s
-        assert predicted == pytest.approx(full, rel=1e-3), text
-        assert rank._bound_of(plan) <= predicted * (1 + 1e-9)
+        assert rank._bound_of(plan) <= rank._simulate_plan(plan).step_time_s * (1 + 1e-9), text

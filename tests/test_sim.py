@@ -203,7 +203,6 @@ SYMMETRY_CASES = [
     ("perlmutter", 32, "gx=4,gy=1,gz=4,gdata=2"),
     ("perlmutter", 64, "gx=4,gy=2,gz=2,gdata=4"),
     ("frontier", 32, "gx=8,gy=1,gz=2,gdata=2"),
-    ("frontier", 32, "gx=2,gy=4,gz=2,gdata=2"),
     ("frontier", 32, "gx=1,gy=8,gz=2,gdata=2"),
     ("frontier", 16, "gx=2,gy=1,gz=4,gdata=2"),
 ]
@@ -217,6 +216,9 @@ ASYMMETRIC_CASES = [
     ("frontier", 32, "gx=4,gy=2,gz=2,gdata=2"),
     ("frontier", 32, "gx=4,gy=1,gz=4,gdata=2"),
     ("frontier", 32, "gx=1,gy=4,gz=4,gdata=2"),
+    # Z pairs (r, r+8) leave each node through the NIC of an odd GCD, reached from even GCDs over
+    # the in-package link: with the NIC at RCCL's measured reach the pairs' paths differ slightly.
+    ("frontier", 32, "gx=2,gy=4,gz=2,gdata=2"),
 ]
 
 

@@ -460,7 +460,7 @@ def test_adaptive_routing_uses_the_group_pools(frontier):
     assert [fab.link_name[i] for i in pools] == ["g0:global-out", "g1:global-in"]
     assert "global" not in [kinds[i] for i in route]
     net = frontier.network
-    per_link = net.link_bw_bytes_per_s * frontier.node.link_efficiency["nic"]
+    per_link = net.link_bw_bytes_per_s * frontier.node.network_link_efficiency
     expected = net.global_links_per_group_pair * (net.n_groups - 1) * per_link / 2
     assert fab.capacity_bytes_per_s[pools[0]] == pytest.approx(expected)
     assert "global_pool" not in [kinds[i] for i in fab.route(0, 100 * 8)]  # same group

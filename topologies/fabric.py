@@ -28,8 +28,10 @@ cabled to) and ``path(src_node, dst_node, nic)`` (link ids between the two
 nodes' switches for that NIC).
 
 Capacities are peak per direction times the achieved/peak efficiency of the
-link's kind (``node.link_efficiency``; switch-to-switch links use the "nic"
-efficiency, the same link layer). Latencies: an injection link carries the
+link's kind (``node.link_efficiency``; switch-to-switch links use its
+"network" entry, or the "nic" one where a machine gives none: a collective
+library can reach less of the NIC's line rate than the wire between switches
+carries, as RCCL does on Frontier). Latencies: an injection link carries the
 NIC's end-to-end latency, every link leaving a network switch one switch
 hop; on-node links, the node switch's included, carry none (the collective
 model's per-hop latencies cover them). Summing ``latency_s`` over a route
@@ -129,7 +131,8 @@ class Fabric:
         self._nic_gpu = [nic.attach_gpu for nic in node.nics]
 
         # The network's links, after the node blocks.
-        self._net = NETWORK_KINDS[net.kind].Links(net, len(node.nics), n_nodes, n_nodes * block, eff["nic"])
+        self._net = NETWORK_KINDS[net.kind].Links(net, len(node.nics), n_nodes, n_nodes * block,
+                                                 node.network_link_efficiency)
         self.capacity_bytes_per_s = np.concatenate(
             [np.tile(np.asarray(cap, dtype=float), n_nodes), self._net.capacity_bytes_per_s])
         self.latency_s = np.concatenate([np.tile(np.asarray(lat, dtype=float), n_nodes), self._net.latency_s])

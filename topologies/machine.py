@@ -115,7 +115,12 @@ class NodeSpec:
     gpus_per_node: int
     links: tuple[NodeLink, ...]
     nics: tuple[NicSpec, ...]  # sorted by index, indices 0..n-1
-    link_efficiency: dict[str, float]  # link kinds + "nic" + "attach"; network links use "nic"
+    link_efficiency: dict[str, float]  # link kinds + "nic" + "attach" (+ optional "network")
+
+    @property
+    def network_link_efficiency(self) -> float:
+        """Switch-to-switch links: the "network" entry where given, else the NIC's."""
+        return self.link_efficiency.get("network", self.link_efficiency["nic"])
     switch: NodeSwitch | None = None
 
 

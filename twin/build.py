@@ -26,10 +26,16 @@ class BuiltStep:
     memory: MemoryBreakdown
 
 
-def build_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> BuiltStep:
+def resolve_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int
+                 ) -> tuple[ParallelPlan, MemoryBreakdown]:
+    """The checked plan with mbs and ga resolved, and its memory per GPU; no schedule built."""
     if gpus > machine.max_gpus:
         raise TwinError(f"--gpus {gpus} exceeds {machine.name}'s {machine.max_gpus} GPUs; use at most that many")
     validate_plan(plan, model, gpus)
     resolved = resolve_micro_batch(model, plan, machine.device.hbm_bytes)
-    memory = check_fit(model, resolved, machine.device.hbm_bytes)
+    return resolved, check_fit(model, resolved, machine.device.hbm_bytes)
+
+
+def build_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> BuiltStep:
+    resolved, memory = resolve_step(model, plan, machine, gpus)
     return BuiltStep(build_axonn(model, resolved), resolved, memory)

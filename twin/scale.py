@@ -14,12 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from topologies.machine import Machine
-from twin.build import build_step
 from twin.errors import TwinError
+from twin.micro_batches import simulate_step
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
-from twin.report import summarize
-from twin.sim.engine import simulate
 
 MODES = ("weak", "strong")
 
@@ -55,15 +53,14 @@ def scaling(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpu_counts: 
             raise TwinError(f"weak scaling to {n} GPUs needs a batch of {plan.global_batch} x {dp}/{base_dp} sequences; "
                             "choose counts that are multiples of the first")
         trial = replace(plan, gdata=dp, global_batch=batch, ga=0 if plan.mbs else plan.ga)
-        built = build_step(model, trial, machine, n)
-        s = summarize(simulate(built.schedule, machine))
+        s = simulate_step(model, trial, machine, n)
         if points:
             first = points[0]
             eff = (s.tflops_per_gpu / first.tflops_per_gpu if mode == "weak"
                    else first.step_time_s * first.gpus / (s.step_time_s * n))
         else:
             eff = 1.0
-        points.append(ScalePoint(n, built.plan.describe(), batch, s.step_time_s, s.tflops_per_gpu, s.pflops_total, eff))
+        points.append(ScalePoint(n, s.plan, batch, s.step_time_s, s.tflops_per_gpu, s.pflops_total, eff))
         if progress is not None:
             progress(points[-1])
     return points

@@ -26,18 +26,16 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from topologies.machine import load_machine
-from twin.build import build_step
+from twin.micro_batches import simulate_step
 from twin.model import get_model
 from twin.plan import parse_plan
 from twin.presets import PRESETS
 from twin.published import (AXONN_BATCH_SEQUENCES, AXONN_TABLE_III, FRONTIER_PAPER_SCALING_EFFICIENCY,
                             FRONTIER_PAPER_TFLOPS_PER_GCD)
-from twin.report import summarize
 from twin.scale import scaling
 from twin.search import cache
 from twin.search.rank import search
 from twin.search.space import AXONN_AXES, SearchSpace
-from twin.sim.engine import simulate
 
 TRAINING_TOKENS = 2e12  # AxoNN Fig. 9: time to train on 2T tokens
 SECONDS_PER_DAY = 86400.0
@@ -97,10 +95,9 @@ def best_plan(machine_name: str, model_name: str, gpus: int, batch: int, space: 
 def simulate_plan(machine_name: str, model_name: str, gpus: int, plan_text: str, batch: int) -> dict:
     def compute() -> dict:
         machine = load_machine(machine_name)
-        built = build_step(get_model(model_name), parse_plan(f"{plan_text},global_batch={batch}"), machine, gpus)
-        s = summarize(simulate(built.schedule, machine))
+        s = simulate_step(get_model(model_name), parse_plan(f"{plan_text},global_batch={batch}"), machine, gpus)
         compute_s = sum(v for k, v in s.time_by_class_s.items() if k in ("gemm", "attention", "elementwise"))
-        return {"plan": built.plan.describe(), "step_time_s": s.step_time_s, "pflops_total": s.pflops_total,
+        return {"plan": s.plan, "step_time_s": s.step_time_s, "pflops_total": s.pflops_total,
                 "tflops_per_gpu": s.tflops_per_gpu, "compute_s": compute_s}
 
     return _cached("simulate", {"machine": machine_name, "model": model_name, "gpus": gpus, "plan": plan_text,

@@ -2,9 +2,12 @@
 
 1. twin.search.space lists every valid plan that fits in memory;
 2. twin.search.bound gives each a lower bound on its simulated step (ms each);
-   a plan with many micro-batches (gradient accumulation, no pipeline) is
-   bounded and simulated at 2 and 3 micro-batches and continued linearly
-   (_extrapolated), which keeps a 128-GPU search of a 16.8M-token batch fast;
+   a plan with many micro-batches is bounded and simulated at two short
+   micro-batch counts and continued linearly (twin.micro_batches), which
+   keeps a 128-GPU search of a 16.8M-token batch fast (a bound that is a
+   maximum of terms linear in the micro-batch count stays a lower bound when
+   continued: the secant of a convex function extended past its points lies
+   below it);
 3. plans are simulated in order of their bound; once the next bound exceeds
    the k-th best simulated step, no plan left can enter the top k, and the
    search stops (branch and bound). With `exhaustive` every plan is simulated.
@@ -27,13 +30,12 @@ from typing import Callable
 from topologies.machine import Machine
 from twin.build import build_step
 from twin.errors import TwinError
+from twin.micro_batches import continued, simulate_step
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
-from twin.report import summarize
 from twin.search import cache
 from twin.search.bound import BoundModel
 from twin.search.space import SearchSpace, enumerate_space, explain_empty
-from twin.sim.engine import simulate
 
 STOP_SLACK = 1e-9  # bounds and steps are sums in different orders: equal within rounding
 
@@ -148,45 +150,19 @@ def _init_worker(model: ModelSpec, machine: Machine, gpus: int) -> None:
     _WORKER.update(model=model, machine=machine, gpus=gpus, bounds=BoundModel(machine, gpus))
 
 
-GA_EXACT = 4  # plans with more micro-batches (and no pipeline) are evaluated at 2 and 3 and extrapolated
-
-
-def _few_micro_batches(plan: ParallelPlan, ga: int) -> ParallelPlan:
-    """The plan with `ga` micro-batches of the same size: the batch shrinks, every per-micro-batch op stays."""
-    return replace(plan, ga=ga, global_batch=plan.mbs * ga * plan.gdata * plan.gz)
-
-
-def _extrapolated(plan: ParallelPlan, evaluate: Callable[[ParallelPlan], tuple[float, ...]]) -> tuple[float, ...]:
-    """`evaluate` at the plan's micro-batch count, or, past GA_EXACT without a pipeline, at 2 and 3 and continued
-    linearly: every micro-batch after the first repeats the same ops (its forward, backward and tensor-parallel
-    collectives), so a step grows by the same time per micro-batch (tests/test_search.py checks it against the
-    full step)."""
-    if plan.ga <= GA_EXACT or plan.pp > 1:
-        return evaluate(plan)
-    two, three = evaluate(_few_micro_batches(plan, 2)), evaluate(_few_micro_batches(plan, 3))
-    return tuple(b + (plan.ga - 3) * (b - a) for a, b in zip(two, three))
-
-
 def _bound_of(plan: ParallelPlan) -> float:
     w = _WORKER
 
     def bound(p: ParallelPlan) -> tuple[float]:
         return (w["bounds"].bound_s(build_step(w["model"], p, w["machine"], w["gpus"]).schedule),)
 
-    return _extrapolated(plan, bound)[0]
+    return continued(plan, bound)[0]
 
 
 def _simulate_plan(plan: ParallelPlan) -> _Simulated:
     w = _WORKER
-
-    def step(p: ParallelPlan) -> tuple[float, float]:
-        built = build_step(w["model"], p, w["machine"], w["gpus"])
-        s = summarize(simulate(built.schedule, w["machine"], collectives=w["bounds"].collectives))
-        return s.step_time_s, s.exposed_comm_s
-
-    step_s, exposed_s = _extrapolated(plan, step)
-    flops = w["model"].flops_per_step(plan.global_batch, "hardware")
-    return _Simulated(plan.describe(), step_s, flops / step_s / 1e15, flops / step_s / w["gpus"] / 1e12, exposed_s)
+    s = simulate_step(w["model"], plan, w["machine"], w["gpus"], collectives=w["bounds"].collectives)
+    return _Simulated(plan.describe(), s.step_time_s, s.pflops_total, s.tflops_per_gpu, s.exposed_comm_s)
 
 
 class _Workers:

@@ -1,0 +1,50 @@
+"""A step of many micro-batches, continued from two short steps, against simulating all of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from topologies import load_machine
+from twin.build import build_step
+from twin.micro_batches import evaluation_points, shortened, simulate_step
+from twin.model import parse_model_spec
+from twin.plan import parse_plan
+from twin.report import summarize
+from twin.sim.engine import simulate
+
+SPEC = "layers=8,hidden=1024,heads=16,seq=512,vocab=4096"
+
+CASES = [
+    ("frontier", 16, "gx=2,gz=2,gdata=4,mbs=1,global_batch=256"),
+    ("frontier", 16, "gx=4,gy=2,gdata=2,mbs=2,global_batch=256"),
+    ("frontier", 16, "gz=16,mbs=1,global_batch=256"),
+    ("frontier", 16, "gx=2,gdata=2,pp=4,mbs=1,global_batch=64"),
+    ("frontier", 32, "gx=2,gdata=2,pp=8,zero=1,mbs=1,global_batch=64"),
+    ("perlmutter", 16, "gx=2,gdata=2,pp=4,mbs=2,global_batch=128"),
+]
+
+
+@pytest.mark.parametrize("machine_name, gpus, plan_text", CASES)
+def test_continued_step_matches_the_full_simulation(machine_name, gpus, plan_text):
+    machine, model = load_machine(machine_name), parse_model_spec(SPEC)
+    built = build_step(model, parse_plan(plan_text), machine, gpus)
+    assert evaluation_points(built.plan) is not None  # the cases do take the shortcut
+    full = summarize(simulate(built.schedule, machine))
+    fast = simulate_step(model, built.plan, machine, gpus)
+    assert fast.step_time_s == pytest.approx(full.step_time_s, rel=1e-6)
+    assert fast.exposed_comm_s == pytest.approx(full.exposed_comm_s, rel=1e-6, abs=1e-9)
+    assert fast.tflops_per_gpu == pytest.approx(full.tflops_per_gpu, rel=1e-6)
+    assert fast.pct_peak_empirical == pytest.approx(full.pct_peak_empirical, rel=1e-6)
+    assert fast.memory_per_gpu_gb == pytest.approx(full.memory_per_gpu_gb)
+    assert (fast.plan, fast.global_batch) == (full.plan, full.global_batch)
+    for name, seconds in full.time_by_class_s.items():
+        assert fast.time_by_class_s[name] == pytest.approx(seconds, rel=1e-6, abs=1e-9), name
+
+
+def test_evaluation_points():
+    plan = parse_plan("gx=2,gdata=2,pp=4,mbs=1,ga=16,global_batch=32")
+    assert evaluation_points(plan) == (5, 6)
+    assert evaluation_points(shortened(plan, 7)) is None  # too few to save any
+    assert evaluation_points(parse_plan("gx=2,gdata=8,mbs=1,ga=5,global_batch=40")) == (2, 3)
+    assert evaluation_points(parse_plan("gx=2,gdata=2,pp=4,vpp=2,mbs=1,ga=16,global_batch=32")) is None
+    assert shortened(plan, 5).global_batch == 1 * 5 * 2

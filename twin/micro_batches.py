@@ -1,0 +1,97 @@
+"""A step of many micro-batches, simulated from two short steps and continued linearly.
+
+Past a warm-up, every further micro-batch repeats the same ops on every rank,
+so the simulated step grows by the same time per micro-batch:
+
+- without a pipeline, every micro-batch after the first is a forward and a
+  backward with their tensor-parallel collectives; the first carries the
+  prefetch start and the last the gradient reduction. Steps of 2 and 3
+  micro-batches give the slope.
+- with a 1F1B pipeline (vpp = 1), stage s runs pp - s - 1 warm-up forwards
+  once there are at least pp micro-batches; each further one adds one
+  forward-backward pair to every stage's steady state. Steps of pp + 1 and
+  pp + 2 micro-batches give the slope.
+
+Interleaved schedules need the micro-batch count to be a multiple of pp and
+are simulated in full. tests/test_micro_batches.py checks the continuation
+against the full simulation, with and without a pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+from topologies.machine import Machine
+from twin.build import build_step, resolve_step
+from twin.model import ModelSpec
+from twin.plan import ParallelPlan
+from twin.report import Summary, summarize
+from twin.sim.collectives import CollectiveModel
+from twin.sim.engine import simulate
+
+SLACK = 2  # simulate in full unless it saves more than this many micro-batches
+
+
+def evaluation_points(plan: ParallelPlan) -> tuple[int, int] | None:
+    """The two micro-batch counts to simulate for `plan` (mbs and ga resolved), or None for all of them."""
+    if plan.vpp > 1:
+        return None
+    first = 2 if plan.pp == 1 else plan.pp + 1
+    if plan.ga <= first + SLACK:
+        return None
+    return first, first + 1
+
+
+def shortened(plan: ParallelPlan, ga: int) -> ParallelPlan:
+    """The plan with `ga` micro-batches of the same size: the batch shrinks, every per-micro-batch op stays."""
+    return replace(plan, ga=ga, global_batch=plan.mbs * ga * plan.gdata * plan.gz)
+
+
+def continued(plan: ParallelPlan, evaluate: Callable[[ParallelPlan], tuple[float, ...]]) -> tuple[float, ...]:
+    """`evaluate` (values linear in the micro-batch count) for `plan`, from two short plans where that is cheaper."""
+    points = evaluation_points(plan)
+    if points is None:
+        return evaluate(plan)
+    a, b = points
+    at_a, at_b = evaluate(shortened(plan, a)), evaluate(shortened(plan, b))
+    return tuple(y + (plan.ga - b) * (y - x) for x, y in zip(at_a, at_b))
+
+
+def simulate_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
+                  collectives: CollectiveModel | None = None, flops_formula: str = "hardware") -> Summary:
+    """The Summary of `plan`'s step, simulated from two short steps when it has many micro-batches.
+
+    Times (step, exposed communication, busy time per op class) are continued
+    linearly; throughput is the full batch's FLOPs over the continued step;
+    plan, batch and memory are the full plan's.
+    """
+    resolved, memory = resolve_step(model, plan, machine, gpus)
+    points = evaluation_points(resolved)
+    if points is None:
+        return summarize(simulate(build_step(model, resolved, machine, gpus).schedule, machine,
+                                  collectives=collectives), flops_formula)
+    a, b = (summarize(simulate(build_step(model, shortened(resolved, ga), machine, gpus).schedule, machine,
+                               collectives=collectives), flops_formula) for ga in points)
+    extra = resolved.ga - points[1]
+
+    def line(x: float, y: float) -> float:
+        return y + extra * (y - x)
+
+    step_s = line(a.step_time_s, b.step_time_s)
+    per_gpu = model.flops_per_step(resolved.global_batch, flops_formula) / step_s / gpus
+    scale = per_gpu / (b.tflops_per_gpu * 1e12)
+    return replace(
+        b,
+        plan=resolved.describe(),
+        global_batch=resolved.global_batch,
+        step_time_s=step_s,
+        pflops_total=per_gpu * gpus / 1e15,
+        tflops_per_gpu=per_gpu / 1e12,
+        pct_peak_advertised=b.pct_peak_advertised * scale,
+        pct_peak_empirical=b.pct_peak_empirical * scale,
+        exposed_comm_s=line(a.exposed_comm_s, b.exposed_comm_s),
+        memory_per_gpu_gb=memory.total / 1e9,
+        time_by_class_s={k: line(a.time_by_class_s.get(k, 0.0), v) for k, v in b.time_by_class_s.items()},
+        sim_wall_s=a.sim_wall_s + b.sim_wall_s,
+    )
