@@ -161,3 +161,25 @@ def test_continued_bound_stays_below_the_continued_step():
         assert evaluation_points(plan) is not None, text
         rank._init_worker(model, machine, 16)
         assert rank._bound_of(plan) <= rank._simulate_plan(plan).step_time_s * (1 + 1e-9), text
+
+@pytest.mark.parametrize("text", ["gx=2,gz=2,gdata=4,mbs=1", "gx=4,gy=2,gdata=2,mbs=2", "gz=16,mbs=1",
+                                  "gx=2,gdata=2,pp=4,mbs=1", "gy=2,gz=2,gdata=2,pp=2,mbs=2"])
+def test_layer_continued_bound_terms_equal_the_full_models(text):
+    """The bound's terms from 2- and 3-layer-per-stage models, continued, against bounding every layer."""
+    from dataclasses import replace as dc_replace
+
+    from twin.search import rank
+
+    machine = load_machine("frontier")
+    model = dc_replace(parse_model_spec(SEARCH_SPEC), layers=24)
+    plan = build_step(model, parse_plan(f"{text},global_batch=64"), machine, 16).plan
+    assert model.layers > 4 * plan.pp  # the continuation is taken
+    rank._init_worker(model, machine, 16)
+    bounds = rank._WORKER["bounds"]
+
+    def terms(m):
+        return bounds.terms_s(build_step(m, plan, machine, 16).schedule)
+
+    continued = rank._layer_continued(model, plan, terms)
+    full = terms(model)
+    assert continued == pytest.approx(full, rel=1e-9, abs=1e-12)

@@ -23,6 +23,7 @@ Example: gx=2, gy=2, gz=1, gdata=2 (8 ranks)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import prod
 
 import numpy as np
@@ -87,6 +88,16 @@ class Mesh:
         rows = grid.transpose(others + members).reshape(-1, group_size)
         rows = rows[np.argsort(rows[:, 0], kind="stable")]
         return [tuple(row) for row in rows.tolist()]
+
+    def group_instances(self, axis: str) -> tuple[tuple[int, ...], ...]:
+        """`groups(axis)` as a tuple, memoised per mesh: a search builds the same mesh for many plans
+        (micro-batch counts, layer counts), and at tens of thousands of ranks listing the groups costs ms."""
+        return _group_instances(self, axis)
+
+
+@lru_cache(maxsize=256)
+def _group_instances(mesh: Mesh, axis: str) -> tuple[tuple[int, ...], ...]:
+    return tuple(mesh.groups(axis))
 
 
 def axonn_mesh(gx: int, gy: int, gz: int, gdata: int, pp: int = 1) -> Mesh:

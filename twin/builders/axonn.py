@@ -378,9 +378,9 @@ def build_axonn(model: ModelSpec, plan: ParallelPlan) -> Schedule:
     groups = []
     for axis in used:
         if axis == "tied":
-            instances = tuple((g[0], g[-1]) for g in mesh.groups("pp"))
+            instances = tuple((g[0], g[-1]) for g in mesh.group_instances("pp"))
         else:
-            instances = tuple(mesh.groups(axis))
+            instances = mesh.group_instances(axis)
         groups.append(GroupAxis(axis, instances))
     info = StepInfo(
         model=model.name,

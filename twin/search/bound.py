@@ -33,6 +33,8 @@ whole symmetric family), so it holds whichever the symmetry reduction uses.
 
 from __future__ import annotations
 
+import numpy as np
+
 from topologies.fabric import Fabric
 from topologies.machine import Machine
 from topologies.placement import place_ranks
@@ -54,7 +56,7 @@ class BoundModel:
         self._instance_cache: dict[tuple, tuple] = {}  # per schedule: keyed by axis name
         self._transfer: dict[tuple, float] = {}  # across plans: keyed by GPUs
         self._lines: dict[tuple, list[tuple[float, float]]] = {}  # across plans: keyed by GPUs, not axis names
-        self._node_lines: dict[tuple, dict[int, float]] = {}
+        self._node_lines: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._rank_of_gpu: dict[int, int] | None = None
 
     def _collective_s(self, schedule: Schedule, axis: str, rank: int, kind: str, nbytes: float) -> float:
@@ -131,6 +133,12 @@ class BoundModel:
         return self._transfer[key]
 
     def program_bound_s(self, schedule: Schedule, program: Program) -> float:
+        return max(self.program_terms_s(schedule, program))
+
+    def program_terms_s(self, schedule: Schedule, program: Program) -> tuple[float, float, float]:
+        """The three bounds of one program: its longest path, its compute slowed by its communication, and its
+        busiest link. Each is a sum over the program's ops, so it grows linearly with repeated layers and
+        micro-batches (twin.search.rank continues each one separately before taking the largest)."""
         rank = program.ranks[0]
         end = [0.0] * len(program.ops)
         busy: dict[str, float] = {}  # per stream: the sum of its ops' durations
@@ -162,7 +170,7 @@ class BoundModel:
         # x of the compute under communication takes (W - x) + x / r and leaves U + (W - x) of the step
         # outside it (r = 1 - slowdown); the larger of the two is smallest at x = r U: W + (1 - r) U.
         slowed = compute + self.machine.device.comm_compute_slowdown * comm
-        return max(max(end, default=0.0), slowed, self._busiest_link_s(schedule, rank, traffic))
+        return max(end, default=0.0), slowed, self._busiest_link_s(schedule, rank, traffic)
 
     def _busiest_link_s(self, schedule: Schedule, rank: int, traffic: dict[tuple, int]) -> float:
         """The busiest link: every byte the step's collectives (their instances on the representative's node) put
@@ -172,16 +180,22 @@ class BoundModel:
         with the simulator's own choice of algorithm and protocol per collective,
         no schedule moves the step's bytes through a link faster than its capacity.
         """
-        seconds: dict[int, float] = {}
+        weights: dict[tuple, float] = {}  # per node-lines key: bytes moved with that lowering
         for (axis, kind, nbytes), count in traffic.items():
             mine, first, touching, node = self._instances(schedule, axis, rank)
             lowering, protocol = self.collectives.choose(first, kind, nbytes)
-            per_byte = self._node_seconds_per_byte(touching, node, kind, lowering.algorithm, protocol)
-            for link, x in per_byte.items():
-                seconds[link] = seconds.get(link, 0.0) + x * nbytes * count
-        return max(seconds.values(), default=0.0)
+            key = (touching, node, kind, lowering.algorithm, protocol)
+            weights[key] = weights.get(key, 0.0) + nbytes * count
+        if not weights:
+            return 0.0
+        lines = [self._node_seconds_per_byte(*key) for key in weights]
+        links = np.concatenate([line[0] for line in lines])
+        seconds = np.concatenate([line[1] * w for line, w in zip(lines, weights.values())])
+        return float(np.bincount(links, weights=seconds).max()) if len(links) else 0.0
 
-    def _node_seconds_per_byte(self, touching, node: int, kind: str, algorithm: str, protocol: str) -> dict[int, float]:
+    def _node_seconds_per_byte(self, touching, node: int, kind: str, algorithm: str, protocol: str
+                               ) -> tuple[np.ndarray, np.ndarray]:
+        """(link ids, seconds per byte on each) of the instances on the node, all phases together."""
         key = (touching, node, kind, algorithm, protocol)
         if key not in self._node_lines:
             model, fabric = self.collectives, self.collectives.fabric
@@ -191,10 +205,15 @@ class BoundModel:
                 for phase in model.lowering(gpus, kind, algorithm).phases:
                     for link, load in phase.items():
                         out[link] = out.get(link, 0.0) + load / (capacity[link] * fraction)
-            self._node_lines[key] = out
+            self._node_lines[key] = (np.fromiter(out.keys(), dtype=np.int64, count=len(out)),
+                                     np.fromiter(out.values(), dtype=float, count=len(out)))
         return self._node_lines[key]
 
     def bound_s(self, schedule: Schedule) -> float:
         """The largest program's bound: no rank, and so no step, can finish sooner."""
+        return max(self.terms_s(schedule))
+
+    def terms_s(self, schedule: Schedule) -> tuple[float, ...]:
+        """Every program's three bounds, one after the other; the bound is their largest."""
         self._collective, self._instance_cache = {}, {}
-        return max(self.program_bound_s(schedule, p) for p in schedule.programs)
+        return tuple(t for p in schedule.programs for t in self.program_terms_s(schedule, p))

@@ -4,10 +4,10 @@
 2. twin.search.bound gives each a lower bound on its simulated step (ms each);
    a plan with many micro-batches is bounded and simulated at two short
    micro-batch counts and continued linearly (twin.micro_batches), which
-   keeps a 128-GPU search of a 16.8M-token batch fast (a bound that is a
-   maximum of terms linear in the micro-batch count stays a lower bound when
-   continued: the secant of a convex function extended past its points lies
-   below it);
+   keeps a 128-GPU search of a 16.8M-token batch fast; the bound's terms,
+   each linear in micro-batches and in layers, are also computed on models
+   of 2 and 3 layers per stage and continued (_layer_continued), before the
+   largest is taken;
 3. plans are simulated in order of their bound; once the next bound exceeds
    the k-th best simulated step, no plan left can enter the top k, and the
    search stops (branch and bound). With `exhaustive` every plan is simulated.
@@ -150,13 +150,39 @@ def _init_worker(model: ModelSpec, machine: Machine, gpus: int) -> None:
     _WORKER.update(model=model, machine=machine, gpus=gpus, bounds=BoundModel(machine, gpus))
 
 
-def _bound_of(plan: ParallelPlan) -> float:
+def _layer_continued(model: ModelSpec, plan: ParallelPlan,
+                     terms: Callable[[ModelSpec], tuple[float, ...]]) -> tuple[float, ...]:
+    """`terms` of the full model, from models of 2 and 3 layers per pipeline stage continued linearly.
+
+    Each bound term is a sum over a program's ops (the longest path, compute
+    and communication time, a link's bytes), and every further layer adds the
+    same ops, so the terms grow by the same amount per layer: exactly, to
+    rounding (tests/test_search.py checks it). Building and bounding 5 layers
+    instead of 96 is what keeps bounding every plan of a 32,768-GPU search cheap.
+    """
+    unit = plan.pp * plan.vpp
+    short, longer = 2 * unit, 3 * unit
+    if model.layers % unit or model.layers <= longer + unit:
+        return terms(model)
+    at_short, at_longer = terms(replace(model, layers=short)), terms(replace(model, layers=longer))
+    steps = (model.layers - longer) // unit
+    return tuple(y + steps * (y - x) for x, y in zip(at_short, at_longer))
+
+
+def _bound_terms(plan: ParallelPlan) -> tuple[float, ...]:
+    """Every program's bound terms for `plan`, continued over micro-batches and layers; the bound is their largest
+    (each term is continued on its own: the largest of several lines is not itself a line)."""
     w = _WORKER
 
-    def bound(p: ParallelPlan) -> tuple[float]:
-        return (w["bounds"].bound_s(build_step(w["model"], p, w["machine"], w["gpus"]).schedule),)
+    def terms(p: ParallelPlan) -> tuple[float, ...]:
+        return _layer_continued(w["model"], p, lambda model: w["bounds"].terms_s(
+            build_step(model, p, w["machine"], w["gpus"]).schedule))
 
-    return continued(plan, bound)[0]
+    return continued(plan, terms)
+
+
+def _bound_of(plan: ParallelPlan) -> float:
+    return max(_bound_terms(plan))
 
 
 def _simulate_plan(plan: ParallelPlan) -> _Simulated:

@@ -63,8 +63,15 @@ class Lowering:
     ranks_per_node: int
 
     def bottleneck_s_per_byte(self, fabric: Fabric) -> float:
+        """Seconds per buffer byte on the busiest link of each phase, summed; memoised per fabric (a lowering of
+        a large group has thousands of links, and the tuner asks once per protocol and per call)."""
+        memo = self.__dict__.get("_bottleneck")
+        if memo is not None and memo[0] is fabric:
+            return memo[1]
         cap = fabric.capacity_bytes_per_s
-        return sum(max((load / cap[link] for link, load in phase.items()), default=0.0) for phase in self.phases)
+        value = sum(max((load / cap[link] for link, load in phase.items()), default=0.0) for phase in self.phases)
+        self.__dict__["_bottleneck"] = (fabric, value)  # a frozen dataclass: memo beside the fields
+        return value
 
 
 def per_rank_traffic(kind: str, n: int) -> float:
@@ -328,6 +335,7 @@ class CollectiveModel:
         self.tuning = fabric.machine.collectives
         self._lowerer = _Lowerer(fabric)
         self._lowering = lru_cache(maxsize=None)(self._lower)
+        self._choice: dict[tuple, tuple[Lowering, str]] = {}
 
     def _lower(self, gpus: tuple[int, ...], kind: str, algorithm: str) -> Lowering | None:
         return ALGORITHMS[algorithm](self._lowerer, gpus, kind)
@@ -385,7 +393,11 @@ class CollectiveModel:
         return self.latency_s(lowering, protocol) + bandwidth_term
 
     def choose(self, gpus: tuple[int, ...], kind: str, nbytes: float) -> tuple[Lowering, str]:
-        """The (algorithm, protocol) NCCL's tuner would pick: the fastest alone."""
+        """The (algorithm, protocol) NCCL's tuner would pick: the fastest alone (memoised: a step asks for the
+        same collective once per layer)."""
+        key = (gpus, kind, nbytes)
+        if key in self._choice:
+            return self._choice[key]
         best = None
         for lowering in self.lowerings(gpus, kind):
             for protocol in self.tuning.protocols:
@@ -393,4 +405,5 @@ class CollectiveModel:
                 if best is None or t < best[0]:
                     best = (t, lowering, protocol)
         assert best is not None, f"no algorithm for {kind}"
+        self._choice[key] = best[1], best[2]
         return best[1], best[2]
