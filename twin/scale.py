@@ -12,12 +12,14 @@ dp = gpus / (gx gy gz pp).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Callable
 
 from topologies.machine import Machine
 from twin.errors import TwinError
 from twin.micro_batches import simulate_step
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
+from twin.report import Summary
 
 MODES = ("weak", "strong")
 
@@ -33,9 +35,15 @@ class ScalePoint:
     efficiency: float
 
 
+Stepper = Callable[[ModelSpec, ParallelPlan, Machine, int], Summary]
+
+
 def scaling(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpu_counts: list[int], mode: str,
-            progress=None) -> list[ScalePoint]:
-    """Simulate each GPU count; `plan.global_batch` is the batch at the first count."""
+            progress=None, step: Stepper = simulate_step) -> list[ScalePoint]:
+    """Simulate each GPU count; `plan.global_batch` is the batch at the first count.
+
+    `step` simulates one point (twin validate passes one that caches points
+    shared with its other rows)."""
     if mode not in MODES:
         raise TwinError(f"--mode {mode!r} is unknown; use weak or strong")
     if not gpu_counts or any(n <= 0 for n in gpu_counts):
@@ -53,7 +61,7 @@ def scaling(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpu_counts: 
             raise TwinError(f"weak scaling to {n} GPUs needs a batch of {plan.global_batch} x {dp}/{base_dp} sequences; "
                             "choose counts that are multiples of the first")
         trial = replace(plan, gdata=dp, global_batch=batch, ga=0 if plan.mbs else plan.ga)
-        s = simulate_step(model, trial, machine, n)
+        s = step(model, trial, machine, n)
         if points:
             first = points[0]
             eff = (s.tflops_per_gpu / first.tflops_per_gpu if mode == "weak"

@@ -20,18 +20,22 @@ The mean and max absolute error are over the value rows.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from topologies.machine import load_machine
+from topologies.machine import Machine, load_machine
+from twin.build import resolve_step
 from twin.micro_batches import simulate_step
-from twin.model import get_model
-from twin.plan import parse_plan
+from twin.model import ModelSpec, get_model
+from twin.plan import ParallelPlan, parse_plan
 from twin.presets import PRESETS
 from twin.published import (AXONN_BATCH_SEQUENCES, AXONN_TABLE_III, FRONTIER_PAPER_SCALING_EFFICIENCY,
                             FRONTIER_PAPER_TFLOPS_PER_GCD)
+from twin.report import Summary
 from twin.scale import scaling
 from twin.search import cache
 from twin.search.rank import search
@@ -92,25 +96,27 @@ def best_plan(machine_name: str, model_name: str, gpus: int, batch: int, space: 
             "tflops_per_gpu": best.tflops_per_gpu, "candidates": result.candidates}
 
 
-def simulate_plan(machine_name: str, model_name: str, gpus: int, plan_text: str, batch: int) -> dict:
-    def compute() -> dict:
-        machine = load_machine(machine_name)
-        s = simulate_step(get_model(model_name), parse_plan(f"{plan_text},global_batch={batch}"), machine, gpus)
-        compute_s = sum(v for k, v in s.time_by_class_s.items() if k in ("gemm", "attention", "elementwise"))
-        return {"plan": s.plan, "step_time_s": s.step_time_s, "pflops_total": s.pflops_total,
-                "tflops_per_gpu": s.tflops_per_gpu, "compute_s": compute_s}
+def cached_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> Summary:
+    """One simulated step, cached by its resolved plan: a row and the scaling curves that start from the same
+    run (the Frontier paper's 1T on 1,024 GCDs is in three rows) simulate it once."""
+    resolved, _ = resolve_step(model, plan, machine, gpus)
+    inputs = {"model": asdict(model), "gpus": gpus, "plan": resolved.describe(), "batch": resolved.global_batch}
+    return Summary(**_cached("step", inputs, machine.name,
+                             lambda: asdict(simulate_step(model, resolved, machine, gpus))))
 
-    return _cached("simulate", {"machine": machine_name, "model": model_name, "gpus": gpus, "plan": plan_text,
-                                "batch": batch}, machine_name, compute)
+
+def simulate_plan(machine_name: str, model_name: str, gpus: int, plan_text: str, batch: int) -> dict:
+    s = cached_step(get_model(model_name), parse_plan(f"{plan_text},global_batch={batch}"),
+                    load_machine(machine_name), gpus)
+    compute_s = sum(v for k, v in s.time_by_class_s.items() if k in ("gemm", "attention", "elementwise"))
+    return {"plan": s.plan, "step_time_s": s.step_time_s, "pflops_total": s.pflops_total,
+            "tflops_per_gpu": s.tflops_per_gpu, "compute_s": compute_s}
 
 
 def scaling_points(model_name: str, plan_text: str, batch: int, counts: list[int], mode: str) -> list[dict]:
-    def compute() -> dict:
-        plan = parse_plan(f"{plan_text},global_batch={batch}")
-        return {"points": [asdict(p) for p in scaling(get_model(model_name), plan, load_machine("frontier"), counts, mode)]}
-
-    return _cached("scale", {"model": model_name, "plan": plan_text, "batch": batch, "counts": counts, "mode": mode},
-                   "frontier", compute)["points"]
+    plan = parse_plan(f"{plan_text},global_batch={batch}")
+    points = scaling(get_model(model_name), plan, load_machine("frontier"), counts, mode, step=cached_step)
+    return [asdict(p) for p in points]
 
 
 def table_iii_quantity(pub) -> str:
@@ -244,15 +250,34 @@ class Validation:
         return asdict(self)
 
 
+def _warm_frontier_rows() -> None:
+    frontier_rows(lambda _: None)
+
+
 def validate(jobs: int | None = None, progress: Callable[[str], None] | None = None,
              sections: tuple[str, ...] = ("A", "B")) -> Validation:
+    """Every row of the chosen sections. With more than one job, section B's simulations (single-process
+    pipelines, the slowest part) run in a second process while section A searches; B's rows then come from
+    the cache they filled."""
     start = time.perf_counter()
     say = progress or (lambda _: None)
     rows: list[Row] = []
-    if "A" in sections:
-        rows += axonn_rows(jobs, say)
-    if "B" in sections:
-        rows += frontier_rows(say)
+    jobs = jobs or os.cpu_count() or 1
+    alongside = None
+    if "A" in sections and "B" in sections and jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
+        alongside = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    try:
+        warming = alongside.submit(_warm_frontier_rows) if alongside else None
+        if "A" in sections:
+            rows += axonn_rows(jobs, say)
+        if "B" in sections:
+            if warming is not None:
+                say("Frontier paper rows (simulated alongside section A)")
+                warming.result()
+            rows += frontier_rows(say)
+    finally:
+        if alongside is not None:
+            alongside.shutdown(wait=False, cancel_futures=True)  # on an error, do not wait for B
     errors = [abs(r.error) for r in rows if r.error is not None]
     checks = [r.holds for r in rows if r.holds is not None]
     return Validation(rows, sum(errors) / len(errors) if errors else 0.0, max(errors, default=0.0),
