@@ -183,3 +183,39 @@ def test_layer_continued_bound_terms_equal_the_full_models(text):
     continued = rank._layer_continued(model, plan, terms)
     full = terms(model)
     assert continued == pytest.approx(full, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("text", ["gdata=2,pp=8,mbs=1,global_batch=16", "gx=2,pp=8,mbs=2,global_batch=16",
+                                  "gx=2,gdata=2,pp=4,zero=1,mbs=1,global_batch=8"])
+def test_pipeline_bound_counts_the_bubble_and_stays_below_the_step(text):
+    """With m = pp micro-batches the 1F1B bubble is almost half the step: the per-stage term must see it."""
+    from twin.search import rank
+
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC.replace("layers=4", "layers=16"))
+    plan = build_step(model, parse_plan(text), machine, 16).plan
+    assert plan.ga == plan.pp
+    rank._init_worker(model, machine, 16)
+    schedule = build_step(model, plan, machine, 16).schedule
+    bounds = rank._WORKER["bounds"]
+    assert len(bounds.pipeline_terms_s(schedule)) == plan.pp
+    step = rank._simulate_plan(plan).step_time_s
+    assert 0.7 * step < rank._bound_of(plan) <= step * (1 + 1e-9)
+    per_program = max(t for p in schedule.programs for t in bounds.program_terms_s(schedule, p))
+    assert per_program < 0.7 * step  # what the bound was without the pipeline term
+
+
+def test_a_pipeline_bound_from_three_stages_equals_the_one_from_all():
+    """The search builds a long pipeline's first, second and last stages only: the middle ones do the same work."""
+    from twin.search import rank
+
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC.replace("layers=4", "layers=16"))
+    plan = build_step(model, parse_plan("gx=2,pp=8,mbs=1,global_batch=32"), machine, 16).plan
+    rank._init_worker(model, machine, 16)
+    bounds = rank._WORKER["bounds"]
+    full = build_step(model, plan, machine, 16).schedule
+    some = build_step(model, plan, machine, 16, stages=(0, 1, 7)).schedule
+    assert len(some.programs) == 3
+    assert bounds.pipeline_terms_s(some) == pytest.approx(bounds.pipeline_terms_s(full), rel=1e-12)
+    assert max(bounds.terms_s(some)) == pytest.approx(max(bounds.terms_s(full)), rel=1e-9)

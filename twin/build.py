@@ -36,6 +36,8 @@ def resolve_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: i
     return resolved, check_fit(model, resolved, machine.device.hbm_bytes)
 
 
-def build_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> BuiltStep:
+def build_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
+               stages: tuple[int, ...] | None = None) -> BuiltStep:
+    """`stages`: only those pipeline stages' programs (for bounds; see build_axonn)."""
     resolved, memory = resolve_step(model, plan, machine, gpus)
-    return BuiltStep(build_axonn(model, resolved), resolved, memory)
+    return BuiltStep(build_axonn(model, resolved, stages), resolved, memory)

@@ -365,14 +365,19 @@ class _StageWriter:
         return self.w.ops
 
 
-def build_axonn(model: ModelSpec, plan: ParallelPlan) -> Schedule:
-    """The whole training step; `plan` validated, mbs and ga resolved. One Program per pipeline stage."""
+def build_axonn(model: ModelSpec, plan: ParallelPlan, stages: tuple[int, ...] | None = None) -> Schedule:
+    """The whole training step; `plan` validated, mbs and ga resolved. One Program per pipeline stage.
+
+    `stages` keeps only those stages' programs: a partial schedule for the
+    search's lower bound (twin.search.bound), which needs the first, a middle
+    and the last stage of a long pipeline; it cannot be simulated."""
     if plan.mbs <= 0 or plan.ga <= 0:
         raise ValueError("build_axonn needs a plan with mbs and ga resolved (twin.memory.resolve_micro_batch)")
     mesh = axonn_mesh(plan.gx, plan.gy, plan.gz, plan.gdata, plan.pp)
     per_stage = mesh.size // plan.pp  # pp is the outermost axis: each stage is a block of consecutive ranks
     stage_ranks = {s: tuple(range(s * per_stage, (s + 1) * per_stage)) for s in range(plan.pp)}
-    programs = tuple(Program(stage_ranks[s], tuple(_StageWriter(model, plan, s).write())) for s in range(plan.pp))
+    kept = range(plan.pp) if stages is None else sorted(set(stages))
+    programs = tuple(Program(stage_ranks[s], tuple(_StageWriter(model, plan, s).write())) for s in kept)
 
     used = sorted({op.work.group for prog in programs for op in prog.ops if isinstance(op.work, (Collective, P2P))})
     groups = []

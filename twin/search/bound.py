@@ -12,7 +12,9 @@ lower bound on the step the simulator reports: exact on a program with no
 communication, and as tight as the plan's communication is uncontended. Two
 more bounds hold and the largest is taken: the compute stream's work plus
 the part communication must slow (program_bound_s), and the busiest link's
-bytes over its capacity (_busiest_link_s).
+bytes over its capacity (_busiest_link_s). A 1F1B pipeline adds one bound
+per stage, the chain of earlier stages plus the stage's own work on every
+micro-batch (pipeline_terms_s): the bubble no single program's ops show.
 
 `twin search` simulates plans in the order of this bound and stops once the
 next bound exceeds the k-th best simulated step: the plans it never simulates
@@ -214,6 +216,55 @@ class BoundModel:
         return max(self.terms_s(schedule))
 
     def terms_s(self, schedule: Schedule) -> tuple[float, ...]:
-        """Every program's three bounds, one after the other; the bound is their largest."""
+        """Every program's three bounds, then the pipeline's, one after the other; the bound is their largest."""
         self._collective, self._instance_cache = {}, {}
-        return tuple(t for p in schedule.programs for t in self.program_terms_s(schedule, p))
+        own = tuple(t for p in schedule.programs for t in self.program_terms_s(schedule, p))
+        return own + self.pipeline_terms_s(schedule)
+
+    def pipeline_terms_s(self, schedule: Schedule) -> tuple[float, ...]:
+        """One bound per stage of a 1F1B pipeline (programs = stages, blocks of consecutive ranks; ops tagged
+        "mb<i>.").
+
+        Stage k cannot start its first forward before stages 0..k-1 ran theirs
+        on micro-batch 0; it then runs all m forwards and m backwards itself;
+        its last backward is followed by stages k-1..0's backward of the same
+        micro-batch. With W_s a micro-batch's compute on stage s alone (forward,
+        recompute and backward): step >= sum_{s<k} W_s + m W_k. The bubble the
+        per-program bounds cannot see. Interleaved schedules (chunk tags) get none.
+
+        The schedule may hold some stages only (build_axonn's `stages`): a stage
+        between the first and the last that is missing does the work of the
+        nearest present one before it (every middle stage runs the same layers
+        per micro-batch, only in another order).
+        """
+        if len(schedule.programs) < 2 or "pp" not in {g.name for g in schedule.groups}:
+            return ()
+        per_stage = len(schedule.programs[0].ranks)
+        stages = schedule.world_size // per_stage
+        duration = self.compute.duration_s
+        work: dict[int, float] = {}
+        micro_batches = 0
+        for program in schedule.programs:
+            tags: set[str] = set()
+            total = 0.0
+            for op in program.ops:
+                tag, _, rest = op.name.partition(".")
+                if not tag.startswith("mb"):
+                    continue
+                if rest[:1] == "c" and rest[1:2].isdigit():
+                    return ()  # interleaved: a micro-batch crosses each rank more than once
+                tags.add(tag)
+                if op.stream == COMPUTE_STREAM and not op.is_comm:
+                    total += duration(op.work)
+            if not tags:
+                return ()
+            work[program.ranks[0] // per_stage] = total / len(tags)
+            micro_batches = len(tags)
+        if 0 not in work or stages - 1 not in work:
+            return ()
+        terms, before, last_seen = [], 0.0, work[0]
+        for stage in range(stages):
+            w = last_seen = work.get(stage, last_seen)
+            terms.append(before + micro_batches * w)
+            before += w
+        return tuple(terms)

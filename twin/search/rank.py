@@ -173,10 +173,13 @@ def _bound_terms(plan: ParallelPlan) -> tuple[float, ...]:
     """Every program's bound terms for `plan`, continued over micro-batches and layers; the bound is their largest
     (each term is continued on its own: the largest of several lines is not itself a line)."""
     w = _WORKER
+    # A long 1F1B pipeline's middle stages repeat the second stage's work: only the first, second and last
+    # stages are built (the bound of a subset of programs still bounds the step; see pipeline_terms_s).
+    stages = (0, 1, plan.pp - 1) if plan.pp > 3 and plan.vpp == 1 else None
 
     def terms(p: ParallelPlan) -> tuple[float, ...]:
         return _layer_continued(w["model"], p, lambda model: w["bounds"].terms_s(
-            build_step(model, p, w["machine"], w["gpus"]).schedule))
+            build_step(model, p, w["machine"], w["gpus"], stages).schedule))
 
     return continued(plan, terms)
 
