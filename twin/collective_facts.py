@@ -12,7 +12,8 @@ stride is `inner` (the product of the inner groups' sizes, ranks nested
 innermost first), measured with 1 GB collectives and every other group of the
 job running at once. Where the file carries the raw measurement in a comment
 (Frontier: 34.031, 20.62, 10.18) that value is used, not the rounded one its
-model returns.
+model returns; Frontier's stride >= 8 entry (5 GB/s) carries no measurement
+there and is left out.
 """
 
 from __future__ import annotations

@@ -260,8 +260,8 @@ class BoundModel:
                 return ()
             work[program.ranks[0] // per_stage] = total / len(tags)
             micro_batches = len(tags)
-        if 0 not in work or stages - 1 not in work:
-            return ()
+        if 0 not in work or stages - 1 not in work or (len(work) < stages and 1 not in work):
+            return ()  # the first and last stages, and a middle one to stand for any missing, are needed
         terms, before, last_seen = [], 0.0, work[0]
         for stage in range(stages):
             w = last_seen = work.get(stage, last_seen)
