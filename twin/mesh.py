@@ -95,7 +95,7 @@ class Mesh:
         return _group_instances(self, axis)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=32)  # a plan's bound builds its mesh 4 times (2 layer x 2 micro-batch counts), 5 axes each
 def _group_instances(mesh: Mesh, axis: str) -> tuple[tuple[int, ...], ...]:
     return tuple(mesh.groups(axis))
 
