@@ -129,7 +129,8 @@ def with_nic_efficiency(machine: Machine, efficiency: float) -> Machine:
 
 
 def _geomean_ratio(machine_name: str, machine: Machine) -> float:
-    ratios = [c.ratio for c in compare(machine_name, machine) if c.calibrates_nic]
+    ratios = [simulated_busbw(f, machine) / f.busbw_gb_per_s for f in AXONN_MEASURED
+              if f.machine == machine_name and injection_bound(f, machine)]
     if not ratios:
         raise ValueError(f"no injection-bound measurement for {machine_name}")
     return math.exp(sum(math.log(r) for r in ratios) / len(ratios))

@@ -48,14 +48,18 @@ def shortened(plan: ParallelPlan, ga: int) -> ParallelPlan:
     return replace(plan, ga=ga, global_batch=plan.mbs * ga * plan.gdata * plan.gz)
 
 
+def extended(at_a: tuple[float, ...], at_b: tuple[float, ...], steps: float) -> tuple[float, ...]:
+    """Values on the lines through `at_a` and `at_b` (one unit apart), `steps` units past `at_b`."""
+    return tuple(y + steps * (y - x) for x, y in zip(at_a, at_b))
+
+
 def continued(plan: ParallelPlan, evaluate: Callable[[ParallelPlan], tuple[float, ...]]) -> tuple[float, ...]:
     """`evaluate` (values linear in the micro-batch count) for `plan`, from two short plans where that is cheaper."""
     points = evaluation_points(plan)
     if points is None:
         return evaluate(plan)
     a, b = points
-    at_a, at_b = evaluate(shortened(plan, a)), evaluate(shortened(plan, b))
-    return tuple(y + (plan.ga - b) * (y - x) for x, y in zip(at_a, at_b))
+    return extended(evaluate(shortened(plan, a)), evaluate(shortened(plan, b)), plan.ga - b)
 
 
 def simulate_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,

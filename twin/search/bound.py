@@ -11,7 +11,7 @@ So the longest path through one program's ops, with those durations, is a
 lower bound on the step the simulator reports: exact on a program with no
 communication, and as tight as the plan's communication is uncontended. Two
 more bounds hold and the largest is taken: the compute stream's work plus
-the part communication must slow (program_bound_s), and the busiest link's
+the part communication must slow (program_terms_s), and the busiest link's
 bytes over its capacity (_busiest_link_s). A 1F1B pipeline adds one bound
 per stage, the chain of earlier stages plus the stage's own work on every
 micro-batch (pipeline_terms_s): the bubble no single program's ops show.
@@ -133,9 +133,6 @@ class BoundModel:
         if key not in self._transfer:
             self._transfer[key] = self.collectives.time_alone_s(self.collectives.transfer(src, dst), "simple", nbytes)
         return self._transfer[key]
-
-    def program_bound_s(self, schedule: Schedule, program: Program) -> float:
-        return max(self.program_terms_s(schedule, program))
 
     def program_terms_s(self, schedule: Schedule, program: Program) -> tuple[float, float, float]:
         """The three bounds of one program: its longest path, its compute slowed by its communication, and its

@@ -30,7 +30,7 @@ from typing import Callable
 from topologies.machine import Machine
 from twin.build import build_step
 from twin.errors import TwinError
-from twin.micro_batches import continued, simulate_step
+from twin.micro_batches import continued, extended, simulate_step
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 from twin.search import cache
@@ -164,9 +164,8 @@ def _layer_continued(model: ModelSpec, plan: ParallelPlan,
     short, longer = 2 * unit, 3 * unit
     if model.layers % unit or model.layers <= longer + unit:
         return terms(model)
-    at_short, at_longer = terms(replace(model, layers=short)), terms(replace(model, layers=longer))
-    steps = (model.layers - longer) // unit
-    return tuple(y + steps * (y - x) for x, y in zip(at_short, at_longer))
+    return extended(terms(replace(model, layers=short)), terms(replace(model, layers=longer)),
+                    (model.layers - longer) // unit)
 
 
 def _bound_terms(plan: ParallelPlan) -> tuple[float, ...]:
