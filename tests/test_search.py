@@ -81,6 +81,7 @@ def test_branch_and_bound_ranks_exactly_as_simulating_every_plan():
     pruned = search(model, 16, 64, machine, space, top=10, use_cache=False, jobs=1)
     every = search(model, 16, 64, machine, space, top=10, exhaustive=True, use_cache=False, jobs=1)
     assert every.simulated == every.candidates > pruned.simulated
+    assert every.bounded == every.candidates > pruned.bounded  # the screening bound ruled plans out on its own
     assert [r.plan for r in pruned.ranked] == [r.plan for r in every.ranked]
     assert [r.step_time_s for r in pruned.ranked] == [r.step_time_s for r in every.ranked]
     steps = [r.step_time_s for r in every.ranked]
@@ -219,3 +220,50 @@ def test_a_pipeline_bound_from_three_stages_equals_the_one_from_all():
     assert len(some.programs) == 3
     assert bounds.pipeline_terms_s(some) == pytest.approx(bounds.pipeline_terms_s(full), rel=1e-12)
     assert max(bounds.terms_s(some)) == pytest.approx(max(bounds.terms_s(full)), rel=1e-9)
+
+
+@pytest.mark.parametrize("text", ["gx=2,gz=2,gdata=4,mbs=1,global_batch=64", "gx=2,gy=2,gdata=2,pp=2,zero=1,mbs=2,global_batch=64",
+                                  "gz=2,gdata=4,pp=2,zero=3,mbs=1,global_batch=64", "gx=4,gdata=2,pp=2,sp=1,mbs=1,global_batch=64",
+                                  "gx=2,gdata=4,pp=2,vpp=2,mbs=1,global_batch=16",
+                                  "gx=2,gy=2,gz=2,gdata=2,recompute=selective,mbs=2,global_batch=64",
+                                  "gy=4,gz=2,gdata=2,recompute=none,oar=0,mbs=1,global_batch=64"])
+def test_one_layer_on_the_grid_alone_has_the_compute_of_every_layer_of_the_real_schedule(text):
+    """The screening bound's W: gdata, ZeRO and the pipeline do not change a layer's compute ops."""
+    import re
+
+    from twin.builders.program import COMPUTE_STREAM
+    from twin.search.screen import ScreenModel
+    from twin.sim.compute import ComputeModel
+
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC.replace("layers=4", "layers=8"))
+    built = build_step(model, parse_plan(text), machine, 16)
+    compute = ComputeModel(machine.device)
+    w = ScreenModel(model, compute).layer_s(built.plan)
+    per_layer: dict[tuple, float] = {}
+    for program in built.schedule.programs:
+        for op in program.ops:
+            found = re.match(r"(mb\d+)\.(?:c\d+\.)?\w+\.(L\d+)\.", op.name)
+            if found and op.stream == COMPUTE_STREAM and not op.is_comm:
+                key = (program.ranks[0], *found.groups())
+                per_layer[key] = per_layer.get(key, 0.0) + compute.duration_s(op.work)
+    assert len(per_layer) == len(built.schedule.programs) * built.plan.ga * model.layers // built.plan.pp
+    assert min(per_layer.values()) == pytest.approx(w, rel=1e-12)
+
+
+def test_screening_bound_never_exceeds_the_simulated_step():
+    """Every plan of a small space, pipelined or not: the cheap bound holds, and is tight where compute dominates."""
+    from twin.search.screen import ScreenModel
+    from twin.sim.compute import ComputeModel
+
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC)
+    screen = ScreenModel(model, ComputeModel(machine.device))
+    space = enumerate_space(model, 16, 64, machine.device.hbm_bytes, SearchSpace(axes=("gx", "gy", "gz", "gdata", "pp")))
+    ratios = []
+    for cand in space.candidates:
+        step = simulate(build_step(model, cand.plan, machine, 16).schedule, machine).step_time_s
+        bound = screen.bound_s(cand.plan)
+        assert 0 < bound <= step * (1 + 1e-9), cand.plan.describe()
+        ratios.append(bound / step)
+    assert max(ratios) > 0.6

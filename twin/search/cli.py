@@ -22,8 +22,9 @@ def _words(text: str) -> tuple[str, ...]:
 
 
 class ProgressBar:
-    """tqdm bars on stderr, one per phase (bounding, simulating); silent when stderr is not a terminal
-    unless forced, so --json output and CI logs stay clean."""
+    """tqdm bars on stderr, one per phase (screening, bounding, simulating); silent when stderr is not a terminal
+    unless forced, so --json output and CI logs stay clean. A phase's total may change as it runs (the plans a
+    search still has to bound shrink as better steps are found)."""
 
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
@@ -38,6 +39,9 @@ class ProgressBar:
         if bar is None:
             bar = self._bars[phase] = tqdm(total=total, desc=f"{phase:<10}", unit="plan", file=sys.stderr,
                                            leave=False, dynamic_ncols=True)
+        elif total != bar.total:
+            bar.total = total
+            bar.refresh()
         bar.update(done - bar.n)
 
     def close(self) -> None:
@@ -88,8 +92,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     ruled_out = result.candidates - result.simulated
     print(f"{result.model} on {result.gpus} {machine.name} GPUs, global batch {batch} x {model.seq} tokens "
           f"({batch * model.seq / 1e6:.1f}M); {result.space}")
-    print(f"{result.candidates} valid plans fit in memory; {result.simulated} simulated, {ruled_out} ruled out by "
-          f"their lower bound (none of them can enter the top {args.top}) {how}")
+    print(f"{result.candidates} valid plans fit in memory; {result.bounded} given the full lower bound, "
+          f"{result.simulated} simulated, {ruled_out} ruled out by a bound (none of them can enter the top {args.top}) "
+          f"{how}")
     print(f"{'#':>3} {'step s':>8} {'PF/s':>8} {'TF/s/GPU':>9} {'mem GB':>7} {'exposed s':>9}  plan")
     for i, r in enumerate(result.ranked, 1):
         print(f"{i:>3} {r.step_time_s:>8.3f} {r.pflops_total:>8.1f} {r.tflops_per_gpu:>9.1f} {r.memory_per_gpu_gb:>7.1f} "
@@ -104,7 +109,8 @@ def add_parsers(sub) -> None:
         "search", help="rank every valid plan by simulated step time",
         description="Every valid plan for the model, GPU count and batch (factorisations over --axes, ZeRO stages, "
         "recompute modes, micro-batch sizes; overlap and GEMM tuning on), pruned by memory, then simulated in order "
-        "of a lower bound on their step time until no plan left can enter the top. The ranking equals simulating "
+        "of lower bounds on their step time (a cheap one for every plan, a tighter one where the cheap one cannot "
+        "decide) until no plan left can enter the top. The ranking equals simulating "
         "every plan (--exhaustive does). Results are cached in ~/.cache/exatwin (--no-cache). Example: twin search "
         "--machine frontier --model GPT-320B --gpus 32768 --batch-tokens 16.8M --seq 2048 --top 10",
     )

@@ -1,29 +1,36 @@
 """Rank every valid plan by simulated step time, simulating as few as the ranking allows.
 
 1. twin.search.space lists every valid plan that fits in memory;
-2. twin.search.bound gives each a lower bound on its simulated step (ms each);
-   a plan with many micro-batches is bounded and simulated at two short
-   micro-batch counts and continued linearly (twin.micro_batches), which
-   keeps a 128-GPU search of a 16.8M-token batch fast; the bound's terms,
-   each linear in micro-batches and in layers, are also computed on models
-   of 2 and 3 layers per stage and continued (_layer_continued), before the
-   largest is taken;
-3. plans are simulated in order of their bound; once the next bound exceeds
-   the k-th best simulated step, no plan left can enter the top k, and the
-   search stops (branch and bound). With `exhaustive` every plan is simulated.
+2. twin.search.screen gives each a cheap lower bound, its layers' compute
+   (microseconds a plan);
+3. plans are taken in order of their best known bound. A plan with only its
+   screening bound gets the full one (twin.search.bound, 0.1-0.3 s: the
+   longest path, communication, the busiest link, the pipeline's bubble) and
+   goes back in line under the larger of the two; a plan with its full bound
+   is simulated. A plan with many micro-batches is bounded and simulated at
+   two short micro-batch counts and continued linearly (twin.micro_batches),
+   and the full bound's terms, each linear in micro-batches and in layers,
+   are computed on models of 2 and 3 layers per stage and continued
+   (_layer_continued);
+4. once the next bound in line exceeds the k-th best simulated step, no plan
+   left can enter the top k, and the search stops (branch and bound). With
+   `exhaustive` every plan is bounded and simulated.
 
-Because the bound is a true lower bound of the same simulator, the top k is
-the one exhaustive simulation gives (tests/test_search.py checks it); the
-result says how many plans were simulated and how many were ruled out by
-their bound alone. Results are cached on disk (twin.search.cache).
+Because both bounds are true lower bounds of the same simulator, the top k
+is the one exhaustive simulation gives (tests/test_search.py checks it); the
+result says how many plans got the full bound, how many were simulated, and
+so how many were ruled out by a bound alone. Results are cached on disk
+(twin.search.cache).
 """
 
 from __future__ import annotations
 
+import heapq
 import multiprocessing
 import os
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from bisect import bisect_right, insort
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
@@ -35,6 +42,7 @@ from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 from twin.search import cache
 from twin.search.bound import BoundModel
+from twin.search.screen import ScreenModel, grid_plan, screen_bound_s
 from twin.search.space import SearchSpace, enumerate_space, explain_empty
 
 STOP_SLACK = 1e-9  # bounds and steps are sums in different orders: equal within rounding
@@ -76,6 +84,7 @@ class SearchResult:
     wall_s: float
     landscape: list[PlanPoint] = field(default_factory=list)
     cached: bool = False
+    bounded: int = 0  # plans given the full bound (the others were ruled out by the screening bound)
 
     def to_json_dict(self, landscape: bool = False) -> dict:
         doc = asdict(self)
@@ -117,16 +126,18 @@ def search(model: ModelSpec, gpus: int, global_batch: int, machine: Machine, spa
         raise TwinError(explain_empty(found, model, gpus, global_batch, machine.device.hbm_bytes / 1e9))
     plans = [c.plan for c in found.candidates]
     with _Workers(model, machine, gpus, jobs) as workers:
-        bounds = workers.bounds(plans, progress)
-        order = sorted(range(len(plans)), key=lambda i: (bounds[i], i))
-        results = workers.branch_and_bound(plans, bounds, order, top, exhaustive, progress)
+        screens = workers.screens(plans, progress)
+        bounds, results = workers.branch_and_bound(plans, screens, top, exhaustive, progress)
+    best_bound = [max(screen, bounds.get(i, 0.0)) for i, screen in enumerate(screens)]
+    order = sorted(range(len(plans)), key=lambda i: (best_bound[i], i))
     ranked = sorted((RankedPlan(r.plan, r.step_time_s, r.pflops_total, r.tflops_per_gpu,
-                                found.candidates[i].memory_bytes / 1e9, r.exposed_comm_s, bounds[i])
+                                found.candidates[i].memory_bytes / 1e9, r.exposed_comm_s, best_bound[i])
                      for i, r in results.items()), key=lambda r: (r.step_time_s, r.plan))
-    landscape = [PlanPoint(plans[i].describe(), bounds[i], found.candidates[i].memory_bytes / 1e9,
+    landscape = [PlanPoint(plans[i].describe(), best_bound[i], found.candidates[i].memory_bytes / 1e9,
                            results[i].step_time_s if i in results else None) for i in order]
     result = SearchResult(machine.name, model.name, gpus, global_batch, model.seq, space.describe(),
-                          len(plans), len(results), ranked[:top], exhaustive, time.perf_counter() - start, landscape)
+                          len(plans), len(results), ranked[:top], exhaustive, time.perf_counter() - start, landscape,
+                          bounded=len(bounds))
     if use_cache:
         cache.store("search", key, result.to_json_dict(landscape=True))
     return result
@@ -147,7 +158,12 @@ _WORKER: dict = {}
 
 
 def _init_worker(model: ModelSpec, machine: Machine, gpus: int) -> None:
-    _WORKER.update(model=model, machine=machine, gpus=gpus, bounds=BoundModel(machine, gpus))
+    bounds = BoundModel(machine, gpus)
+    _WORKER.update(model=model, machine=machine, gpus=gpus, bounds=bounds, screen=ScreenModel(model, bounds.compute))
+
+
+def _layer_s(grid: ParallelPlan) -> float:
+    return _WORKER["screen"].layer_s(grid)
 
 
 def _layer_continued(model: ModelSpec, plan: ParallelPlan,
@@ -213,55 +229,66 @@ class _Workers:
         if self._pool is not None:
             self._pool.shutdown(cancel_futures=True)
 
-    def bounds(self, plans: list[ParallelPlan], progress: Progress | None) -> list[float]:
+    def _submit(self, fn: Callable, arg) -> Future:
+        if self._pool is not None:
+            return self._pool.submit(fn, arg)
+        future: Future = Future()
+        future.set_result(fn(arg))
+        return future
+
+    def screens(self, plans: list[ParallelPlan], progress: Progress | None) -> list[float]:
+        """Every plan's screening bound; W is computed once per tensor-parallel grid (twin.search.screen)."""
+        grids = list(dict.fromkeys(grid_plan(p) for p in plans))
         if self._pool is None:
-            out = []
-            for plan in plans:
-                out.append(_bound_of(plan))
-                if progress:
-                    progress("bounding", len(out), len(plans))
-            return out
-        out = []
-        chunk = max(1, len(plans) // (8 * self.jobs))
-        for value in self._pool.map(_bound_of, plans, chunksize=chunk):
-            out.append(value)
+            values = map(_layer_s, grids)
+        else:
+            values = self._pool.map(_layer_s, grids, chunksize=max(1, len(grids) // (8 * self.jobs)))
+        layer: dict[ParallelPlan, float] = {}
+        for grid, value in zip(grids, values):
+            layer[grid] = value
             if progress:
-                progress("bounding", len(out), len(plans))
-        return out
+                progress("screening", len(layer), len(grids))
+        model = self._args[0]
+        return [screen_bound_s(model, plan, layer[grid_plan(plan)]) for plan in plans]
 
-    def branch_and_bound(self, plans, bounds, order, top, exhaustive, progress) -> dict[int, _Simulated]:
-        """Simulate in bound order until the next bound exceeds the top-th best step (all of them if exhaustive).
+    def branch_and_bound(self, plans: list[ParallelPlan], screens: list[float], top: int, exhaustive: bool,
+                         progress: Progress | None) -> tuple[dict[int, float], dict[int, _Simulated]]:
+        """(full bounds computed, simulations run), by plan index: the lazy search of the module docstring.
 
-        Up to `jobs` simulations run at once; a plan is skipped only when its
-        bound exceeds the top-th best step found so far, which only falls,
-        so running ahead never drops a plan that belongs in the top.
+        Up to `jobs` bounds and simulations run at once. A plan is passed over
+        only when its best known bound exceeds the top-th best step found so
+        far, which only falls, so running ahead never drops a plan that
+        belongs in the top.
         """
+        bounds: dict[int, float] = {}
         results: dict[int, _Simulated] = {}
+        line = [(screen, i) for i, screen in enumerate(screens)]
+        heapq.heapify(line)
+        sorted_screens, full_keys, steps = sorted(screens), [], []
 
         def kth_best() -> float:
-            if len(results) < top:
-                return float("inf")
-            return sorted(r.step_time_s for r in results.values())[top - 1] * (1 + STOP_SLACK)
+            return steps[top - 1] * (1 + STOP_SLACK) if len(steps) >= top else float("inf")
 
-        queue = list(order)
-        if self._pool is None:
-            for i in queue:
-                if not exhaustive and bounds[i] > kth_best():
-                    break
-                results[i] = _simulate_plan(plans[i])
-                if progress:
-                    progress("simulating", len(results), len(plans))
-            return results
-        running: dict = {}
-        while queue or running:
-            while queue and len(running) < self.jobs and (exhaustive or bounds[queue[0]] <= kth_best()):
-                i = queue.pop(0)
-                running[self._pool.submit(_simulate_plan, plans[i])] = i
+        running: dict[Future, int] = {}
+        while line or running:
+            while line and len(running) < self.jobs and (exhaustive or line[0][0] <= kth_best()):
+                _, i = heapq.heappop(line)
+                running[self._submit(_simulate_plan if i in bounds else _bound_of, plans[i])] = i
             if not running:
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
-                results[running.pop(future)] = future.result()
-                if progress:
-                    progress("simulating", len(results), len(plans))
-        return results
+                i, value = running.pop(future), future.result()
+                if isinstance(value, _Simulated):
+                    results[i] = value
+                    insort(steps, value.step_time_s)
+                else:
+                    bounds[i] = value
+                    key = max(screens[i], value)
+                    insort(full_keys, key)
+                    heapq.heappush(line, (key, i))
+            if progress:  # totals: the plans whose bound is still within reach of the top
+                cut = kth_best()
+                progress("bounding", len(bounds), max(len(bounds), bisect_right(sorted_screens, cut)))
+                progress("simulating", len(results), max(len(results), bisect_right(full_keys, cut)))
+        return bounds, results
