@@ -134,6 +134,22 @@ class BoundModel:
             self._transfer[key] = self.collectives.time_alone_s(self.collectives.transfer(src, dst), "simple", nbytes)
         return self._transfer[key]
 
+    def _op_s(self, schedule: Schedule, rank: int, work) -> float:
+        """An op's duration in the bound: compute alone, a collective or transfer with the fabric to itself."""
+        if isinstance(work, Collective):
+            return self._collective_s(schedule, work.group, rank, work.kind, work.nbytes)
+        if isinstance(work, P2P):
+            members = next(m for m in schedule.group(work.group).instances if rank in m)
+            peer = members[members.index(rank) + work.peer]
+            src, dst = (rank, peer) if work.kind == "send" else (peer, rank)
+            return self._transfer_s(self.gpu_of[src], self.gpu_of[dst], work.nbytes)
+        return self.compute.duration_s(work)
+
+    def op_durations_s(self, schedule: Schedule, program: Program) -> list[float]:
+        """Every op's duration in the bound, for the program's first rank (twin.search.screen's chains)."""
+        self._collective, self._instance_cache = {}, {}  # keyed by axis names: valid for one schedule only
+        return [self._op_s(schedule, program.ranks[0], op.work) for op in program.ops]
+
     def program_terms_s(self, schedule: Schedule, program: Program) -> tuple[float, float, float]:
         """The three bounds of one program: its longest path, its compute slowed by its communication, and its
         busiest link. Each is a sum over the program's ops, so it grows linearly with repeated layers and
@@ -143,24 +159,15 @@ class BoundModel:
         busy: dict[str, float] = {}  # per stream: the sum of its ops' durations
         traffic: dict[tuple, int] = {}  # (axis, kind, bytes) -> collectives issued
         stream_free: dict[str, float] = {}
-        duration = self.compute.duration_s
         for op in program.ops:
             start = stream_free.get(op.stream, 0.0)
             for dep in op.deps:
                 if end[dep] > start:
                     start = end[dep]
             work = op.work
+            t = self._op_s(schedule, rank, work)
             if isinstance(work, Collective):
-                t = self._collective_s(schedule, work.group, rank, work.kind, work.nbytes)
                 traffic[(work.group, work.kind, work.nbytes)] = traffic.get((work.group, work.kind, work.nbytes), 0) + 1
-            elif isinstance(work, P2P):
-                members = next(m for m in schedule.group(work.group).instances if rank in m)
-                own = members.index(rank)
-                peer = members[own + work.peer]
-                src, dst = (rank, peer) if work.kind == "send" else (peer, rank)
-                t = self._transfer_s(self.gpu_of[src], self.gpu_of[dst], work.nbytes)
-            else:
-                t = duration(work)
             end[op.id] = stream_free[op.stream] = start + t
             busy[op.stream] = busy.get(op.stream, 0.0) + t
         compute = busy.pop(COMPUTE_STREAM, 0.0)

@@ -159,10 +159,10 @@ _WORKER: dict = {}
 
 def _init_worker(model: ModelSpec, machine: Machine, gpus: int) -> None:
     bounds = BoundModel(machine, gpus)
-    _WORKER.update(model=model, machine=machine, gpus=gpus, bounds=bounds, screen=ScreenModel(model, bounds.compute))
+    _WORKER.update(model=model, machine=machine, gpus=gpus, bounds=bounds, screen=ScreenModel(model, bounds))
 
 
-def _layer_s(grid: ParallelPlan) -> float:
+def _layer_s(grid: ParallelPlan) -> tuple[float, float]:
     return _WORKER["screen"].layer_s(grid)
 
 
@@ -237,13 +237,13 @@ class _Workers:
         return future
 
     def screens(self, plans: list[ParallelPlan], progress: Progress | None) -> list[float]:
-        """Every plan's screening bound; W is computed once per tensor-parallel grid (twin.search.screen)."""
+        """Every plan's screening bound; W and C are computed once per tensor-parallel grid (twin.search.screen)."""
         grids = list(dict.fromkeys(grid_plan(p) for p in plans))
         if self._pool is None:
             values = map(_layer_s, grids)
         else:
             values = self._pool.map(_layer_s, grids, chunksize=max(1, len(grids) // (8 * self.jobs)))
-        layer: dict[ParallelPlan, float] = {}
+        layer: dict[ParallelPlan, tuple[float, float]] = {}
         for grid, value in zip(grids, values):
             layer[grid] = value
             if progress:

@@ -1,30 +1,46 @@
-"""A screening bound: a plan's transformer-layer compute, in microseconds of CPU per plan.
+"""A screening bound: a plan's transformer layers on its tensor-parallel grid, milliseconds of CPU per grid.
 
 The full bound (twin.search.bound) builds and walks a short schedule of the
 plan and lowers its collectives: about 0.1-0.3 s a plan, which at 32,768
 GPUs and every axis (12,672 plans) is most of a search. This one is weaker
-but thousands of times cheaper, and `twin search` computes the full bound
-only for plans this one cannot rule out.
+but far cheaper (plans share grids), and `twin search` computes the full
+bound only for plans this one cannot rule out.
 
-Why it bounds the simulated step. Every rank runs, for each micro-batch,
-the compute ops of each of its layers (forward, recompute, backward), one
-after another on its compute stream, and the simulator never runs a compute
-op faster than ComputeModel.duration_s (communication only slows it). Those
-ops are decided by the tensor-parallel grid (gx, gy, gz), the micro-batch
-size, sequence parallelism, recompute and GEMM tuning; not by gdata, ZeRO
-(which move only weights and gradients) or the pipeline (which decides only
-which layers a rank holds). So one layer of one micro-batch, built on the
-grid alone (pp = gdata = 1), gives W, the compute of a layer and a
-micro-batch on a rank (the smallest over the grid's programs). With L
-layers, pp stages and m micro-batches:
+What a layer costs does not depend on gdata, ZeRO below stage 3 (which move
+only weights, gradients and optimizer state, outside the layers) or the
+pipeline (which decides only which layers a rank holds): a layer's ops are
+decided by the tensor-parallel grid (gx, gy, gz), the micro-batch size,
+sequence parallelism, recompute, overlap and GEMM tuning. So three layers of
+one micro-batch are built on the grid alone (pp = gdata = 1), and two
+numbers are taken from them, each per kind of pass the least over the three
+(a stage's first layer gathers its weights within its own passes, later ones
+had them prefetched by the layer before):
 
-- without a pipeline, or interleaved: step >= m (L / pp) W, a rank's own work;
+- W, a layer's compute (forward, recompute, backward) on the least loaded rank.
+  The simulator never runs a compute op faster than ComputeModel.duration_s
+  alone (communication only slows it), and every rank runs its layers'
+  compute ops one after another.
+- C, on rank 0, the chain through each pass of a layer (forward, recompute,
+  backward): its compute ops in stream order, and the collectives between
+  them (issued after one of the pass's compute ops and waited for by a later
+  one), each at the full bound's duration (its instance with the fabric to
+  itself, which the grid's rank 0 shares with the plan's rank 0: ranks are
+  numbered x, y, z innermost). A pass's ops sit together on the compute
+  stream, so in the plan's rank 0 every pass of every layer and micro-batch
+  adds at least its chain.
+
+With L layers, pp stages and m micro-batches (a rank holds L / pp layers):
+
+- a rank's own work: step >= m (L / pp) W, and for rank 0 >= m (L / pp) C;
 - 1F1B: step >= (pp - 1 + m) (L / pp) W, the chain BoundModel.pipeline_terms_s
-  describes with every stage's work at least its layers'.
+  describes with every stage's work at least its layers' compute.
 
 Embedding, logits, loss and optimizer work only add to the step and are left
-out. tests/test_search.py checks W against the layers of real schedules and
-the bound against simulated steps.
+out; so are weight all-gathers prefetched in an earlier layer (OAG) and
+gradient collectives waited for after the layers. With ZeRO-3 weights are
+gathered over z and gdata, which the grid alone does not have: those plans
+get W only. tests/test_search.py checks W and C against the layers of real
+schedules and the bound against simulated steps.
 """
 
 from __future__ import annotations
@@ -34,41 +50,97 @@ from dataclasses import replace
 
 from twin.builders.axonn import build_axonn
 from twin.builders.program import COMPUTE_STREAM
-from twin.ir import Schedule
+from twin.ir import Program
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
-from twin.sim.compute import ComputeModel
+from twin.search.bound import BoundModel
 
-_LAYER_OP = re.compile(r"\.L\d+\.")  # builder op names: mb<i>[.c<j>].<pass>.L<layer>.<op>
+_PASS_OF_LAYER = re.compile(r"^(mb\d+\.(?:c\d+\.)?\w+\.L\d+)\.")  # builder op names: mb<i>[.c<j>].<pass>.L<layer>.<op>
 
 
 def grid_plan(plan: ParallelPlan) -> ParallelPlan:
-    """The plan reduced to what decides a layer's compute: its tensor-parallel grid, one micro-batch, no pipeline."""
+    """The plan reduced to what decides a layer's ops: its tensor-parallel grid, one micro-batch, no pipeline."""
     return replace(plan, pp=1, vpp=1, gdata=1, zero=0, ga=1, global_batch=plan.mbs * plan.gz)
 
 
-def layer_compute_s(schedule: Schedule, compute: ComputeModel) -> float:
-    """The compute of one layer and one micro-batch on the least loaded program of a one-layer, one-micro-batch
-    schedule."""
-    return min(sum(compute.duration_s(op.work) for op in program.ops
-                   if op.stream == COMPUTE_STREAM and not op.is_comm and _LAYER_OP.search(op.name))
-               for program in schedule.programs)
+def pass_of(name: str) -> str | None:
+    """'mb3.bwd.L7' for an op of layer 7's backward on micro-batch 3; None outside the layers."""
+    found = _PASS_OF_LAYER.match(name)
+    return found.group(1) if found else None
+
+
+def pass_compute_s(program: Program, durations: list[float]) -> dict[str, float]:
+    """Each layer pass's compute: the sum of its compute ops."""
+    out: dict[str, float] = {}
+    for op in program.ops:
+        key = pass_of(op.name) if op.stream == COMPUTE_STREAM and not op.is_comm else None
+        if key:
+            out[key] = out.get(key, 0.0) + durations[op.id]
+    return out
+
+
+def pass_chains_s(program: Program, durations: list[float]) -> dict[str, float]:
+    """Each layer pass's chain: from its first compute op to the end of its last, through its compute ops in
+    stream order and the collectives whose every dependency is in the pass (those a later op of it may wait for)."""
+    end: dict[int, float] = {}
+    owner: dict[int, str] = {}  # op id -> its pass, for the ops of a chain
+    last_compute: dict[str, float] = {}  # per pass: the end of its latest compute op
+    for op in program.ops:
+        is_compute = op.stream == COMPUTE_STREAM and not op.is_comm
+        if is_compute:
+            key = pass_of(op.name)
+            if key is None:
+                continue
+        else:
+            passes = {owner.get(d) for d in op.deps}
+            if len(passes) != 1 or None in passes:
+                continue  # waits on something outside a single pass (or on nothing): not on a pass's chain
+            key = passes.pop()
+        start = last_compute.get(key, 0.0) if is_compute else 0.0
+        for dep in op.deps:
+            if owner.get(dep) == key and end[dep] > start:
+                start = end[dep]
+        end[op.id] = start + durations[op.id]
+        owner[op.id] = key
+        if is_compute:
+            last_compute[key] = end[op.id]
+    return last_compute
+
+
+def least_per_layer_s(per_pass: dict[str, float]) -> float:
+    """A layer's smallest possible total: for each kind of pass (fwd, rc, bwd), the least any layer's pass of that
+    kind has, summed."""
+    least: dict[str, float] = {}
+    for key, value in per_pass.items():
+        kind = key.split(".")[-2]
+        least[kind] = min(value, least.get(kind, value))
+    return sum(least.values())
 
 
 class ScreenModel:
-    """Screening bounds for one model on one device type; W is memoised per grid plan."""
+    """Screening bounds for one model on one machine and GPU count; W and C are memoised per grid plan."""
 
-    def __init__(self, model: ModelSpec, compute: ComputeModel) -> None:
+    # Layers of the grid schedule: a stage's first layer gathers its weights inside its own pass, later ones had
+    # them prefetched by the layer before, and the last prefetches for what follows; three layers show each kind,
+    # and W and C take the least of them.
+    LAYERS = 3
+
+    def __init__(self, model: ModelSpec, bounds: BoundModel) -> None:
         self.model = model
-        self.compute = compute
-        self._layer: dict[ParallelPlan, float] = {}
+        self.bounds = bounds
+        self._layer: dict[ParallelPlan, tuple[float, float]] = {}
 
-    def layer_s(self, plan: ParallelPlan) -> float:
-        """W: one layer and one micro-batch of `plan` on one rank (forward, recompute, backward)."""
+    def layer_s(self, plan: ParallelPlan) -> tuple[float, float]:
+        """(W, C) of `plan`'s layers (module docstring)."""
         grid = grid_plan(plan)
         if grid not in self._layer:
-            schedule = build_axonn(replace(self.model, layers=1), grid)
-            self._layer[grid] = layer_compute_s(schedule, self.compute)
+            schedule = build_axonn(replace(self.model, layers=self.LAYERS), grid)
+            compute = self.bounds.compute.duration_s
+            w = min(least_per_layer_s(pass_compute_s(p, [0.0 if op.is_comm else compute(op.work) for op in p.ops]))
+                    for p in schedule.programs)
+            rank0 = next(p for p in schedule.programs if p.ranks[0] == 0)
+            c = least_per_layer_s(pass_chains_s(rank0, self.bounds.op_durations_s(schedule, rank0)))
+            self._layer[grid] = (w, c)
         return self._layer[grid]
 
     def bound_s(self, plan: ParallelPlan) -> float:
@@ -76,10 +148,12 @@ class ScreenModel:
         return screen_bound_s(self.model, plan, self.layer_s(plan))
 
 
-def screen_bound_s(model: ModelSpec, plan: ParallelPlan, layer_s: float) -> float:
-    """The bound from W (module docstring): a rank's own layers, and a 1F1B pipeline's fill and drain."""
-    per_stage = model.layers // (plan.pp * plan.vpp) * plan.vpp
-    micro_batches = plan.ga
+def screen_bound_s(model: ModelSpec, plan: ParallelPlan, layer: tuple[float, float]) -> float:
+    """The bound from (W, C) (module docstring): a rank's own layers, and a 1F1B pipeline's fill and drain."""
+    w, c = layer
+    per_rank = model.layers // (plan.pp * plan.vpp) * plan.vpp
+    m = plan.ga
+    own = m * per_rank * (w if plan.zero == 3 else max(w, c))
     if plan.pp > 1 and plan.vpp == 1:
-        return (plan.pp - 1 + micro_batches) * per_stage * layer_s
-    return micro_batches * per_stage * layer_s
+        return max(own, (plan.pp - 1 + m) * per_rank * w)
+    return own
