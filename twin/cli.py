@@ -17,12 +17,24 @@ from twin.errors import TwinError
 DEFAULT_BATCH_TOKENS = 16_777_216  # AxoNN SC'24 Table I: 16.8M tokens per batch
 
 
-def _add_step_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
-    """The arguments that describe a step; optional for simulate, which can read --schedule instead."""
+def add_machine_and_model_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """--machine, --model or --model-spec, and --seq: what every command that builds steps needs."""
     p.add_argument("--machine", required=required, help="machine name (see `twin machines`) or path to a machine .toml")
     model = p.add_mutually_exclusive_group(required=required)
     model.add_argument("--model", help="catalog model (see `twin models`), e.g. GPT-80B")
     model.add_argument("--model-spec", help="any GPT-style model: layers=..,hidden=..,heads=..[,seq=..,vocab=..,ffn=..]")
+    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+
+
+def add_plan_switches(p: argparse.ArgumentParser) -> None:
+    """--no-overlap and --no-tune, which change any plan given."""
+    p.add_argument("--no-overlap", action="store_true", help="switch off AxoNN's OAR, ORS and OAG overlap")
+    p.add_argument("--no-tune", action="store_true", help="switch off GEMM-layout tuning (use the framework's layouts)")
+
+
+def _add_step_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
+    """The arguments that describe a step; optional for simulate, which can read --schedule instead."""
+    add_machine_and_model_arguments(p, required)
     p.add_argument("--gpus", type=int, required=required, help="number of GPUs (GCDs on Frontier)")
     p.add_argument(
         "--plan", required=required,
@@ -30,9 +42,7 @@ def _add_step_arguments(p: argparse.ArgumentParser, required: bool = True) -> No
         "[,vpp=..,zero=0-3,sp=0|1,mbs=..,ga=..,recompute=full|selective|none,oar=0|1,ors=..,oag=..,tune=0|1]",
     )
     p.add_argument("--global-batch", type=int, help="sequences per step (default: 16.8M tokens / seq, as AxoNN)")
-    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
-    p.add_argument("--no-overlap", action="store_true", help="switch off AxoNN's OAR, ORS and OAG overlap")
-    p.add_argument("--no-tune", action="store_true", help="switch off GEMM-layout tuning (use the framework's layouts)")
+    add_plan_switches(p)
 
 
 def machine_and_model(args: argparse.Namespace):
@@ -338,17 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
         "batch is fixed, efficiency = speedup over ideal. Example: twin scale --machine frontier --model 175B "
         "--plan tp=4,pp=16,zero=1,mbs=1 --global-batch 640 --gpus 128,256,512,1024 --mode weak",
     )
-    p.add_argument("--machine", required=True, help="machine name or .toml path")
-    scale_model = p.add_mutually_exclusive_group(required=True)
-    scale_model.add_argument("--model", help="catalog model, e.g. 175B")
-    scale_model.add_argument("--model-spec", help="layers=..,hidden=..,heads=..")
+    add_machine_and_model_arguments(p)
     p.add_argument("--plan", required=True, help="the degrees other than dp, e.g. tp=4,pp=16,zero=1,mbs=1")
     p.add_argument("--gpus", required=True, help="comma-separated GPU counts, smallest first, e.g. 128,256,512,1024")
     p.add_argument("--mode", choices=("weak", "strong"), required=True, help="weak (batch grows with dp) or strong")
     p.add_argument("--global-batch", type=int, help="sequences per step at the first GPU count (default 16.8M tokens / seq)")
-    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
-    p.add_argument("--no-overlap", action="store_true", help="switch off AxoNN's OAR, ORS and OAG overlap")
-    p.add_argument("--no-tune", action="store_true", help="switch off GEMM-layout tuning")
+    add_plan_switches(p)
     p.add_argument("--figure", help="figure path (default figures/scale-MODE-MODEL-MACHINE.png)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_scale)

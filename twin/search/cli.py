@@ -114,15 +114,13 @@ def add_parsers(sub) -> None:
         "every plan (--exhaustive does). Results are cached in ~/.cache/exatwin (--no-cache). Example: twin search "
         "--machine frontier --model GPT-320B --gpus 32768 --batch-tokens 16.8M --seq 2048 --top 10",
     )
-    p.add_argument("--machine", required=True, help="machine name (see `twin machines`) or path to a machine .toml")
-    model = p.add_mutually_exclusive_group(required=True)
-    model.add_argument("--model", help="catalog model (see `twin models`), e.g. GPT-320B")
-    model.add_argument("--model-spec", help="any GPT-style model: layers=..,hidden=..,heads=..[,seq=..,vocab=..,ffn=..]")
+    from twin.cli import add_machine_and_model_arguments
+
+    add_machine_and_model_arguments(p)
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs (GCDs on Frontier)")
     p.add_argument("--batch-tokens", help="tokens per step, e.g. 16.8M (default; AxoNN's batch): rounded to a sequence "
                    "count with the most factors of two within the digits given")
     p.add_argument("--global-batch", type=int, help="sequences per step (instead of --batch-tokens)")
-    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
     p.add_argument("--top", type=int, default=10, help="how many plans to rank (default 10)")
     p.add_argument("--axes", help="axes to search, from gx,gy,gz,gdata,pp (default all; gx,gy,gz,gdata = AxoNN "
                                   "only: at tens of thousands of GPUs far fewer plans, a search in under a minute "
