@@ -42,6 +42,7 @@ from topologies.machine import Machine
 from topologies.placement import place_ranks
 from twin.builders.program import COMPUTE_STREAM
 from twin.ir import P2P, Collective, Program, Schedule
+from twin.search.passes import chains_s, micro_batch_runs
 from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
 
@@ -148,6 +149,9 @@ class BoundModel:
     def op_durations_s(self, schedule: Schedule, program: Program) -> list[float]:
         """Every op's duration in the bound, for the program's first rank (twin.search.screen's chains)."""
         self._collective, self._instance_cache = {}, {}  # keyed by axis names: valid for one schedule only
+        return self._durations_s(schedule, program)
+
+    def _durations_s(self, schedule: Schedule, program: Program) -> list[float]:
         return [self._op_s(schedule, program.ranks[0], op.work) for op in program.ops]
 
     def program_terms_s(self, schedule: Schedule, program: Program) -> tuple[float, float, float]:
@@ -232,23 +236,33 @@ class BoundModel:
         Stage k cannot start its first forward before stages 0..k-1 ran theirs
         on micro-batch 0; it then runs all m forwards and m backwards itself;
         its last backward is followed by stages k-1..0's backward of the same
-        micro-batch. With W_s a micro-batch's compute on stage s alone (forward,
-        recompute and backward): step >= sum_{s<k} W_s + m W_k. The bubble the
-        per-program bounds cannot see. Interleaved schedules (chunk tags) get none.
+        micro-batch. So step >= sum_{s<k} T_s + A_k, with T_s what a forward
+        and a backward take on stage s at the least, A_k all of stage k's
+        work: the bubble the per-program bounds cannot see. Each is the larger
+        of compute alone (every micro-batch's compute is the same) and chains
+        (twin.search.passes.chains_s) through the stage's runs of one
+        micro-batch on its compute stream, with the collectives and transfers
+        they wait on: A_k all runs' chains; T_s, where every micro-batch has
+        a forward run and a later backward run, the least forward plus the
+        least backward. Chains are taken on each stage's first rank (the
+        ranks a micro-batch passes through from stage to stage). Interleaved
+        schedules (chunk tags) get no term.
 
         The schedule may hold some stages only (build_axonn's `stages`): a stage
-        between the first and the last that is missing does the work of the
-        nearest present one before it (every middle stage runs the same layers
-        per micro-batch, only in another order).
+        between the first and the last that is missing counts its compute
+        alone, that of the nearest present stage before it (every middle stage
+        runs the same layers per micro-batch, only in another order).
         """
         if len(schedule.programs) < 2 or "pp" not in {g.name for g in schedule.groups}:
             return ()
         per_stage = len(schedule.programs[0].ranks)
         stages = schedule.world_size // per_stage
-        duration = self.compute.duration_s
-        work: dict[int, float] = {}
+        compute: dict[int, float] = {}  # per stage: a micro-batch's compute
+        through: dict[int, float] = {}  # T_s
+        own: dict[int, float] = {}  # A_s
         micro_batches = 0
         for program in schedule.programs:
+            durations = self._durations_s(schedule, program)
             tags: set[str] = set()
             total = 0.0
             for op in program.ops:
@@ -259,16 +273,25 @@ class BoundModel:
                     return ()  # interleaved: a micro-batch crosses each rank more than once
                 tags.add(tag)
                 if op.stream == COMPUTE_STREAM and not op.is_comm:
-                    total += duration(op.work)
+                    total += durations[op.id]
             if not tags:
                 return ()
-            work[program.ranks[0] // per_stage] = total / len(tags)
+            stage = program.ranks[0] // per_stage
             micro_batches = len(tags)
-        if 0 not in work or stages - 1 not in work or (len(work) < stages and 1 not in work):
+            chains = chains_s(program, durations, micro_batch_runs(program))
+            runs: dict[str, list[float]] = {}
+            for (tag, _), value in sorted(chains.items()):
+                runs.setdefault(tag, []).append(value)
+            compute[stage] = total / micro_batches
+            two_runs = len(runs) == micro_batches and all(len(r) == 2 for r in runs.values())
+            forward_backward = min(r[0] for r in runs.values()) + min(r[1] for r in runs.values()) if two_runs else 0.0
+            through[stage] = max(compute[stage], forward_backward)
+            own[stage] = max(total, sum(chains.values()))
+        if 0 not in compute or stages - 1 not in compute or (len(compute) < stages and 1 not in compute):
             return ()  # the first and last stages, and a middle one to stand for any missing, are needed
-        terms, before, last_seen = [], 0.0, work[0]
+        terms, before, last_seen = [], 0.0, compute[0]
         for stage in range(stages):
-            w = last_seen = work.get(stage, last_seen)
-            terms.append(before + micro_batches * w)
-            before += w
+            last_seen = compute.get(stage, last_seen)
+            terms.append(before + own.get(stage, micro_batches * last_seen))
+            before += through.get(stage, last_seen)
         return tuple(terms)

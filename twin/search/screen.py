@@ -45,76 +45,18 @@ schedules and the bound against simulated steps.
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 from twin.builders.axonn import build_axonn
-from twin.builders.program import COMPUTE_STREAM
-from twin.ir import Program
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 from twin.search.bound import BoundModel
-
-_PASS_OF_LAYER = re.compile(r"^(mb\d+\.(?:c\d+\.)?\w+\.L\d+)\.")  # builder op names: mb<i>[.c<j>].<pass>.L<layer>.<op>
+from twin.search.passes import least_per_layer_s, pass_chains_s, pass_compute_s
 
 
 def grid_plan(plan: ParallelPlan) -> ParallelPlan:
     """The plan reduced to what decides a layer's ops: its tensor-parallel grid, one micro-batch, no pipeline."""
     return replace(plan, pp=1, vpp=1, gdata=1, zero=0, ga=1, global_batch=plan.mbs * plan.gz)
-
-
-def pass_of(name: str) -> str | None:
-    """'mb3.bwd.L7' for an op of layer 7's backward on micro-batch 3; None outside the layers."""
-    found = _PASS_OF_LAYER.match(name)
-    return found.group(1) if found else None
-
-
-def pass_compute_s(program: Program, durations: list[float]) -> dict[str, float]:
-    """Each layer pass's compute: the sum of its compute ops."""
-    out: dict[str, float] = {}
-    for op in program.ops:
-        key = pass_of(op.name) if op.stream == COMPUTE_STREAM and not op.is_comm else None
-        if key:
-            out[key] = out.get(key, 0.0) + durations[op.id]
-    return out
-
-
-def pass_chains_s(program: Program, durations: list[float]) -> dict[str, float]:
-    """Each layer pass's chain: from its first compute op to the end of its last, through its compute ops in
-    stream order and the collectives whose every dependency is in the pass (those a later op of it may wait for)."""
-    end: dict[int, float] = {}
-    owner: dict[int, str] = {}  # op id -> its pass, for the ops of a chain
-    last_compute: dict[str, float] = {}  # per pass: the end of its latest compute op
-    for op in program.ops:
-        is_compute = op.stream == COMPUTE_STREAM and not op.is_comm
-        if is_compute:
-            key = pass_of(op.name)
-            if key is None:
-                continue
-        else:
-            passes = {owner.get(d) for d in op.deps}
-            if len(passes) != 1 or None in passes:
-                continue  # waits on something outside a single pass (or on nothing): not on a pass's chain
-            key = passes.pop()
-        start = last_compute.get(key, 0.0) if is_compute else 0.0
-        for dep in op.deps:
-            if owner.get(dep) == key and end[dep] > start:
-                start = end[dep]
-        end[op.id] = start + durations[op.id]
-        owner[op.id] = key
-        if is_compute:
-            last_compute[key] = end[op.id]
-    return last_compute
-
-
-def least_per_layer_s(per_pass: dict[str, float]) -> float:
-    """A layer's smallest possible total: for each kind of pass (fwd, rc, bwd), the least any layer's pass of that
-    kind has, summed."""
-    least: dict[str, float] = {}
-    for key, value in per_pass.items():
-        kind = key.split(".")[-2]
-        least[kind] = min(value, least.get(kind, value))
-    return sum(least.values())
 
 
 class ScreenModel:

@@ -1,0 +1,102 @@
+"""The passes of a program's layers: each layer's forward, recompute and backward on one micro-batch.
+
+A pass's compute ops sit together on a rank's compute stream (the builders
+write a layer's pass in one go), so on any rank the passes of all its
+layers and micro-batches follow one another. Two lower bounds use that: the
+screening bound (twin.search.screen) and the 1F1B pipeline term of the full
+bound (twin.search.bound.BoundModel.pipeline_terms_s).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Hashable
+
+from twin.builders.program import COMPUTE_STREAM
+from twin.ir import Program
+
+_PASS_OF_LAYER = re.compile(r"^(mb\d+\.(?:c\d+\.)?\w+\.L\d+)\.")  # builder op names: mb<i>[.c<j>].<pass>.L<layer>.<op>
+
+
+def pass_of(name: str) -> str | None:
+    """'mb3.bwd.L7' for an op of layer 7's backward on micro-batch 3; None outside the layers."""
+    found = _PASS_OF_LAYER.match(name)
+    return found.group(1) if found else None
+
+
+def pass_compute_s(program: Program, durations: list[float]) -> dict[str, float]:
+    """Each layer pass's compute: the sum of its compute ops."""
+    out: dict[str, float] = {}
+    for op in program.ops:
+        key = pass_of(op.name) if op.stream == COMPUTE_STREAM and not op.is_comm else None
+        if key:
+            out[key] = out.get(key, 0.0) + durations[op.id]
+    return out
+
+
+def chains_s(program: Program, durations: list[float], group_of: dict[int, Hashable]) -> dict[Hashable, float]:
+    """Each group's chain: from its first compute op to the end of its last, through its compute ops in stream
+    order and the collectives whose every dependency is in the group (those a later op of it may wait for).
+
+    `group_of` maps compute op ids to groups that each sit together on the compute stream. A group's ops all
+    start after its first compute op, and every op takes at least its duration here, so the group spans at
+    least its chain; groups follow one another, so their chains add.
+    """
+    end: dict[int, float] = {}
+    owner: dict[int, Hashable] = {}  # op id -> its group, for the ops of a chain
+    last_compute: dict[Hashable, float] = {}  # per group: the end of its latest compute op
+    for op in program.ops:
+        if op.stream == COMPUTE_STREAM and not op.is_comm:
+            key = group_of.get(op.id)
+            if key is None:
+                continue
+            start = last_compute.get(key, 0.0)
+        else:
+            groups = {owner.get(d) for d in op.deps}
+            if len(groups) != 1 or None in groups:
+                continue  # waits on something outside a single group (or on nothing): on no chain
+            key, start = groups.pop(), 0.0
+        for dep in op.deps:
+            if owner.get(dep) == key and end[dep] > start:
+                start = end[dep]
+        end[op.id] = start + durations[op.id]
+        owner[op.id] = key
+        if op.stream == COMPUTE_STREAM and not op.is_comm:
+            last_compute[key] = end[op.id]
+    return last_compute
+
+
+def pass_chains_s(program: Program, durations: list[float]) -> dict[str, float]:
+    """Each layer pass's chain (chains_s): its compute ops and the collectives between them."""
+    passes = {op.id: pass_of(op.name) for op in program.ops if op.stream == COMPUTE_STREAM and not op.is_comm}
+    return chains_s(program, durations, {i: key for i, key in passes.items() if key})
+
+
+def micro_batch_runs(program: Program) -> dict[int, tuple[str, int]]:
+    """Compute op id -> (micro-batch tag, run): the longest runs of one micro-batch's compute ops on the compute
+    stream (a 1F1B stage's forward of a micro-batch, then later its backward; ops of no micro-batch end a run)."""
+    out: dict[int, tuple[str, int]] = {}
+    runs: dict[str, int] = {}
+    previous = None
+    for op in program.ops:
+        if op.stream != COMPUTE_STREAM or op.is_comm:
+            continue
+        tag = op.name.partition(".")[0]
+        if not tag.startswith("mb"):
+            previous = None
+            continue
+        if tag != previous:
+            runs[tag] = runs.get(tag, -1) + 1
+            previous = tag
+        out[op.id] = (tag, runs[tag])
+    return out
+
+
+def least_per_layer_s(per_pass: dict[str, float]) -> float:
+    """A layer's smallest possible total: for each kind of pass (fwd, rc, bwd), the least any layer's pass of that
+    kind has, summed."""
+    least: dict[str, float] = {}
+    for key, value in per_pass.items():
+        kind = key.split(".")[-2]
+        least[kind] = min(value, least.get(kind, value))
+    return sum(least.values())
