@@ -123,8 +123,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--global-batch", type=int, help="sequences per step (instead of --batch-tokens)")
     p.add_argument("--top", type=int, default=10, help="how many plans to rank (default 10)")
     p.add_argument("--axes", help="axes to search, from gx,gy,gz,gdata,pp (default all; gx,gy,gz,gdata = AxoNN "
-                                  "only: at tens of thousands of GPUs far fewer plans, a search in under a minute "
-                                  "instead of tens)")
+                                  "only: at tens of thousands of GPUs far fewer plans, a search in about half a minute "
+                                  "instead of a few minutes)")
     p.add_argument("--min-tp", type=int, default=1, help="smallest gx*gy*gz (default 1)")
     p.add_argument("--max-tp", type=int, default=0, help="largest gx*gy*gz (default: no limit)")
     p.add_argument("--zero", default="0", help="ZeRO stages to try over gdata, e.g. 0,1 (default 0)")
