@@ -154,11 +154,14 @@ class BoundModel:
     def _durations_s(self, schedule: Schedule, program: Program) -> list[float]:
         return [self._op_s(schedule, program.ranks[0], op.work) for op in program.ops]
 
-    def program_terms_s(self, schedule: Schedule, program: Program) -> tuple[float, float, float]:
+    def program_terms_s(self, schedule: Schedule, program: Program, durations: list[float] | None = None
+                        ) -> tuple[float, float, float]:
         """The three bounds of one program: its longest path, its compute slowed by its communication, and its
         busiest link. Each is a sum over the program's ops, so it grows linearly with repeated layers and
         micro-batches (twin.search.rank continues each one separately before taking the largest)."""
         rank = program.ranks[0]
+        if durations is None:
+            durations = self._durations_s(schedule, program)
         end = [0.0] * len(program.ops)
         busy: dict[str, float] = {}  # per stream: the sum of its ops' durations
         traffic: dict[tuple, int] = {}  # (axis, kind, bytes) -> collectives issued
@@ -169,7 +172,7 @@ class BoundModel:
                 if end[dep] > start:
                     start = end[dep]
             work = op.work
-            t = self._op_s(schedule, rank, work)
+            t = durations[op.id]
             if isinstance(work, Collective):
                 traffic[(work.group, work.kind, work.nbytes)] = traffic.get((work.group, work.kind, work.nbytes), 0) + 1
             end[op.id] = stream_free[op.stream] = start + t
@@ -226,10 +229,11 @@ class BoundModel:
     def terms_s(self, schedule: Schedule) -> tuple[float, ...]:
         """Every program's three bounds, then the pipeline's, one after the other; the bound is their largest."""
         self._collective, self._instance_cache = {}, {}
-        own = tuple(t for p in schedule.programs for t in self.program_terms_s(schedule, p))
-        return own + self.pipeline_terms_s(schedule)
+        durations = [self._durations_s(schedule, p) for p in schedule.programs]  # each op costed once
+        own = tuple(t for p, d in zip(schedule.programs, durations) for t in self.program_terms_s(schedule, p, d))
+        return own + self.pipeline_terms_s(schedule, durations)
 
-    def pipeline_terms_s(self, schedule: Schedule) -> tuple[float, ...]:
+    def pipeline_terms_s(self, schedule: Schedule, durations: list[list[float]] | None = None) -> tuple[float, ...]:
         """One bound per stage of a 1F1B pipeline (programs = stages, blocks of consecutive ranks; ops tagged
         "mb<i>.").
 
@@ -261,8 +265,8 @@ class BoundModel:
         through: dict[int, float] = {}  # T_s
         own: dict[int, float] = {}  # A_s
         micro_batches = 0
-        for program in schedule.programs:
-            durations = self._durations_s(schedule, program)
+        for index, program in enumerate(schedule.programs):
+            program_durations = self._durations_s(schedule, program) if durations is None else durations[index]
             tags: set[str] = set()
             total = 0.0
             for op in program.ops:
@@ -273,12 +277,12 @@ class BoundModel:
                     return ()  # interleaved: a micro-batch crosses each rank more than once
                 tags.add(tag)
                 if op.stream == COMPUTE_STREAM and not op.is_comm:
-                    total += durations[op.id]
+                    total += program_durations[op.id]
             if not tags:
                 return ()
             stage = program.ranks[0] // per_stage
             micro_batches = len(tags)
-            chains = chains_s(program, durations, micro_batch_runs(program))
+            chains = chains_s(program, program_durations, micro_batch_runs(program))
             runs: dict[str, list[float]] = {}
             for (tag, _), value in sorted(chains.items()):
                 runs.setdefault(tag, []).append(value)
