@@ -31,6 +31,7 @@ import networkx as nx
 
 from topologies import dragonfly, fattree
 from topologies.schema import Fields, Sourced
+from topologies.overrides import Override, apply_overrides
 from twin.errors import TwinError
 from twin.ir import COLLECTIVE_KINDS
 
@@ -219,6 +220,7 @@ class Machine:
     collectives: CollectiveTuning
     sources: dict[str, Sourced]  # dotted key path -> number as written, with provenance
     path: str
+    overrides: tuple[Override, ...] = ()  # (dotted path, value) set on the command line over the file
 
     @property
     def max_nodes(self) -> int:
@@ -300,8 +302,8 @@ def _resolve(name_or_path: str) -> Path:
     return path
 
 
-def load_machine(name_or_path: str) -> Machine:
-    """Load a machine by bare name (a file of this package) or by path."""
+def load_machine(name_or_path: str, overrides: tuple[Override, ...] = ()) -> Machine:
+    """Load a machine by bare name (a file of this package) or by path, with what-if `overrides`."""
     path = _resolve(name_or_path)
     try:
         with open(path, "rb") as f:
@@ -311,8 +313,9 @@ def load_machine(name_or_path: str) -> Machine:
     except tomllib.TOMLDecodeError as e:
         msg = " ".join(str(e).split())
         raise TwinError(f"{path}: invalid TOML ({msg}); fix the syntax") from e
+    apply_overrides(data, overrides, path.name)
     sources: dict[str, Sourced] = {}
-    top = Fields(data, "", str(path), sources)
+    top = Fields(data, "", str(path) + (" (with --set)" if overrides else ""), sources)
     meta = top.table("machine")
     name, description = meta.text("name"), meta.text("description")
     meta.finish()
@@ -321,7 +324,7 @@ def load_machine(name_or_path: str) -> Machine:
     network = _network(top.table("network"), node)
     collectives = _collectives(top.table("collectives"))
     top.finish()
-    return Machine(name, description, device, node, network, collectives, sources, str(path))
+    return Machine(name, description, device, node, network, collectives, sources, str(path), tuple(overrides))
 
 
 def _device(f: Fields) -> DeviceSpec:

@@ -19,7 +19,7 @@ rejects keys nobody read, so a typo fails loudly instead of being ignored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from twin.errors import TwinError
@@ -41,6 +41,7 @@ class Sourced:
     value: float
     source: str | None
     estimate: str | None
+    integral: bool = False  # read as an integer (a count, a tile size): what-if values must be whole too
 
 
 def _is_number(x: Any) -> bool:
@@ -148,6 +149,8 @@ class Fields:
         value = self.number(key, check)
         if not value.is_integer():
             self.fail(key, f"must be an integer, got {value}")
+        where = self.where(key)
+        self._sources[where] = replace(self._sources[where], integral=True)
         return int(value)
 
     def structure(self, key: str, check: str = "nonneg") -> int:

@@ -24,6 +24,18 @@ def add_machine_and_model_arguments(p: argparse.ArgumentParser, required: bool =
     model.add_argument("--model", help="catalog model (see `twin models`), e.g. GPT-80B")
     model.add_argument("--model-spec", help="any GPT-style model: layers=..,hidden=..,heads=..[,seq=..,vocab=..,ffn=..]")
     p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
+                   help="replace one number of the machine file for this run (repeatable), e.g. "
+                   "--set device.attention_efficiency=0.5; `twin machines NAME` lists the fields")
+
+
+def load_machine_from_args(args: argparse.Namespace):
+    """--machine with its --set overrides."""
+    from topologies.machine import load_machine
+    from topologies.overrides import parse_override
+
+    overrides = tuple(parse_override(text) for text in getattr(args, "overrides", []))
+    return load_machine(args.machine, overrides)
 
 
 def add_plan_switches(p: argparse.ArgumentParser) -> None:
@@ -49,10 +61,9 @@ def machine_and_model(args: argparse.Namespace):
     """(machine, model) from --machine, --model/--model-spec and --seq; --gpus checked positive."""
     from dataclasses import replace
 
-    from topologies.machine import load_machine
     from twin.model import get_model, parse_model_spec
 
-    machine = load_machine(args.machine)
+    machine = load_machine_from_args(args)
     model = get_model(args.model) if args.model else parse_model_spec(args.model_spec)
     if args.seq is not None:
         if args.seq <= 0:
@@ -114,17 +125,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.preset:
         _apply_preset(args)
     if args.schedule:
-        from topologies.machine import load_machine
-
         if args.machine is None:
             raise TwinError("--machine is required with --schedule")
-        schedule, machine = load_schedule(args.schedule), load_machine(args.machine)
+        schedule, machine = load_schedule(args.schedule), load_machine_from_args(args)
     else:
-        missing = [f"--{n}" for n in ("machine", "gpus", "plan") if getattr(args, n) is None]
-        if not (args.model or args.model_spec):
-            missing.append("--model")
-        if missing:
-            raise TwinError(f"simulate needs {', '.join(missing)} (or --schedule FILE); see `twin simulate --help`")
+        _require_step_arguments(args, "simulate", " (or --schedule FILE)")
         model, plan, machine = _step_inputs(args)
         schedule = build_step(model, plan, machine, args.gpus).schedule
     run = simulate(schedule, machine, full=args.full)
@@ -141,6 +146,39 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         for what, path in (("trace", args.trace), ("figure", args.figure)):
             if path:
                 print(f"  {what} written to {path}")
+    return 0
+
+
+def _require_step_arguments(args: argparse.Namespace, command: str, alternative: str = "") -> None:
+    """--machine, --model, --gpus and --plan, given or filled by --preset."""
+    missing = [f"--{n}" for n in ("machine", "gpus", "plan") if getattr(args, n) is None]
+    if not (args.model or args.model_spec):
+        missing.append("--model")
+    if missing:
+        raise TwinError(f"{command} needs {', '.join(missing)}{alternative}; see `twin {command} --help`")
+
+
+def cmd_sensitivity(args: argparse.Namespace) -> int:
+    from twin.search.cli import ProgressBar
+    from twin.sensitivity import format_sensitivity, sensitivity
+
+    if args.preset:
+        _apply_preset(args)
+    _require_step_arguments(args, "sensitivity", " (or --preset NAME)")
+    model, plan, machine = _step_inputs(args)
+    if args.target_step_s is not None and args.target_step_s <= 0:
+        raise TwinError("--target-step-s must be a positive number of seconds")
+    if args.fields:
+        fields = [f.strip() for f in args.fields.split(",") if f.strip()]
+    else:
+        fields = list(machine.sources) if args.all else None
+    bar = ProgressBar(not args.json and (args.progress or sys.stderr.isatty()))
+    try:
+        result = sensitivity(model, plan, machine, args.gpus, fields, args.factor, args.target_step_s,
+                             progress=lambda done, total: bar("numbers", done, total))
+    finally:
+        bar.close()
+    print(json.dumps(result.to_json_dict(), indent=2) if args.json else format_sensitivity(result))
     return 0
 
 
@@ -213,9 +251,14 @@ def cmd_scale(args: argparse.Namespace) -> int:
     if args.json:
         from dataclasses import asdict
 
-        print(json.dumps({"mode": args.mode, "figure": figure, "points": [asdict(p) for p in points]}, indent=2))
+        print(json.dumps({"mode": args.mode, "figure": figure, "points": [asdict(p) for p in points],
+                          "machine_overrides": dict(machine.overrides)}, indent=2))
         return 0
     label = "weak eff." if args.mode == "weak" else "strong eff."
+    if machine.overrides:
+        from topologies.overrides import describe_overrides
+
+        print(describe_overrides(machine.overrides))
     print(f"{'GPUs':>7}{'batch':>8}{'step s':>10}{'TF/s/GPU':>10}{'PF/s':>9}{label:>12}  plan")
     for p in points:
         print(f"{p.gpus:>7}{p.global_batch:>8}{p.step_time_s:>10.2f}{p.tflops_per_gpu:>10.1f}{p.pflops_total:>9.2f}"
@@ -336,6 +379,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figure", help="write a timeline figure (PNG) of the critical rank")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser(
+        "sensitivity", help="which machine-file numbers a predicted step depends on, and how much",
+        description="Move each estimated number of the machine file (or --fields, or --all) by --factor each way, "
+        "re-simulate the step, and print the elasticity d ln(step) / d ln(value), largest first. With "
+        "--target-step-s (a measured step), also the value each number alone would need to reach it, to first "
+        "order. Example: twin sensitivity --preset frontier-175b --target-step-s 120",
+    )
+    _add_step_arguments(p, required=False)
+    p.add_argument("--preset", help="a named configuration from the papers (see `twin presets`)")
+    p.add_argument("--fields", help="comma-separated numbers to move (default: every estimate), "
+                   "e.g. device.empirical_gemm_bf16_tflop_per_s,device.attention_efficiency")
+    p.add_argument("--all", action="store_true", help="move every number of the machine file, sourced ones too")
+    p.add_argument("--factor", type=float, default=0.2, help="relative move each way (default 0.2 = 20%%)")
+    p.add_argument("--target-step-s", type=float, help="a measured step time to explain (seconds)")
+    p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_sensitivity)
 
     p = sub.add_parser("presets", help="list the named configurations from the papers")
     p.add_argument("--json", action="store_true", help="print JSON")

@@ -9,10 +9,11 @@ communication op is in flight and no compute op is: what overlap did not hide.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from topologies.overrides import describe_overrides
 from twin.ir import Program, op_class
 from twin.sim.engine import RankTimeline, SimRun
 
@@ -36,6 +37,7 @@ class Summary:
     time_by_class_s: dict[str, float]
     simulated_ranks: int
     sim_wall_s: float
+    machine_overrides: dict[str, float] = field(default_factory=dict)  # --set FIELD=VALUE over the machine file
 
     def to_json_dict(self) -> dict:
         return asdict(self)
@@ -84,8 +86,9 @@ def _last_to_finish(timelines) -> RankTimeline:
 
 
 def summarize(run: SimRun, flops_formula: str = "hardware") -> Summary:
-    return summarize_timelines(run.schedule, list(run.timelines), run.step_time_s, run.machine.name,
-                               run.machine.device, run.wall_s, flops_formula)
+    summary = summarize_timelines(run.schedule, list(run.timelines), run.step_time_s, run.machine.name,
+                                  run.machine.device, run.wall_s, flops_formula)
+    return replace(summary, machine_overrides=dict(run.machine.overrides))
 
 
 def format_summary(s: Summary) -> str:
@@ -93,6 +96,7 @@ def format_summary(s: Summary) -> str:
     lines = [
         f"{s.model} on {s.gpus} x {s.machine} GPUs, plan {s.plan}",
         f"  global batch {s.global_batch} sequences x {s.seq} tokens",
+        *([f"  {describe_overrides(s.machine_overrides)}"] if s.machine_overrides else []),
         f"  step time              {s.step_time_s:10.3f} s",
         f"  throughput             {s.pflops_total:10.1f} PF/s total, {s.tflops_per_gpu:.1f} TF/s per GPU "
         f"({s.flops_formula} FLOPs)",

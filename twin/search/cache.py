@@ -38,12 +38,15 @@ def code_fingerprint() -> str:
 
 
 def machine_text(machine) -> str:
-    """The machine file's text: part of every key, so an edited file is a different machine."""
+    """The machine file's text and any --set overrides: part of every key, so an edited file or an
+    overridden number is a different machine."""
     try:
         with open(machine.path) as f:
-            return f.read()
+            text = f.read()
     except OSError:
-        return machine.path
+        text = machine.path
+    overrides = getattr(machine, "overrides", ())
+    return text + "".join(f"\n# --set {path}={value!r}" for path, value in overrides)
 
 
 def cache_key(kind: str, inputs: dict, machine_text: str) -> str:

@@ -50,6 +50,7 @@ class ProgressBar:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from topologies.overrides import describe_overrides
     from twin.cli import machine_and_model
     from twin.figures import landscape_figure
     from twin.search.batch import sequences_for_tokens
@@ -86,12 +87,15 @@ def cmd_search(args: argparse.Namespace) -> int:
         doc = result.to_json_dict(landscape=args.landscape)
         if args.figure:
             doc["figure"] = args.figure
+        doc["machine_overrides"] = dict(machine.overrides)
         print(json.dumps(doc, indent=2))
         return 0
     how = "from the cache" if result.cached else f"in {result.wall_s:.1f} s"
     ruled_out = result.candidates - result.simulated
     print(f"{result.model} on {result.gpus} {machine.name} GPUs, global batch {batch} x {model.seq} tokens "
           f"({batch * model.seq / 1e6:.1f}M); {result.space}")
+    if machine.overrides:
+        print(describe_overrides(machine.overrides))
     print(f"{result.candidates} valid plans fit in memory; {result.bounded} given the full lower bound, "
           f"{result.simulated} simulated, {ruled_out} ruled out by a bound (none of them can enter the top {args.top}) "
           f"{how}")

@@ -1,0 +1,148 @@
+"""What-if machine numbers (--set) and the sensitivity of a step to each number of the machine file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import SMALL_SPEC
+from test_cli import STEP, assert_user_error, run
+from topologies.machine import load_machine
+from twin.errors import TwinError
+from twin.micro_batches import simulate_step
+from twin.model import parse_model_spec
+from twin.plan import parse_plan
+from twin.search.cache import machine_text
+from twin.sensitivity import estimated_fields, sensitivity
+
+MODEL = parse_model_spec(SMALL_SPEC)
+# one node, no pipeline: a step with tensor-parallel collectives inside a Frontier node only
+PLAN = parse_plan("gx=2,gy=2,gz=2,mbs=2,global_batch=8")
+GEMM_PEAK = "device.empirical_gemm_bf16_tflop_per_s"
+
+
+# ---- --set ---------------------------------------------------------------------------------
+
+
+def test_override_replaces_the_number_and_says_so():
+    m = load_machine("frontier", (("device.attention_efficiency", 0.5), ("node.links[0].bw_per_direction_gb_per_s", 100)))
+    assert m.device.attention_efficiency == 0.5
+    assert m.node.links[0].bw_bytes_per_s == 100e9
+    note = m.sources["device.attention_efficiency"]
+    assert note.source is None and "--set" in note.estimate and "0.4" in note.estimate
+    plain = load_machine("frontier")
+    assert plain.device.attention_efficiency == 0.4  # the file itself is untouched
+    assert machine_text(m) != machine_text(plain)  # cached results of the plain file are not served
+
+
+@pytest.mark.parametrize("override, mentions", [
+    (("device.atention_efficiency", 0.5), ("no such number", "device.attention_efficiency")),
+    (("node.links[99].bw_per_direction_gb_per_s", 1.0), ("no such number",)),
+    (("device", 1.0), ("no such number",)),
+    (("device.attention_efficiency", 1.5), ("device.attention_efficiency", "(0, 1]", "--set")),
+    (("device.gemm_tile_m", 100.5), ("device.gemm_tile_m", "integer")),
+])
+def test_bad_override_is_a_one_line_error(override, mentions):
+    with pytest.raises(TwinError) as e:
+        load_machine("frontier", (override,))
+    assert "\n" not in str(e.value)
+    for text in mentions:
+        assert text in str(e.value)
+
+
+def test_set_on_the_command_line(capsys):
+    rc, out, _ = run(capsys, "simulate", *STEP, "--json")
+    base = json.loads(out)
+    rc, out, _ = run(capsys, "simulate", *STEP, "--json", "--set", f"{GEMM_PEAK}=60")
+    slow = json.loads(out)
+    assert rc == 0 and slow["machine_overrides"] == {GEMM_PEAK: 60.0} and base["machine_overrides"] == {}
+    assert slow["step_time_s"] > base["step_time_s"]
+    rc, out, _ = run(capsys, "simulate", *STEP, "--set", f"{GEMM_PEAK}=60")
+    assert f"machine file overridden: {GEMM_PEAK}=60" in out
+
+
+@pytest.mark.parametrize("value, mentions", [
+    ("device.hbm_efficiency", ("FIELD=VALUE",)),
+    ("device.hbm_efficiency=fast", ("not a number",)),
+    ("device.hbm_efficiency=2", ("device.hbm_efficiency", "(0, 1]")),
+    ("device.hbm_eficiency=0.5", ("device.hbm_efficiency",)),
+])
+def test_bad_set_exits_2(capsys, value, mentions):
+    assert_user_error(*run(capsys, "simulate", *STEP, "--set", value), *mentions)
+
+
+# ---- sensitivity ---------------------------------------------------------------------------
+
+
+def test_elasticities_follow_the_physics():
+    machine = load_machine("frontier")
+    base = simulate_step(MODEL, PLAN, machine, 8)
+    fields = [GEMM_PEAK, "device.attention_efficiency", "network.switch_latency_us", "device.gemm_tile_m"]
+    result = sensitivity(MODEL, PLAN, machine, 8, fields)
+    by = {f.path: f for f in result.fields}
+    assert result.step_time_s == pytest.approx(base.step_time_s)
+    gemm_share = base.time_by_class_s["gemm"] / base.step_time_s
+    # a faster GEMM shortens the step, by at most the GEMMs' share of it (overlap can hide some of them)
+    assert -gemm_share * 1.05 < by[GEMM_PEAK].elasticity < 0
+    assert by["device.attention_efficiency"].elasticity < 0
+    assert by["network.switch_latency_us"].elasticity == 0  # one node: the network is never used
+    tile = by["device.gemm_tile_m"]  # an integer field moves to whole values: 256 -> 205 and 307
+    assert (tile.low_value, tile.high_value) == (205, 307)
+    assert [abs(f.elasticity) for f in result.fields] == sorted((abs(f.elasticity) for f in result.fields), reverse=True)
+
+
+def test_needed_value_reaches_the_target_to_first_order():
+    machine = load_machine("frontier")
+    base = simulate_step(MODEL, PLAN, machine, 8).step_time_s
+    result = sensitivity(MODEL, PLAN, machine, 8, [GEMM_PEAK, "device.attention_efficiency"],
+                         target_step_s=1.1 * base)
+    gemm = next(f for f in result.fields if f.path == GEMM_PEAK)
+    assert gemm.needed_allowed and gemm.needed_value < gemm.value
+    moved = load_machine("frontier", ((GEMM_PEAK, gemm.needed_value),))
+    assert simulate_step(MODEL, PLAN, moved, 8).step_time_s == pytest.approx(1.1 * base, rel=0.02)
+    attention = next(f for f in result.fields if f.path == "device.attention_efficiency")
+    assert attention.needed_value is not None
+
+
+def test_default_fields_are_the_estimates_and_sides_the_file_rejects_are_skipped():
+    machine = load_machine("frontier")
+    assert set(estimated_fields(machine)) == {p for p, s in machine.sources.items() if s.estimate and s.value}
+    result = sensitivity(MODEL, PLAN, machine, 8, ["device.layout_efficiency.nn"])
+    (nn,) = result.fields
+    assert nn.high_value is None and "(0, 1]" in nn.skipped and nn.low_value == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize("kwargs, mentions", [
+    ({"fields": ["device.nonsense"]}, ("device.nonsense",)),
+    ({"factor": 1.5}, ("--factor",)),
+])
+def test_sensitivity_input_errors(kwargs, mentions):
+    with pytest.raises(TwinError) as e:
+        sensitivity(MODEL, PLAN, load_machine("frontier"), 8, **kwargs)
+    for text in mentions:
+        assert text in str(e.value)
+
+
+def test_sensitivity_command(capsys):
+    step = [a for a in STEP]
+    step[step.index("--gpus") + 1], step[step.index("--plan") + 1] = "8", "gx=2,gy=2,gz=2,mbs=2"
+    step[step.index("--global-batch") + 1] = "8"
+    rc, out, _ = run(capsys, "sensitivity", *step, "--fields", f"{GEMM_PEAK},device.hbm_efficiency",
+                     "--target-step-s", "1", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and {f["path"] for f in doc["fields"]} == {GEMM_PEAK, "device.hbm_efficiency"}
+    rc, out, _ = run(capsys, "sensitivity", *step, "--fields", GEMM_PEAK)
+    assert rc == 0 and GEMM_PEAK in out and "elasticity" in out
+    assert_user_error(*run(capsys, "sensitivity", *step, "--target-step-s", "-1"), "--target-step-s")
+    assert_user_error(*run(capsys, "sensitivity", "--machine", "frontier"), "--gpus", "--plan", "--model")
+
+
+def test_search_and_scale_report_their_overrides(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("EXATWIN_CACHE_DIR", str(tmp_path))
+    small = ["--machine", "frontier", "--model-spec", SMALL_SPEC, "--set", "device.attention_efficiency=0.2"]
+    rc, out, _ = run(capsys, "search", *small, "--gpus", "8", "--global-batch", "8", "--top", "2", "--json")
+    assert rc == 0 and json.loads(out)["machine_overrides"] == {"device.attention_efficiency": 0.2}
+    rc, out, _ = run(capsys, "scale", *small, "--plan", "gx=2,mbs=1", "--gpus", "2,4", "--mode", "weak",
+                     "--global-batch", "4", "--figure", str(tmp_path / "s.png"))
+    assert rc == 0 and "machine file overridden: device.attention_efficiency=0.2" in out

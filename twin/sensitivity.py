@@ -1,0 +1,185 @@
+"""How much a predicted step depends on each number of the machine file.
+
+Some of a machine file's numbers are estimates (a flash-attention efficiency,
+a per-kernel overhead). Before a user trusts a prediction they should know
+which of them it hangs on, and before anyone spends GPU time measuring, which
+measurement would settle the most. `sensitivity` moves one number at a time
+by a factor each way (through the same path as `--set`, so range checks
+apply), re-simulates the step, and reports the elasticity
+
+    e = d ln(step) / d ln(value)  ~  ln(step+ / step-) / ln(value+ / value-)
+
+(-1 for a rate the step is wholly bound by, 0 for a number the step never
+touches). Given a target step (a measured one), it also extrapolates the
+value each number alone would need, value * (target / step) ** (1 / e): a
+first-order answer to "could this estimate alone explain the gap?", not a
+fit; the model is never changed by it.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from topologies.machine import Machine, load_machine
+from twin.errors import TwinError
+from twin.micro_batches import simulate_step
+from twin.model import ModelSpec
+from twin.plan import ParallelPlan
+
+DEFAULT_FACTOR = 0.2
+FIRST_ORDER_REACH = 4.0  # a needed value further than this factor away is shown as out of reach, not as a number
+
+
+@dataclass(frozen=True)
+class FieldSensitivity:
+    path: str
+    value: float
+    note: str  # the file's estimate or source text
+    estimate: bool
+    low_value: float | None  # None: that side was not simulated (see `skipped`)
+    low_step_s: float | None
+    high_value: float | None
+    high_step_s: float | None
+    elasticity: float
+    skipped: str = ""  # why a side was left out (a range check, an integer that would not move)
+    needed_value: float | None = None  # the value alone that would give the target step (first order)
+    needed_allowed: bool | None = None  # whether the machine file's range checks would accept needed_value
+
+    def to_json_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    machine: str
+    step_time_s: float
+    factor: float
+    target_step_s: float | None
+    fields: tuple[FieldSensitivity, ...]  # by |elasticity|, largest first
+
+    def to_json_dict(self) -> dict:
+        return {"machine": self.machine, "step_time_s": self.step_time_s, "factor": self.factor,
+                "target_step_s": self.target_step_s, "fields": [f.to_json_dict() for f in self.fields]}
+
+
+def estimated_fields(machine: Machine) -> list[str]:
+    """The machine's numbers that carry an estimate note (set with --set ones included), nonzero ones only:
+    a zero cannot be scaled."""
+    return [path for path, s in machine.sources.items() if s.estimate and s.value != 0]
+
+
+class _Steps:
+    """Simulated steps of one model, plan and GPU count on variants of a machine (twin.micro_batches: a step of
+    many micro-batches is continued from two short ones, exactly)."""
+
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, gpus: int) -> None:
+        self.model, self.plan, self.gpus = model, plan, gpus
+
+    def step_s(self, machine: Machine) -> float:
+        return simulate_step(self.model, self.plan, machine, self.gpus).step_time_s
+
+
+def _side(steps: _Steps, machine: Machine, path: str, value: float) -> tuple[float | None, float | None, str]:
+    """(value, step) with `path` set to `value`, or (None, None, why) when the file would reject it."""
+    s = machine.sources[path]
+    if s.integral:
+        value = float(round(value))
+        if value == s.value:
+            return None, None, "an integer the factor does not move"
+    overrides = tuple(o for o in machine.overrides if o[0] != path) + ((path, value),)
+    try:
+        moved = load_machine(machine.path, overrides)
+    except TwinError as e:
+        return None, None, str(e).split(": field ", 1)[-1]
+    return value, steps.step_s(moved), ""
+
+
+def _allowed(machine: Machine, path: str, value: float) -> bool:
+    """Would the machine file accept `value` at `path` (an efficiency above 1 or a negative latency would not)?"""
+    if not math.isfinite(value):
+        return False
+    if machine.sources[path].integral:
+        value = float(round(value))
+    try:
+        load_machine(machine.path, tuple(o for o in machine.overrides if o[0] != path) + ((path, value),))
+    except TwinError:
+        return False
+    return True
+
+
+def sensitivity(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, fields: list[str] | None = None,
+                factor: float = DEFAULT_FACTOR, target_step_s: float | None = None,
+                progress: Callable[[int, int], None] | None = None) -> Sensitivity:
+    """Elasticity of the step time to each of `fields` (default: every estimate of the machine file)."""
+    if not 0 < factor < 1:
+        raise TwinError(f"--factor {factor} must be between 0 and 1 (0.2 moves each number by 20% each way)")
+    paths = estimated_fields(machine) if fields is None else fields
+    unknown = [p for p in paths if p not in machine.sources]
+    if unknown:
+        raise TwinError(f"--fields {unknown[0]}: {machine.name} has no such number; `twin machines {machine.name}` "
+                        "lists them")
+    steps = _Steps(model, plan, gpus)
+    base = steps.step_s(machine)
+    rows = []
+    for i, path in enumerate(paths):
+        s = machine.sources[path]
+        lo_v, lo_t, lo_why = _side(steps, machine, path, s.value * (1 - factor))
+        hi_v, hi_t, hi_why = _side(steps, machine, path, s.value * (1 + factor))
+        points = [(v, t) for v, t in ((lo_v, lo_t), (s.value, base), (hi_v, hi_t)) if v is not None]
+        (v0, t0), (v1, t1) = points[0], points[-1]
+        elasticity = math.log(t1 / t0) / math.log(v1 / v0) if v1 != v0 and t0 > 0 else 0.0
+        needed, allowed = None, None
+        if target_step_s is not None and abs(elasticity) > 1e-3:
+            needed = s.value * (target_step_s / base) ** (1 / elasticity)
+            allowed = _allowed(machine, path, needed)
+        rows.append(FieldSensitivity(path, s.value, s.estimate or s.source or "", bool(s.estimate), lo_v, lo_t,
+                                     hi_v, hi_t, elasticity, "; ".join(w for w in (lo_why, hi_why) if w), needed,
+                                     allowed))
+        if progress:
+            progress(i + 1, len(paths))
+    rows.sort(key=lambda r: -abs(r.elasticity))
+    return Sensitivity(machine.name, base, factor, target_step_s, tuple(rows))
+
+
+def needed_text(f: FieldSensitivity) -> str:
+    """The value a number alone would need, as a reader should take it: a value and its ratio to the file's,
+    "impossible" (the file's range checks reject it) or out of first-order reach."""
+    if f.needed_value is None:
+        return "-"
+    if not f.needed_allowed:
+        return "impossible"
+    ratio = f.needed_value / f.value
+    if not 1 / FIRST_ORDER_REACH <= ratio <= FIRST_ORDER_REACH:
+        return f"beyond x{FIRST_ORDER_REACH:g}" if ratio > 1 else f"below x1/{FIRST_ORDER_REACH:g}"
+    return f"{f.needed_value:.4g} (x{ratio:.2g})"
+
+
+def format_sensitivity(result: Sensitivity, notable: float = 0.005) -> str:
+    """A table of the numbers that move the step, largest effect first; the rest named on one line."""
+    pct = round(100 * result.factor)
+    lines = [f"step {result.step_time_s:.3f} s on {result.machine}; each number moved by {pct}% each way"
+             + (f"; target step {result.target_step_s:.3f} s" if result.target_step_s else "")]
+    head = f"  {'field':<46}{'value':>10}{f'-{pct}%':>10}{f'+{pct}%':>10}{'elasticity':>11}"
+    lines.append(head + (f"  {'needed alone':<22}" if result.target_step_s else "") + "  kind")
+
+    def step(v: float | None) -> str:
+        return f"{100 * (v / result.step_time_s - 1):+.1f}%" if v is not None else "-"
+
+    quiet = []
+    for f in result.fields:
+        if abs(f.elasticity) < notable:
+            quiet.append(f.path)
+            continue
+        mark = "estimate" if f.estimate else "sourced"
+        needed = ""
+        if result.target_step_s:
+            needed = f"  {needed_text(f):<22}"
+        lines.append(f"  {f.path:<46}{f.value:>10.4g}{step(f.low_step_s):>10}{step(f.high_step_s):>10}"
+                     f"{f.elasticity:>11.3f}{needed}  {mark}" + (f" ({f.skipped})" if f.skipped else ""))
+    if quiet:
+        lines.extend(textwrap.wrap(f"no effect (|elasticity| < {notable}): {', '.join(quiet)}", width=110,
+                                   initial_indent="  ", subsequent_indent="    "))
+    return "\n".join(lines)
