@@ -39,8 +39,21 @@ error <= 1e-4 in float32 (rounding gives about 1e-6 at these sizes; any
 wrong group gives errors of order 1). Byte counts of the bound collectives are
 checked against the tensors they move as well.
 
-Not covered: sequence-parallel plans (sp=1; their all-gathers re-split
-activations this check does not model) are refused with a message.
+Sequence parallelism (sp=1, Megatron: over X with gy = 1) keeps the
+activations between linears split by rows over X: rank x holds row block x
+of its rows. A column-parallel linear (k split over Y, so not transposed)
+then starts from its sequence shard of I,
+
+    fwd/rc  ag_x        I         = ALL_GATHER_x(I_seq)        (bwd: ag_in_x, again for dW)
+    bwd     rs_x        dI_seq    = REDUCE_SCATTER_x(dI_part)
+
+and a row-parallel (transposed) one ends in it:
+
+    fwd/rc  rs_x        O_seq     = REDUCE_SCATTER_x(O_part)
+    bwd     ag_x        dO        = ALL_GATHER_x(dO_seq)
+
+so what is checked is O_seq or dI_seq, the rank's row block of the full
+result, and a gather that concatenates in the wrong order gives wrong rows.
 """
 
 from __future__ import annotations
@@ -61,6 +74,7 @@ from twin.model import CATALOG, DTYPE_BYTES, ModelSpec
 from twin.plan import parse_plan
 
 REL_ERROR_BOUND = 1e-4
+SEQUENCE_ROLES = ("ag_x", "ag_in_x", "rs_x")  # sequence parallelism's activation collectives (weights: z, z+data)
 
 _NAME = re.compile(r"^mb(?P<mb>\d+)(?:\.c\d+)?\.(?P<phase>fwd|rc|bwd)\.(?P<lin>(?:L\d+\.)?[a-z_]+)\.(?P<role>[A-Za-z_]+)$")
 
@@ -81,6 +95,8 @@ class _Linear:
     mbs: set[int] = field(default_factory=set)
     gathered: bool = False  # an all-gather fills W_block
     scattered: bool = False  # a reduce-scatter makes the gradient shard
+    out_key: str = "O"  # the forward result checked: "O_seq" when sequence parallelism scatters it
+    din_key: str = "dI"  # the input gradient checked: "dI_seq" when sequence parallelism scatters it
 
 
 class NumericsChecker:
@@ -104,6 +120,7 @@ class NumericsChecker:
         self.shard_axis = "z+data" if zero3 else "z"
         self.size["z+data"] = plan.gz * plan.gdata
         self.pos["z+data"] = self.pos["z"] + plan.gz * self.pos["data"]
+        self.sp = plan.sp and plan.gx > 1
         roles = transposed_linears()
         self.linears: dict[str, _Linear] = {}
         for op in program.ops:
@@ -114,12 +131,12 @@ class NumericsChecker:
             base = lin.split(".")[-1]
             if base not in roles:
                 continue
-            if role in ("ag_x", "rs_x", "ag_in_x"):
-                raise ValueError(f"--check-numerics does not support sequence parallelism (op '{op.name}'); use a plan with sp=0")
             info = self.linears.setdefault(lin, _Linear(lin, roles[base]))
             info.mbs.add(int(m.group("mb")))
             if role == "gemm" and isinstance(op.work, Gemm):
                 info.rows, info.n_loc, info.k_loc = op.work.m, op.work.n, op.work.k
+            if role in SEQUENCE_ROLES:
+                continue
             if role.startswith("ag_"):
                 info.gathered = True
             if role.startswith("rs_"):
@@ -182,6 +199,14 @@ class NumericsChecker:
             return
         chunk = slice(s * block // shards, (s + 1) * block // shards)
         dev, f32 = self.device, torch.float32
+        seq = slice(None)
+        if self.sp:  # the row block of this rank's rows that sequence parallelism leaves on it
+            if info.rows % self._sz("x"):
+                self.errors.append(f"{info.name}: {info.rows} rows do not split over x = {self._sz('x')}")
+                return
+            part = info.rows // self._sz("x")
+            seq = slice(self._ps("x") * part, (self._ps("x") + 1) * part)
+            info.out_key, info.din_key = ("O_seq", "dI") if info.transposed else ("O", "dI_seq")
         W = self._randn(f"W:{info.name}", (n, k), k ** -0.5)
         w_block = W[ns, ks].contiguous().reshape(-1)
         lin = info.name
@@ -191,13 +216,20 @@ class NumericsChecker:
         for mb in sorted(info.mbs):
             I = self._randn(f"I:{lin}:{mb}", (R, k), 1.0)
             dO = self._randn(f"dO:{lin}:{mb}", (R, n), n ** -0.5)
-            self.t[(lin, mb, "I")] = I[rows, ks].contiguous().to(dev, f32)
-            self.t[(lin, mb, "dO")] = dO[rows, ns].contiguous().to(dev, f32)
+            mine_I, mine_dO = I[rows, ks].contiguous(), dO[rows, ns].contiguous()
+            self.t[(lin, mb, "I")] = mine_I.to(dev, f32)
+            self.t[(lin, mb, "dO")] = mine_dO.to(dev, f32)
             for what, shape in (("O", (info.rows, info.n_loc)), ("dI", (info.rows, info.k_loc)),
                                 ("dW", (info.n_loc, info.k_loc)), ("dW_shard", (block // shards,))):
                 self.t[(lin, mb, what)] = torch.zeros(shape, device=dev, dtype=f32)
-            self.ref[(lin, mb, "O")] = (I @ W.T)[rows, ns]
-            self.ref[(lin, mb, "dI")] = (dO @ W)[rows, ks]
+            if self.sp:  # the sequence shards it starts from are given; the gathered tensors start empty
+                given, gathered = ("dO", mine_dO) if info.transposed else ("I", mine_I)
+                self.t[(lin, mb, f"{given}_seq")] = gathered[seq].contiguous().to(dev, f32)
+                self.t[(lin, mb, given)].zero_()
+                result, cols = (("O_seq", info.n_loc) if info.transposed else ("dI_seq", info.k_loc))
+                self.t[(lin, mb, result)] = torch.zeros((seq.stop - seq.start, cols), device=dev, dtype=f32)
+            self.ref[(lin, mb, info.out_key)] = (I @ W.T)[rows, ns][seq if info.out_key == "O_seq" else slice(None)]
+            self.ref[(lin, mb, info.din_key)] = (dO @ W)[rows, ks][seq if info.din_key == "dI_seq" else slice(None)]
             dw_full += dO.T @ I
         self.ref[(lin, "dW_shard")] = dw_full[ns, ks].contiguous().reshape(-1)[chunk]
 
@@ -224,6 +256,8 @@ class NumericsChecker:
         if not isinstance(op.work, Collective):
             return None
         kind = op.work.kind
+        if role in SEQUENCE_ROLES:
+            return self._bind_sequence(op, lin, role, phase, mb, channel)
         if role.startswith("ag_") and kind == "all_gather":
             out, inp = w, t[(lin, "W_shard")]
             self._check_bytes(op, out)
@@ -237,6 +271,30 @@ class NumericsChecker:
             self._check_bytes(op, buf)
             return channel.collective("all_reduce", buf, None)
         self.errors.append(f"op {op.id} '{op.name}': a {kind} where the linear's '{role}' step was expected")
+        return None
+
+    def _bind_sequence(self, op, lin: str, role: str, phase: str, mb: int, channel):
+        """Sequence parallelism's gathers and scatters of one linear's activations (module docstring)."""
+        info, t, kind = self.linears[lin], self.t, op.work.kind
+        forward = phase in ("fwd", "rc")
+        if not self.sp:
+            self.errors.append(f"op {op.id} '{op.name}': a sequence-parallel {kind} in a plan without sp=1")
+            return None
+        pair = None  # (full tensor, sequence shard)
+        if kind == "all_gather" and info.transposed and not forward and role == "ag_x":
+            pair = ("dO", "dO_seq")
+        elif kind == "all_gather" and not info.transposed and role == ("ag_x" if forward else "ag_in_x"):
+            pair = ("I", "I_seq")
+        elif kind == "reduce_scatter" and role == "rs_x" and forward == info.transposed:
+            pair = ("O", "O_seq") if info.transposed else ("dI", "dI_seq")
+        if pair is not None:
+            full, part = t[(lin, mb, pair[0])], t[(lin, mb, pair[1])]
+            self._check_bytes(op, full)
+            if kind == "all_gather":
+                return channel.collective("all_gather", full.view(-1), part.view(-1))
+            return channel.collective("reduce_scatter", part.view(-1), full.view(-1))
+        self.errors.append(f"op {op.id} '{op.name}': a {kind} where {'a transposed' if info.transposed else 'a'} "
+                           f"linear's {phase} has no sequence-parallel '{role}'")
         return None
 
     def _check_bytes(self, op, tensor: torch.Tensor) -> None:
@@ -272,7 +330,7 @@ class NumericsChecker:
                 continue
             grad = None
             for mb in sorted(info.mbs):
-                for what in ("O", "dI"):
+                for what in (info.out_key, info.din_key):
                     checks.append({"linear": lin, "mb": mb, "what": what,
                                    "rel_err": rel(self.t[(lin, mb, what)], self.ref[(lin, mb, what)])})
                 part = self.t[(lin, mb, "dW_shard" if info.scattered else "dW")].reshape(-1).clone()

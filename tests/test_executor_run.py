@@ -78,8 +78,18 @@ def test_numerics_pass_for_4d_layers_transposed_and_not(tmp_path, plan):
     assert result["linears_per_rank"] == [9, 9, 9, 9]  # 2 layers x 4 linears + the LM head
 
 
+def test_numerics_pass_with_sequence_parallelism(tmp_path):
+    schedule, path = export(tmp_path, "gx=2,sp=1", 2)
+    assert any(op.name.endswith(".ag_in_x") for op in schedule.programs[0].ops)
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+    assert result["linears_per_rank"] == [9, 9]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("plan, gpus", [
+    ("gx=2,gz=2,sp=1,mbs=1", 4),  # sequence parallelism with z-sharded weights and two micro-batches
+    ("tp=2,pp=2,sp=1,mbs=1", 4),  # sequence parallelism across pipeline stages
     ("gx=2,gy=2,gz=2", 8),  # every tensor axis > 1
     ("gz=2,gdata=2,zero=3", 4),  # ZeRO-3: weights sharded over z+data
     ("gx=2,gdata=2,mbs=2", 4),  # gradient accumulation + data-parallel all-reduce
@@ -108,6 +118,22 @@ def test_numerics_fail_when_a_wrong_group_is_injected(tmp_path, capsys):
     assert rc == 1
     assert "FAILED" in out.out and "L0.qkv mb0 O: relative error" in out.out
     assert "numerics check failed" in out.err
+
+
+def test_numerics_fail_when_a_sequence_gather_uses_the_wrong_group(tmp_path):
+    schedule, _ = export(tmp_path, "gx=2,gz=2,sp=1", 4)
+
+    def wrong(op):  # layer 1's MLP-up input gather (forward and recompute) over Z instead of X: wrong rows
+        if op.name.endswith("L1.mlp_up.ag_x"):
+            return replace(op, stream="comm:z", work=replace(op.work, group="z"))
+        return op
+
+    bad = replace(schedule, programs=tuple(replace(p, ops=tuple(wrong(op) for op in p.ops)) for p in schedule.programs))
+    path = tmp_path / "bad.json"
+    save_schedule(bad, path)
+    result = numerics(bad, str(path), tmp_path / "num")
+    assert not result["ok"]
+    assert any("L1.mlp_up mb0 O: relative error" in f for f in result["failures"]), result["failures"]
 
 
 # ---- failures ---------------------------------------------------------------------------------
