@@ -135,6 +135,9 @@ def test_sensitivity_command(capsys):
     rc, out, _ = run(capsys, "sensitivity", *step, "--fields", GEMM_PEAK)
     assert rc == 0 and GEMM_PEAK in out and "elasticity" in out
     assert_user_error(*run(capsys, "sensitivity", *step, "--target-step-s", "-1"), "--target-step-s")
+    assert_user_error(*run(capsys, "sensitivity", *step, "--fields", ","), "--fields")
+    assert_user_error(*run(capsys, "sensitivity", *step, "--fields", GEMM_PEAK, "--all"), "--fields", "--all")
+    assert_user_error(*run(capsys, "sensitivity", *step, "--factor", "0"), "--factor")
     assert_user_error(*run(capsys, "sensitivity", "--machine", "frontier"), "--gpus", "--plan", "--model")
 
 

@@ -168,8 +168,12 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
     model, plan, machine = _step_inputs(args)
     if args.target_step_s is not None and args.target_step_s <= 0:
         raise TwinError("--target-step-s must be a positive number of seconds")
-    if args.fields:
+    if args.fields is not None and args.all:
+        raise TwinError("give one of --fields and --all")
+    if args.fields is not None:
         fields = [f.strip() for f in args.fields.split(",") if f.strip()]
+        if not fields:
+            raise TwinError(f"--fields {args.fields!r} names no number; e.g. --fields device.attention_efficiency")
     else:
         fields = list(machine.sources) if args.all else None
     bar = ProgressBar(not args.json and (args.progress or sys.stderr.isatty()))
