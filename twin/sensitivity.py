@@ -71,40 +71,34 @@ def estimated_fields(machine: Machine) -> list[str]:
     return [path for path, s in machine.sources.items() if s.estimate and s.value != 0]
 
 
-class _Steps:
-    """Simulated steps of one model, plan and GPU count on variants of a machine (twin.micro_batches: a step of
-    many micro-batches is continued from two short ones, exactly)."""
-
-    def __init__(self, model: ModelSpec, plan: ParallelPlan, gpus: int) -> None:
-        self.model, self.plan, self.gpus = model, plan, gpus
-
-    def step_s(self, machine: Machine) -> float:
-        return simulate_step(self.model, self.plan, machine, self.gpus).step_time_s
+StepOf = Callable[[Machine], float]
 
 
-def _side(steps: _Steps, machine: Machine, path: str, value: float) -> tuple[float | None, float | None, str]:
+def _variant(machine: Machine, path: str, value: float) -> Machine:
+    """The machine with `path` set to `value` (its other --set overrides kept); TwinError if the file rejects it."""
+    return load_machine(machine.path, tuple(o for o in machine.overrides if o[0] != path) + ((path, value),))
+
+
+def _side(step_of: StepOf, machine: Machine, path: str, value: float) -> tuple[float | None, float | None, str]:
     """(value, step) with `path` set to `value`, or (None, None, why) when the file would reject it."""
     s = machine.sources[path]
     if s.integral:
         value = float(round(value))
         if value == s.value:
             return None, None, "an integer the factor does not move"
-    overrides = tuple(o for o in machine.overrides if o[0] != path) + ((path, value),)
     try:
-        moved = load_machine(machine.path, overrides)
+        moved = _variant(machine, path, value)
     except TwinError as e:
         return None, None, str(e).split(": field ", 1)[-1]
-    return value, steps.step_s(moved), ""
+    return value, step_of(moved), ""
 
 
 def _allowed(machine: Machine, path: str, value: float) -> bool:
     """Would the machine file accept `value` at `path` (an efficiency above 1 or a negative latency would not)?"""
     if not math.isfinite(value):
         return False
-    if machine.sources[path].integral:
-        value = float(round(value))
     try:
-        load_machine(machine.path, tuple(o for o in machine.overrides if o[0] != path) + ((path, value),))
+        _variant(machine, path, float(round(value)) if machine.sources[path].integral else value)
     except TwinError:
         return False
     return True
@@ -121,13 +115,16 @@ def sensitivity(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: in
     if unknown:
         raise TwinError(f"--fields {unknown[0]}: {machine.name} has no such number; `twin machines {machine.name}` "
                         "lists them")
-    steps = _Steps(model, plan, gpus)
-    base = steps.step_s(machine)
+
+    def step_of(variant: Machine) -> float:  # many micro-batches: continued from two short steps, exactly
+        return simulate_step(model, plan, variant, gpus).step_time_s
+
+    base = step_of(machine)
     rows = []
     for i, path in enumerate(paths):
         s = machine.sources[path]
-        lo_v, lo_t, lo_why = _side(steps, machine, path, s.value * (1 - factor))
-        hi_v, hi_t, hi_why = _side(steps, machine, path, s.value * (1 + factor))
+        lo_v, lo_t, lo_why = _side(step_of, machine, path, s.value * (1 - factor))
+        hi_v, hi_t, hi_why = _side(step_of, machine, path, s.value * (1 + factor))
         points = [(v, t) for v, t in ((lo_v, lo_t), (s.value, base), (hi_v, hi_t)) if v is not None]
         (v0, t0), (v1, t1) = points[0], points[-1]
         elasticity = math.log(t1 / t0) / math.log(v1 / v0) if v1 != v0 and t0 > 0 else 0.0
