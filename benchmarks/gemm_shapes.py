@@ -1,0 +1,197 @@
+"""GEMM efficiency at the shapes of the validated runs: the twin's shape model beside a GPU's measurement.
+
+    .venv/bin/python benchmarks/gemm_shapes.py --dry-run [--out shapes.json]   # shapes, twin's efficiencies
+    python3 benchmarks/gemm_shapes.py --shapes shapes.json --machine alps      # on a GPU: time every shape
+
+The second form reads the shapes a dry run wrote and needs only torch,
+numpy and networkx (no simulator, no simpy): that is how it runs on a lent
+GPU machine, which has no simpy. Without --shapes it finds them itself.
+
+The twin runs a GEMM at the measured square-GEMM peak times a shape
+efficiency (tile and wave quantisation, the k loop: twin/sim/compute.py)
+and a layout efficiency; the estimates behind the shape model are what the
+accuracy section of the README suspects. This collects every distinct GEMM
+(m, n, k, layout) of the runs `twin validate` predicts with a plan (AxoNN
+Table III at the plans the search chose; the Frontier paper's script plans),
+weighted by the FLOPs each run spends in it, and:
+
+- always: the twin's efficiency of each shape relative to its 32768^3
+  reference, from --machine's device (for a GPU other than the machine's,
+  pick the machine with the same chip: alps for H100/H200);
+- with a GPU (torch with CUDA): times each shape in bf16, in its layout,
+  and the 32768^3 square GEMM, and prints the measured efficiency relative to
+  that square beside the twin's, per shape and flop-weighted per run ("GEMM
+  time measured / twin" > 1 means the shape model is optimistic there).
+
+Results go to --out (default $OUT/gemm-shapes.json when $OUT is set). A CPU
+run (--device cpu, float32) only checks the script: CPU GEMMs say nothing
+about a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from topologies.machine import load_machine  # noqa: E402
+from twin.ir import Gemm  # noqa: E402
+from twin.sim.compute import REFERENCE_GEMM_DIM, ComputeModel  # noqa: E402
+
+Shape = tuple[int, int, int, str]  # m, n, k, layout
+
+
+def validated_runs(quick: bool) -> list[dict]:
+    """(label, machine, model, gpus, plan, batch) of the runs twin validate predicts with a plan."""
+    from twin.presets import PRESETS
+    from twin.published import AXONN_BATCH_SEQUENCES, AXONN_TABLE_III
+    from twin.validate import AXONN_SPACE, best_plan
+
+    runs = []
+    for name in ("frontier-22b", "frontier-175b") + (() if quick else ("frontier-1t",)):
+        p = PRESETS[name]
+        runs.append(dict(label=name, machine=p.machine, model=p.model, gpus=p.gpus, plan=p.plan, batch=p.global_batch))
+    for pub in ([] if quick else AXONN_TABLE_III):
+        b = best_plan(pub.machine, pub.model, pub.gpus, AXONN_BATCH_SEQUENCES, AXONN_SPACE, None)
+        runs.append(dict(label=f"{pub.machine} {pub.gpus} {pub.model}", machine=pub.machine, model=pub.model,
+                         gpus=pub.gpus, plan=b["plan"], batch=AXONN_BATCH_SEQUENCES))
+    return runs
+
+
+def gemm_flops(run: dict) -> dict[Shape, float]:
+    """FLOPs of one micro-batch per GEMM shape, over every program of the run (pipeline stages included)."""
+    from twin.build import build_step, resolve_step
+    from twin.micro_batches import shortened
+    from twin.model import get_model
+    from twin.plan import parse_plan
+
+    machine, model = load_machine(run["machine"]), get_model(run["model"])
+    plan = parse_plan(f"{run['plan']},global_batch={run['batch']}")
+    resolved, _ = resolve_step(model, plan, machine, run["gpus"])
+    schedule = build_step(model, shortened(resolved, 1), machine, run["gpus"]).schedule
+    flops: dict[Shape, float] = defaultdict(float)
+    for program in schedule.programs:
+        for op in program.ops:
+            if isinstance(op.work, Gemm):
+                g = op.work
+                flops[(g.m, g.n, g.k, g.layout)] += g.flops
+    return dict(flops)
+
+
+def twin_efficiency(model: ComputeModel, shape: Shape, reference_dim: int = REFERENCE_GEMM_DIM) -> float:
+    """The twin's rate for the shape relative to its rate on the square GEMM of `reference_dim` (layout
+    included, tuning off), to compare with a measurement relative to the same square."""
+    m, n, k, layout = shape
+    d = reference_dim
+    return (model.gemm_efficiency(Gemm(m, n, k, layout, tunable=False))
+            / model.gemm_efficiency(Gemm(d, d, d, "NN", tunable=False)))
+
+
+def measure_gemm_s(shape: Shape, device: str, dtype, budget_s: float = 0.5, max_reps: int = 20) -> float:
+    """Median time of one GEMM of `shape` in its layout (NT: A[m,k] @ B[n,k]^T, TN: A[k,m]^T @ B[k,n])."""
+    import torch
+
+    m, n, k, layout = shape
+    a = torch.randn((k, m) if layout[0] == "T" else (m, k), device=device, dtype=dtype)
+    b = torch.randn((n, k) if layout[1] == "T" else (k, n), device=device, dtype=dtype)
+    a_op = a.t() if layout[0] == "T" else a
+    b_op = b.t() if layout[1] == "T" else b
+    out = torch.empty((m, n), device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def once() -> float:
+        sync()
+        t0 = time.perf_counter()
+        torch.matmul(a_op, b_op, out=out)
+        sync()
+        return time.perf_counter() - t0
+
+    once()  # warm-up: kernel selection, allocation
+    first = once()
+    reps = max(3, min(max_reps, int(budget_s / max(first, 1e-6))))
+    return statistics.median(once() for _ in range(reps))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--machine", default="alps", help="machine file whose device the twin's efficiencies use")
+    ap.add_argument("--quick", action="store_true", help="the Frontier paper's 22B and 175B runs only")
+    ap.add_argument("--dry-run", action="store_true", help="list shapes and the twin's efficiencies; time nothing")
+    ap.add_argument("--shapes", help="the JSON (--out) of an earlier run: its runs' shapes, instead of building them")
+    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    ap.add_argument("--reference-dim", type=int, default=REFERENCE_GEMM_DIM,
+                    help=f"square GEMM the measured efficiencies are relative to (default {REFERENCE_GEMM_DIM})")
+    ap.add_argument("--max-dim", type=int, default=0, help="skip shapes with a dimension above this (CPU smoke runs)")
+    ap.add_argument("--out", help="JSON results (default $OUT/gemm-shapes.json when $OUT is set)")
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    args = ap.parse_args()
+    compute = ComputeModel(load_machine(args.machine).device)
+    t0 = time.perf_counter()
+    if args.shapes:
+        with open(args.shapes) as f:
+            per_run = {label: {(m, n, k, layout): fl for m, n, k, layout, fl in rows}
+                       for label, rows in json.load(f)["per_run"].items()}
+    else:
+        per_run = {r["label"]: gemm_flops(r) for r in validated_runs(args.quick)}
+    shapes = sorted({s for f in per_run.values() for s in f if not args.max_dim or max(s[:3]) <= args.max_dim})
+
+    measured: dict[Shape, float] = {}
+    device = None
+    if not args.dry_run:
+        import torch
+
+        device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        ref = (args.reference_dim,) * 3 + ("NN",)
+        ref_rate = 2 * args.reference_dim ** 3 / measure_gemm_s(ref, device, dtype)
+        for i, s in enumerate(shapes):
+            print(f"  [{i + 1}/{len(shapes)}] {s}", file=sys.stderr)
+            measured[s] = 2 * s[0] * s[1] * s[2] / measure_gemm_s(s, device, dtype) / ref_rate
+
+    rows = []
+    for label, flops in per_run.items():
+        kept = {s: f for s, f in flops.items() if s in shapes}
+        total = sum(kept.values())
+        twin_time = sum(f / twin_efficiency(compute, s, args.reference_dim) for s, f in kept.items())
+        row = dict(run=label, shapes=len(kept), twin_efficiency=total / twin_time if twin_time else 0.0)
+        if measured and kept:
+            measured_time = sum(f / measured[s] for s, f in kept.items())
+            row.update(measured_efficiency=total / measured_time, time_ratio=measured_time / twin_time)
+        elif measured:
+            row.update(measured_efficiency=float("nan"), time_ratio=float("nan"))
+        rows.append(row)
+    shape_rows = [dict(m=s[0], n=s[1], k=s[2], layout=s[3], measured_efficiency=measured.get(s),
+                       twin_efficiency=twin_efficiency(compute, s, args.reference_dim)) for s in shapes]
+    doc = dict(machine=args.machine, device=device, reference_dim=args.reference_dim, wall_s=time.perf_counter() - t0,
+               shapes=shape_rows, runs=rows,
+               per_run={label: [[*s, f] for s, f in sorted(flops.items())] for label, flops in per_run.items()})
+    out = args.out or (os.path.join(os.environ["OUT"], "gemm-shapes.json") if os.environ.get("OUT") else None)
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(doc, f, indent=2)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"{len(shapes)} GEMM shapes of {len(per_run)} runs; twin's efficiencies from {args.machine}'s device, "
+          f"relative to the {args.reference_dim}^3 GEMM" + (f"; measured on {device}" if measured else ""))
+    print(f"{'run':<28}{'shapes':>7}{'twin eff.':>11}" + (f"{'measured':>10}{'time meas./twin':>17}" if measured else ""))
+    for r in rows:
+        line = f"{r['run']:<28}{r['shapes']:>7}{r['twin_efficiency']:>11.3f}"
+        if measured:
+            line += f"{r['measured_efficiency']:>10.3f}{r['time_ratio']:>17.3f}"
+        print(line)
+    if out:
+        print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
