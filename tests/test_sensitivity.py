@@ -149,3 +149,37 @@ def test_search_and_scale_report_their_overrides(capsys, tmp_path, monkeypatch):
     rc, out, _ = run(capsys, "scale", *small, "--plan", "gx=2,mbs=1", "--gpus", "2,4", "--mode", "weak",
                      "--global-batch", "4", "--figure", str(tmp_path / "s.png"))
     assert rc == 0 and "machine file overridden: device.attention_efficiency=0.2" in out
+
+
+# ---- ranking robustness --------------------------------------------------------------------
+
+
+def test_ranking_robustness_matches_direct_simulation():
+    from twin.sensitivity import format_robustness, ranking_robustness
+
+    machine = load_machine("frontier")
+    plans = [parse_plan("gx=2,gy=2,gz=2,mbs=2,global_batch=8"), parse_plan("gx=8,mbs=8,global_batch=8")]
+    fields = [GEMM_PEAK, "device.hbm_efficiency"]
+    moves = ranking_robustness(MODEL, plans, machine, 8, fields)
+    assert [(m.path, round(m.value, 6)) for m in moves] == [(GEMM_PEAK, 100.0), (GEMM_PEAK, 150.0),
+                                                            ("device.hbm_efficiency", 0.64),
+                                                            ("device.hbm_efficiency", 0.96)]
+    for m in moves:
+        variant = load_machine("frontier", ((m.path, m.value),))
+        steps = [simulate_step(MODEL, p, variant, 8).step_time_s for p in plans]
+        best = min(range(2), key=lambda j: steps[j])
+        assert m.winner == best and m.regret_pct == pytest.approx(100 * (steps[0] / steps[best] - 1))
+    text = format_robustness(moves, ["a", "b"], 0.2)
+    assert text.startswith("robustness: each estimate moved by 20% each way, the top 2 re-simulated")
+
+
+def test_search_robustness_option(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("EXATWIN_CACHE_DIR", str(tmp_path))
+    small = ["search", "--machine", "frontier", "--model-spec", SMALL_SPEC, "--gpus", "8", "--global-batch", "8",
+             "--top", "3", "--axes", "gx,gy,gz,gdata"]
+    rc, out, _ = run(capsys, *small, "--robustness", "2", "--json")
+    moves = json.loads(out)["robustness"]
+    assert rc == 0 and moves and all(m["winner"] in (0, 1) and m["regret_pct"] >= 0 for m in moves)
+    rc, out, _ = run(capsys, *small, "--robustness", "2")
+    assert rc == 0 and "robustness: each estimate moved by 20% each way, the top 2 re-simulated" in out
+    assert_user_error(*run(capsys, *small, "--robustness", "1"), "--robustness")

@@ -180,3 +180,68 @@ def format_sensitivity(result: Sensitivity, notable: float = 0.005) -> str:
         lines.extend(textwrap.wrap(f"no effect (|elasticity| < {notable}): {', '.join(quiet)}", width=110,
                                    initial_indent="  ", subsequent_indent="    "))
     return "\n".join(lines)
+
+
+# ---- is the winner of a search robust to the estimates? ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankingMove:
+    """One estimate moved one way, and the best of the ranked plans under it."""
+
+    path: str
+    value: float  # the moved value
+    winner: int  # index into the ranked plans of the best one under this value (0: the winner holds)
+    regret_pct: float  # how much slower the original winner is than the new one under this value
+
+    def to_json_dict(self) -> dict:
+        return asdict(self)
+
+
+def ranking_robustness(model: ModelSpec, plans: list[ParallelPlan], machine: Machine, gpus: int,
+                       fields: list[str] | None = None, factor: float = DEFAULT_FACTOR,
+                       progress: Callable[[int, int], None] | None = None) -> list[RankingMove]:
+    """Would the first of `plans` (a search's ranking, best first) still win if an estimate were off?
+
+    Each number (default: every estimate of the machine file) is moved by
+    `factor` each way and every plan re-simulated under it: a number the
+    winner does not touch can still speed up a rival. Plans outside `plans`
+    are not re-simulated, so the answer is about those plans.
+    """
+    if not 0 < factor < 1:
+        raise TwinError(f"--factor {factor} must be between 0 and 1 (0.2 moves each number by 20% each way)")
+    paths = estimated_fields(machine) if fields is None else fields
+    moves = []
+    for i, path in enumerate(paths):
+        s = machine.sources[path]
+        for value in (s.value * (1 - factor), s.value * (1 + factor)):
+            if s.integral:
+                value = float(round(value))
+                if value == s.value:
+                    continue  # an integer the factor does not move
+            try:
+                variant = _variant(machine, path, value)
+            except TwinError:
+                continue  # the file rejects this side (an efficiency above 1)
+            steps = [simulate_step(model, p, variant, gpus).step_time_s for p in plans]
+            best = min(range(len(plans)), key=lambda j: steps[j])
+            moves.append(RankingMove(path, value, best, 100 * (steps[0] / steps[best] - 1)))
+        if progress:
+            progress(i + 1, len(paths))
+    return moves
+
+
+def format_robustness(moves: list[RankingMove], plans: list[str], factor: float, shown: int = 5) -> str:
+    """One line when the winner holds; otherwise how much keeping it would cost at worst, and the moves."""
+    pct = round(100 * factor)
+    changed = sorted((m for m in moves if m.winner != 0), key=lambda m: -m.regret_pct)
+    head = f"robustness: each estimate moved by {pct}% each way, the top {len(plans)} re-simulated"
+    if not changed:
+        return f"{head}: the winner stays first under every move ({len(moves)} moves)"
+    lines = [f"{head}: {len(changed)} of {len(moves)} moves put another plan first; keeping the winner costs at "
+             f"most {changed[0].regret_pct:.2f}% of a step"]
+    for m in changed[:shown]:
+        lines.append(f"  {m.path} = {m.value:.4g}: #{m.winner + 1} wins by {m.regret_pct:.2f}% ({plans[m.winner]})")
+    if len(changed) > shown:
+        lines.append(f"  ... and {len(changed) - shown} more (--json lists every move)")
+    return "\n".join(lines)

@@ -73,10 +73,21 @@ def cmd_search(args: argparse.Namespace) -> int:
     axes = _words(args.axes) if args.axes else AXES
     space = SearchSpace(axes=axes, min_tp=args.min_tp, max_tp=args.max_tp, zero=_ints(args.zero, "--zero"),
                         recompute=_words(args.recompute), mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else ())
+    if args.robustness < 0 or args.robustness == 1:
+        raise TwinError(f"--robustness {args.robustness}: give how many of the top plans to re-simulate, at least 2")
     bar = ProgressBar(not args.json and (args.progress or sys.stderr.isatty()))
+    moves = None
     try:
         result = search(model, args.gpus, batch, machine, space, top=args.top, exhaustive=args.exhaustive,
                         progress=bar, use_cache=not args.no_cache, jobs=args.jobs)
+        if args.robustness and len(result.ranked) > 1:
+            from twin.plan import parse_plan
+            from twin.sensitivity import ranking_robustness
+
+            ranked = result.ranked[:args.robustness]
+            plans = [parse_plan(f"{r.plan},global_batch={batch}") for r in ranked]
+            moves = ranking_robustness(model, plans, machine, args.gpus,
+                                       progress=lambda done, total: bar("robustness", done, total))
     finally:
         bar.close()
     if args.figure:
@@ -88,6 +99,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         if args.figure:
             doc["figure"] = args.figure
         doc["machine_overrides"] = dict(machine.overrides)
+        if moves is not None:
+            doc["robustness"] = [m.to_json_dict() for m in moves]
         print(json.dumps(doc, indent=2))
         return 0
     how = "from the cache" if result.cached else f"in {result.wall_s:.1f} s"
@@ -103,6 +116,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     for i, r in enumerate(result.ranked, 1):
         print(f"{i:>3} {r.step_time_s:>8.3f} {r.pflops_total:>8.1f} {r.tflops_per_gpu:>9.1f} {r.memory_per_gpu_gb:>7.1f} "
               f"{r.exposed_comm_s:>9.3f}  {r.plan}")
+    if moves is not None:
+        from twin.sensitivity import DEFAULT_FACTOR, format_robustness
+
+        print(format_robustness(moves, [r.plan for r in result.ranked[:args.robustness]], DEFAULT_FACTOR))
     if args.figure:
         print(f"landscape: {args.figure}")
     return 0
@@ -136,6 +153,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--mbs", default="auto", help="micro-batch sizes to try, e.g. 1,2,4; auto (default): the largest that "
                    "fits without a pipeline, every power of two that fits with one")
     p.add_argument("--exhaustive", action="store_true", help="simulate every valid plan (slow; the ranking is the same)")
+    p.add_argument("--robustness", type=int, default=0, metavar="N",
+                   help="after ranking, move each estimate of the machine file by 20%% each way and re-simulate the "
+                   "top N plans under it: does the winner stay first? (2 x estimates x N simulations)")
     p.add_argument("--jobs", type=int, help="processes (default: every core)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
     p.add_argument("--figure", help="write the search landscape (every plan's step time by memory use) to this PNG")
