@@ -183,3 +183,14 @@ def test_search_robustness_option(capsys, tmp_path, monkeypatch):
     rc, out, _ = run(capsys, *small, "--robustness", "2")
     assert rc == 0 and "robustness: each estimate moved by 20% each way, the top 2 re-simulated" in out
     assert_user_error(*run(capsys, *small, "--robustness", "1"), "--robustness")
+
+
+def test_processes_give_the_same_answers():
+    from twin.sensitivity import ranking_robustness
+
+    machine = load_machine("frontier")
+    fields = [GEMM_PEAK, "device.hbm_efficiency", "device.gemm_tile_m"]
+    assert sensitivity(MODEL, PLAN, machine, 8, fields, jobs=2) == sensitivity(MODEL, PLAN, machine, 8, fields)
+    plans = [PLAN, parse_plan("gx=8,mbs=8,global_batch=8")]
+    assert ranking_robustness(MODEL, plans, machine, 8, fields, jobs=2) == ranking_robustness(MODEL, plans, machine, 8,
+                                                                                             fields)

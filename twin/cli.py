@@ -179,7 +179,8 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
     bar = ProgressBar(not args.json and (args.progress or sys.stderr.isatty()))
     try:
         result = sensitivity(model, plan, machine, args.gpus, fields, args.factor, args.target_step_s,
-                             progress=lambda done, total: bar("numbers", done, total))
+                             progress=lambda done, total: bar("simulating", done, total),
+                             jobs=args.jobs or os.cpu_count() or 1)
     finally:
         bar.close()
     print(json.dumps(result.to_json_dict(), indent=2) if args.json else format_sensitivity(result))
@@ -398,6 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="move every number of the machine file, sourced ones too")
     p.add_argument("--factor", type=float, default=0.2, help="relative move each way (default 0.2 = 20%%)")
     p.add_argument("--target-step-s", type=float, help="a measured step time to explain (seconds)")
+    p.add_argument("--jobs", type=int, help="processes for the simulations (default: every core)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_sensitivity)

@@ -19,7 +19,9 @@ fit; the model is never changed by it.
 from __future__ import annotations
 
 import math
+import multiprocessing
 import textwrap
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -71,26 +73,56 @@ def estimated_fields(machine: Machine) -> list[str]:
     return [path for path, s in machine.sources.items() if s.estimate and s.value != 0]
 
 
-StepOf = Callable[[Machine], float]
-
-
 def _variant(machine: Machine, path: str, value: float) -> Machine:
     """The machine with `path` set to `value` (its other --set overrides kept); TwinError if the file rejects it."""
     return load_machine(machine.path, tuple(o for o in machine.overrides if o[0] != path) + ((path, value),))
 
 
-def _side(step_of: StepOf, machine: Machine, path: str, value: float) -> tuple[float | None, float | None, str]:
-    """(value, step) with `path` set to `value`, or (None, None, why) when the file would reject it."""
+def _moved(machine: Machine, path: str, value: float) -> tuple[float | None, Machine | None, str]:
+    """(value, machine with it) for one side of a move, or (None, None, why) when the side cannot be taken."""
     s = machine.sources[path]
     if s.integral:
         value = float(round(value))
         if value == s.value:
             return None, None, "an integer the factor does not move"
     try:
-        moved = _variant(machine, path, value)
+        return value, _variant(machine, path, value), ""
     except TwinError as e:
         return None, None, str(e).split(": field ", 1)[-1]
-    return value, step_of(moved), ""
+
+
+Step = tuple[ModelSpec, ParallelPlan, Machine, int]  # what one simulation needs
+
+
+def _step_s(task: Step) -> float:
+    model, plan, machine, gpus = task
+    return simulate_step(model, plan, machine, gpus).step_time_s
+
+
+def _run_steps(tasks: list[Step], jobs: int, progress: Callable[[int, int], None] | None) -> list[float]:
+    """Every task's step time, in `jobs` forked processes (the variants differ in one number each, and each
+    simulation is independent), or inline."""
+    done = 0
+
+    def tick() -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, len(tasks))
+
+    if jobs > 1 and len(tasks) > 1 and "fork" in multiprocessing.get_all_start_methods():
+        with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = [pool.submit(_step_s, t) for t in tasks]
+            out = []
+            for f in futures:
+                out.append(f.result())
+                tick()
+            return out
+    out = []
+    for t in tasks:
+        out.append(_step_s(t))
+        tick()
+    return out
 
 
 def _allowed(machine: Machine, path: str, value: float) -> bool:
@@ -106,25 +138,28 @@ def _allowed(machine: Machine, path: str, value: float) -> bool:
 
 def sensitivity(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, fields: list[str] | None = None,
                 factor: float = DEFAULT_FACTOR, target_step_s: float | None = None,
-                progress: Callable[[int, int], None] | None = None) -> Sensitivity:
-    """Elasticity of the step time to each of `fields` (default: every estimate of the machine file)."""
-    if not 0 < factor < 1:
-        raise TwinError(f"--factor {factor} must be between 0 and 1 (0.2 moves each number by 20% each way)")
+                progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> Sensitivity:
+    """Elasticity of the step time to each of `fields` (default: every estimate of the machine file).
+
+    `progress(done, total)` counts simulations; `jobs` > 1 runs them in that many processes.
+    """
+    _check_factor(factor)
     paths = estimated_fields(machine) if fields is None else fields
     unknown = [p for p in paths if p not in machine.sources]
     if unknown:
         raise TwinError(f"--fields {unknown[0]}: {machine.name} has no such number; `twin machines {machine.name}` "
                         "lists them")
-
-    def step_of(variant: Machine) -> float:  # many micro-batches: continued from two short steps, exactly
-        return simulate_step(model, plan, variant, gpus).step_time_s
-
-    base = step_of(machine)
+    sides = {(path, d): _moved(machine, path, machine.sources[path].value * (1 + d))
+             for path in paths for d in (-factor, factor)}
+    taken = [key for key, (_, variant, _) in sides.items() if variant is not None]
+    steps = _run_steps([(model, plan, machine, gpus)] + [(model, plan, sides[k][1], gpus) for k in taken],
+                       jobs, progress)
+    base, step_of = steps[0], dict(zip(taken, steps[1:]))
     rows = []
-    for i, path in enumerate(paths):
+    for path in paths:
         s = machine.sources[path]
-        lo_v, lo_t, lo_why = _side(step_of, machine, path, s.value * (1 - factor))
-        hi_v, hi_t, hi_why = _side(step_of, machine, path, s.value * (1 + factor))
+        (lo_v, _, lo_why), (hi_v, _, hi_why) = sides[(path, -factor)], sides[(path, factor)]
+        lo_t, hi_t = step_of.get((path, -factor)), step_of.get((path, factor))
         points = [(v, t) for v, t in ((lo_v, lo_t), (s.value, base), (hi_v, hi_t)) if v is not None]
         (v0, t0), (v1, t1) = points[0], points[-1]
         elasticity = math.log(t1 / t0) / math.log(v1 / v0) if v1 != v0 and t0 > 0 else 0.0
@@ -135,10 +170,13 @@ def sensitivity(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: in
         rows.append(FieldSensitivity(path, s.value, s.estimate or s.source or "", bool(s.estimate), lo_v, lo_t,
                                      hi_v, hi_t, elasticity, "; ".join(w for w in (lo_why, hi_why) if w), needed,
                                      allowed))
-        if progress:
-            progress(i + 1, len(paths))
     rows.sort(key=lambda r: -abs(r.elasticity))
     return Sensitivity(machine.name, base, factor, target_step_s, tuple(rows))
+
+
+def _check_factor(factor: float) -> None:
+    if not 0 < factor < 1:
+        raise TwinError(f"--factor {factor} must be between 0 and 1 (0.2 moves each number by 20% each way)")
 
 
 def needed_text(f: FieldSensitivity) -> str:
@@ -200,34 +238,26 @@ class RankingMove:
 
 def ranking_robustness(model: ModelSpec, plans: list[ParallelPlan], machine: Machine, gpus: int,
                        fields: list[str] | None = None, factor: float = DEFAULT_FACTOR,
-                       progress: Callable[[int, int], None] | None = None) -> list[RankingMove]:
+                       progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> list[RankingMove]:
     """Would the first of `plans` (a search's ranking, best first) still win if an estimate were off?
 
     Each number (default: every estimate of the machine file) is moved by
     `factor` each way and every plan re-simulated under it: a number the
     winner does not touch can still speed up a rival. Plans outside `plans`
-    are not re-simulated, so the answer is about those plans.
+    are not re-simulated, so the answer is about those plans. Sides the file
+    rejects (an efficiency above 1) are left out.
     """
-    if not 0 < factor < 1:
-        raise TwinError(f"--factor {factor} must be between 0 and 1 (0.2 moves each number by 20% each way)")
+    _check_factor(factor)
     paths = estimated_fields(machine) if fields is None else fields
+    sides = [(path, value, variant) for path in paths for d in (-factor, factor)
+             for value, variant, _ in [_moved(machine, path, machine.sources[path].value * (1 + d))]
+             if variant is not None]
+    steps = iter(_run_steps([(model, p, variant, gpus) for _, _, variant in sides for p in plans], jobs, progress))
     moves = []
-    for i, path in enumerate(paths):
-        s = machine.sources[path]
-        for value in (s.value * (1 - factor), s.value * (1 + factor)):
-            if s.integral:
-                value = float(round(value))
-                if value == s.value:
-                    continue  # an integer the factor does not move
-            try:
-                variant = _variant(machine, path, value)
-            except TwinError:
-                continue  # the file rejects this side (an efficiency above 1)
-            steps = [simulate_step(model, p, variant, gpus).step_time_s for p in plans]
-            best = min(range(len(plans)), key=lambda j: steps[j])
-            moves.append(RankingMove(path, value, best, 100 * (steps[0] / steps[best] - 1)))
-        if progress:
-            progress(i + 1, len(paths))
+    for path, value, _ in sides:
+        times = [next(steps) for _ in plans]
+        best = min(range(len(plans)), key=lambda j: times[j])
+        moves.append(RankingMove(path, value, best, 100 * (times[0] / times[best] - 1)))
     return moves
 
 
