@@ -124,7 +124,7 @@ def test_sensitivity_input_errors(kwargs, mentions):
         assert text in str(e.value)
 
 
-def test_sensitivity_command(capsys):
+def test_sensitivity_command(capsys, tmp_path):
     step = [a for a in STEP]
     step[step.index("--gpus") + 1], step[step.index("--plan") + 1] = "8", "gx=2,gy=2,gz=2,mbs=2"
     step[step.index("--global-batch") + 1] = "8"
@@ -138,6 +138,11 @@ def test_sensitivity_command(capsys):
     assert_user_error(*run(capsys, "sensitivity", *step, "--fields", ","), "--fields")
     assert_user_error(*run(capsys, "sensitivity", *step, "--fields", GEMM_PEAK, "--all"), "--fields", "--all")
     assert_user_error(*run(capsys, "sensitivity", *step, "--factor", "0"), "--factor")
+    figure = tmp_path / "tornado.png"
+    rc, out, _ = run(capsys, "sensitivity", *step, "--fields", f"{GEMM_PEAK},device.hbm_efficiency", "--figure",
+                     str(figure))
+    assert rc == 0 and figure.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") and "figure written" in out
+    assert_user_error(*run(capsys, "sensitivity", *step, "--figure", str(tmp_path / "no" / "t.png")), "--figure")
     assert_user_error(*run(capsys, "sensitivity", "--machine", "frontier"), "--gpus", "--plan", "--model")
 
 

@@ -165,6 +165,8 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
     if args.preset:
         _apply_preset(args)
     _require_step_arguments(args, "sensitivity", " (or --preset NAME)")
+    if args.figure:
+        check_output_path(args.figure, "--figure", FIGURE_FORMATS)
     model, plan, machine = _step_inputs(args)
     if args.target_step_s is not None and args.target_step_s <= 0:
         raise TwinError("--target-step-s must be a positive number of seconds")
@@ -183,7 +185,20 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
                              jobs=args.jobs or os.cpu_count() or 1)
     finally:
         bar.close()
-    print(json.dumps(result.to_json_dict(), indent=2) if args.json else format_sensitivity(result))
+    if args.figure:
+        from twin.figures import sensitivity_figure
+
+        title = (f"{model.name} on {args.gpus} {machine.name} GPUs, {plan.describe().split(',recompute')[0]}\n"
+                 "step time when one machine-file number moves")
+        sensitivity_figure(args.figure, result, title)
+    if args.json:
+        doc = result.to_json_dict()
+        doc["figure"] = args.figure
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_sensitivity(result))
+        if args.figure:
+            print(f"  figure written to {args.figure}")
     return 0
 
 
@@ -400,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--factor", type=float, default=0.2, help="relative move each way (default 0.2 = 20%%)")
     p.add_argument("--target-step-s", type=float, help="a measured step time to explain (seconds)")
     p.add_argument("--jobs", type=int, help="processes for the simulations (default: every core)")
+    p.add_argument("--figure", help="write a tornado chart of the numbers that move the step (PNG, PDF or SVG)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_sensitivity)

@@ -122,7 +122,7 @@ def landscape_figure(path: str, points: list, title: str) -> None:
     ax.grid(alpha=0.3, which="both")
     fig.colorbar(sc, ax=ax, label="memory per GPU (GB)")
     ax.legend(fontsize=8, loc="upper left")
-    ax.set_title(title, fontsize=10)
+    ax.set_title(title, fontsize=9, wrap=True)
     fig.tight_layout()
     _save(fig, path)
 
@@ -145,5 +145,27 @@ def weak_scaling_validation_figure(path: str, machine: str, gpus: list[int], pub
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     ax.set_title(f"{machine}: weak scaling, predicted vs published", fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def sensitivity_figure(path: str, result, title: str, top: int = 12, notable: float = 0.005) -> None:
+    """Tornado chart of a twin.sensitivity.Sensitivity: the step's change when each number moves down and up,
+    the numbers with the largest elasticity on top; estimates and sourced figures marked apart."""
+    fields = [f for f in result.fields if abs(f.elasticity) >= notable][:top][::-1]
+    pct = round(100 * result.factor)
+    fig, ax = plt.subplots(figsize=(8, 0.45 * max(len(fields), 2) + 1.4))
+    ys = range(len(fields))
+    for offset, attr, color, label in ((-0.2, "low_step_s", "#1f77b4", f"number -{pct}%"),
+                                       (0.2, "high_step_s", "#ff7f0e", f"number +{pct}%")):
+        widths = [100 * (getattr(f, attr) / result.step_time_s - 1) if getattr(f, attr) is not None else 0.0
+                  for f in fields]
+        ax.barh([y + offset for y in ys], widths, height=0.4, color=color, alpha=0.9, label=label)
+    ax.set_yticks(list(ys), [f"{f.path}{'' if f.estimate else '  (sourced)'}" for f in fields], fontsize=8)
+    ax.axvline(0, color="#333333", linewidth=0.8)
+    ax.set_xlabel(f"change of the step time (%), base {result.step_time_s:.3g} s")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title, fontsize=9, wrap=True)
     fig.tight_layout()
     _save(fig, path)
