@@ -199,3 +199,21 @@ def test_processes_give_the_same_answers():
     plans = [PLAN, parse_plan("gx=8,mbs=8,global_batch=8")]
     assert ranking_robustness(MODEL, plans, machine, 8, fields, jobs=2) == ranking_robustness(MODEL, plans, machine, 8,
                                                                                              fields)
+
+
+@pytest.mark.parametrize("name", ["frontier", "perlmutter", "alps", "dgx-a100"])
+def test_setting_every_number_to_its_own_value_changes_nothing(name):
+    """Every sourced number of the shipped files can be addressed by --set, and only its provenance moves."""
+    import tomllib
+
+    from topologies.overrides import number_paths
+
+    plain = load_machine(name)
+    with open(plain.path, "rb") as f:
+        paths = number_paths(tomllib.load(f))
+    assert set(paths) == set(plain.sources)  # the names --set takes are the names the loader records
+    for path in paths:
+        same = load_machine(name, ((path, plain.sources[path].value),))
+        assert (same.device, same.node, same.network, same.collectives) == \
+            (plain.device, plain.node, plain.network, plain.collectives), path
+        assert same.sources[path].value == plain.sources[path].value and "--set" in same.sources[path].estimate
