@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, as one command for a lent GPU machine (README, "Checks that need a GPU").
 #
-# Here, before asking for the machine (the GPU machine has no simpy, so the shapes are found here):
-#   .venv/bin/python benchmarks/gemm_shapes.py --dry-run --out device-input/gemm-shapes-input.json
-# There (device `run`, carry ["device-input"], timeout ~600 s):
-#   bash benchmarks/device_check.sh
-# It writes $OUT/gpu.txt, $OUT/gemm-shapes.json and $OUT/gemm-shapes.txt; commit what comes back under
-# benchmarks/results/ with the date and the GPU's name.
+# Here, first:   bash benchmarks/device_prepare.sh          (writes device-input/, ignored by git)
+# There:         device `run` with carry ["device-input"], timeout about 600 s:
+#                    bash benchmarks/device_check.sh
+# It writes into $OUT: gpu.txt; gemm-shapes.json/.txt (the GEMM shape model against this GPU); compare.json/.txt
+# and compare-*.png (a one-GPU step of 4 GPT layers at hidden 4096, simulated on --machine vs measured, per op
+# class). Commit what comes back under benchmarks/results/ with the date and the GPU's name.
 set -euo pipefail
 OUT=${OUT:-out/device}
-INPUT=${INPUT:-device-input/gemm-shapes-input.json}
+IN=${IN:-device-input}
+MACHINE=${MACHINE:-alps}  # the machine file with the same chip: alps (GH200 = H100) for Hopper
 mkdir -p "$OUT"
-if [ ! -f "$INPUT" ]; then
-    echo "device_check: $INPUT is missing; write it here first with benchmarks/gemm_shapes.py --dry-run --out $INPUT" >&2
-    exit 2
+for f in "$IN/gemm-shapes-input.json" "$IN/step-1gpu.json"; do
+    if [ ! -f "$f" ]; then
+        echo "device_check: $f is missing; run benchmarks/device_prepare.sh here first and carry $IN" >&2
+        exit 2
+    fi
+done
+if ! python3 -c "import simpy" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$IN"/simpy-*.whl
+    export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
-# The GPU's chip decides which machine file's shape model to compare with: alps (GH200 = H100) for Hopper.
-PYTHONUNBUFFERED=1 python3 benchmarks/gemm_shapes.py --shapes "$INPUT" --machine "${MACHINE:-alps}" \
-    --device cuda --out "$OUT/gemm-shapes.json" | tee "$OUT/gemm-shapes.txt"
+python3 benchmarks/gemm_shapes.py --shapes "$IN/gemm-shapes-input.json" --machine "$MACHINE" --device cuda \
+    --out "$OUT/gemm-shapes.json" | tee "$OUT/gemm-shapes.txt"
+python3 -m twin.cli compare "$IN/step-1gpu.json" --machine "$MACHINE" --nproc 1 --device cuda \
+    --figures "$OUT/compare" --out /tmp/compare-run | tee "$OUT/compare.txt"
