@@ -217,3 +217,15 @@ def test_setting_every_number_to_its_own_value_changes_nothing(name):
         assert (same.device, same.node, same.network, same.collectives) == \
             (plain.device, plain.node, plain.network, plain.collectives), path
         assert same.sources[path].value == plain.sources[path].value and "--set" in same.sources[path].estimate
+
+
+def test_a_variant_the_plan_does_not_fit_is_a_skipped_side():
+    from twin.build import resolve_step
+    from twin.memory import RUNTIME_RESERVE_FRACTION
+
+    plan = parse_plan("gx=2,gy=2,gz=2,mbs=2,ga=2,global_batch=8")  # a fixed micro-batch: it cannot shrink to fit
+    _, memory = resolve_step(MODEL, plan, load_machine("frontier"), 8)
+    hbm_gb = 1.1 * memory.total / (1 - RUNTIME_RESERVE_FRACTION) / 1e9  # fits, but not with 20% less
+    machine = load_machine("frontier", (("device.hbm_gb", hbm_gb),))
+    (hbm,) = sensitivity(MODEL, plan, machine, 8, ["device.hbm_gb"]).fields
+    assert hbm.low_value is None and "does not fit" in hbm.skipped and hbm.high_step_s is not None

@@ -92,37 +92,32 @@ def _moved(machine: Machine, path: str, value: float) -> tuple[float | None, Mac
 
 
 Step = tuple[ModelSpec, ParallelPlan, Machine, int]  # what one simulation needs
+Outcome = tuple[float | None, str]  # (step time, "") or (None, why the variant cannot run the plan)
 
 
-def _step_s(task: Step) -> float:
+def _step_s(task: Step) -> Outcome:
     model, plan, machine, gpus = task
-    return simulate_step(model, plan, machine, gpus).step_time_s
+    try:
+        return simulate_step(model, plan, machine, gpus).step_time_s, ""
+    except TwinError as e:  # a variant with less memory may not fit the plan
+        return None, str(e)
 
 
-def _run_steps(tasks: list[Step], jobs: int, progress: Callable[[int, int], None] | None) -> list[float]:
-    """Every task's step time, in `jobs` forked processes (the variants differ in one number each, and each
-    simulation is independent), or inline."""
-    done = 0
-
-    def tick() -> None:
-        nonlocal done
-        done += 1
-        if progress:
-            progress(done, len(tasks))
-
-    if jobs > 1 and len(tasks) > 1 and "fork" in multiprocessing.get_all_start_methods():
-        with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("fork")) as pool:
-            futures = [pool.submit(_step_s, t) for t in tasks]
-            out = []
-            for f in futures:
-                out.append(f.result())
-                tick()
-            return out
-    out = []
-    for t in tasks:
-        out.append(_step_s(t))
-        tick()
-    return out
+def _run_steps(tasks: list[Step], jobs: int, progress: Callable[[int, int], None] | None) -> list[Outcome]:
+    """Every task's outcome, in `jobs` forked processes (each simulation is independent), or inline."""
+    pooled = jobs > 1 and len(tasks) > 1 and "fork" in multiprocessing.get_all_start_methods()
+    pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("fork")) if pooled else None
+    try:
+        results = pool.map(_step_s, tasks) if pool else map(_step_s, tasks)
+        out = []
+        for r in results:
+            out.append(r)
+            if progress:
+                progress(len(out), len(tasks))
+        return out
+    finally:
+        if pool:
+            pool.shutdown(cancel_futures=True)
 
 
 def _allowed(machine: Machine, path: str, value: float) -> bool:
@@ -152,9 +147,15 @@ def sensitivity(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: in
     sides = {(path, d): _moved(machine, path, machine.sources[path].value * (1 + d))
              for path in paths for d in (-factor, factor)}
     taken = [key for key, (_, variant, _) in sides.items() if variant is not None]
-    steps = _run_steps([(model, plan, machine, gpus)] + [(model, plan, sides[k][1], gpus) for k in taken],
-                       jobs, progress)
-    base, step_of = steps[0], dict(zip(taken, steps[1:]))
+    outcomes = _run_steps([(model, plan, machine, gpus)] + [(model, plan, sides[k][1], gpus) for k in taken],
+                          jobs, progress)
+    base, why = outcomes[0]
+    if base is None:
+        raise TwinError(why)
+    for key, (step, why) in zip(taken, outcomes[1:]):
+        if step is None:  # the side was taken but the plan does not run on it
+            sides[key] = (None, None, why)
+    step_of = {key: step for key, (step, _) in zip(taken, outcomes[1:]) if step is not None}
     rows = []
     for path in paths:
         s = machine.sources[path]
@@ -252,11 +253,13 @@ def ranking_robustness(model: ModelSpec, plans: list[ParallelPlan], machine: Mac
     sides = [(path, value, variant) for path in paths for d in (-factor, factor)
              for value, variant, _ in [_moved(machine, path, machine.sources[path].value * (1 + d))]
              if variant is not None]
-    steps = iter(_run_steps([(model, p, variant, gpus) for _, _, variant in sides for p in plans], jobs, progress))
+    outcomes = iter(_run_steps([(model, p, variant, gpus) for _, _, variant in sides for p in plans], jobs, progress))
     moves = []
     for path, value, _ in sides:
-        times = [next(steps) for _ in plans]
-        best = min(range(len(plans)), key=lambda j: times[j])
+        times = [next(outcomes)[0] for _ in plans]
+        if times[0] is None:  # the winner itself does not run on this side (it no longer fits): not a reordering
+            continue
+        best = min((j for j in range(len(plans)) if times[j] is not None), key=lambda j: times[j])
         moves.append(RankingMove(path, value, best, 100 * (times[0] / times[best] - 1)))
     return moves
 
