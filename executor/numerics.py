@@ -223,8 +223,8 @@ class NumericsChecker:
                                 ("dW", (info.n_loc, info.k_loc)), ("dW_shard", (block // shards,))):
                 self.t[(lin, mb, what)] = torch.zeros(shape, device=dev, dtype=f32)
             if self.sp:  # the sequence shards it starts from are given; the gathered tensors start empty
-                given, gathered = ("dO", mine_dO) if info.transposed else ("I", mine_I)
-                self.t[(lin, mb, f"{given}_seq")] = gathered[seq].contiguous().to(dev, f32)
+                given, whole = ("dO", mine_dO) if info.transposed else ("I", mine_I)
+                self.t[(lin, mb, f"{given}_seq")] = whole[seq].contiguous().to(dev, f32)
                 self.t[(lin, mb, given)].zero_()
                 result, cols = (("O_seq", info.n_loc) if info.transposed else ("dI_seq", info.k_loc))
                 self.t[(lin, mb, result)] = torch.zeros((seq.stop - seq.start, cols), device=dev, dtype=f32)
