@@ -73,3 +73,37 @@ def test_validate_user_errors(capsys, tmp_path):
     assert rc == 2 and "--sections" in err
     rc, out, err = run(capsys, "validate", "--readme", str(tmp_path / "missing.md"))
     assert rc == 2 and "--readme" in err
+
+
+def test_what_if_overrides_reach_every_task_and_end_with_the_validation(stubbed, monkeypatch, capsys):
+    seen = {}
+    plain = v._validate
+
+    def spy(jobs, progress, sections):
+        seen["frontier"] = v.machine_for("frontier").device.comm_compute_slowdown
+        seen["perlmutter"] = v.machine_for("perlmutter").device.comm_compute_slowdown
+        return plain(jobs, progress, sections)
+
+    monkeypatch.setattr(v, "_validate", spy)
+    rc, out, err = run(capsys, "validate", "--json", "--set", "frontier:device.comm_compute_slowdown=0.3")
+    assert rc == 0, err
+    assert seen == {"frontier": 0.3, "perlmutter": 0.15}
+    assert json.loads(out)["machine_overrides"] == {"frontier": {"device.comm_compute_slowdown": 0.3}}
+    assert v.machine_for("frontier").device.comm_compute_slowdown == 0.15  # over when the validation is
+    rc, out, err = run(capsys, "validate", "--set", "device.hbm_efficiency=0.7")
+    assert rc == 0 and "What-if, not the machine files: frontier with device.hbm_efficiency=0.7." in out
+    assert "perlmutter with device.hbm_efficiency=0.7" in out
+
+
+@pytest.mark.parametrize("args, mentions", [
+    (["--set", "alps:device.hbm_efficiency=0.7"], ["frontier and perlmutter", "alps"]),
+    (["--set", "node.link_efficiency.nvlink=0.5"], ["only perlmutter", "perlmutter:node.link_efficiency.nvlink"]),
+    (["--set", "frontier:device.hbm_eficiency=0.7"], ["did you mean device.hbm_efficiency"]),
+    (["--set", "device.hbm_efficiency=0.7", "--readme", "README.md"], ["--readme"]),
+    (["--set", "device.hbm_efficiency=0.7", "--figures"], ["--figures-dir"]),
+])
+def test_what_if_user_errors(capsys, args, mentions):
+    rc, out, err = run(capsys, "validate", *args)
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1
+    for text in mentions:
+        assert text in err

@@ -175,9 +175,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
             raise TwinError(f"--sections: unknown section {s!r}; use A (AxoNN), B (the Frontier paper) or A,B")
     if args.readme and not os.path.exists(args.readme):
         raise TwinError(f"--readme {args.readme}: no such file")
+    overrides = _validate_overrides(args.overrides)
+    if overrides and args.readme:
+        raise TwinError("--readme writes the machine files' own table; drop --set, or drop --readme")
+    if overrides and args.figures and args.figures_dir == FIGURES_DIR:
+        raise TwinError(f"--set with --figures needs --figures-dir: the figures in {FIGURES_DIR}/ are the machine "
+                        "files' own")
     show = not args.json and (args.progress or sys.stderr.isatty())
     v = validate(jobs=args.jobs, progress=(lambda what: print(f"  {what} ...", file=sys.stderr)) if show else None,
-                 sections=sections)
+                 sections=sections, overrides=overrides)
     figures = []
     if args.figures:
         figures = _validation_figures(v, args.figures_dir)
@@ -195,6 +201,36 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if args.readme:
         print(f"updated the Accuracy section of {args.readme}")
     return 0
+
+
+FIGURES_DIR = "figures"
+
+
+def _validate_overrides(texts: list[str]) -> dict[str, tuple]:
+    """--set [MACHINE:]FIELD=VALUE for twin validate: by machine; without MACHINE, for every machine the
+    published rows run on (the field must then exist in each)."""
+    from topologies.machine import load_machine
+    from topologies.overrides import parse_override
+    from twin.validate import MACHINES
+
+    out: dict[str, list] = {}
+    for text in texts:
+        name, sep, rest = text.partition(":")
+        if sep and "=" not in name:
+            if name not in MACHINES:
+                raise TwinError(f"--set {text!r}: the published rows run on {' and '.join(MACHINES)}, not {name!r}")
+            names, text = (name,), rest
+        else:
+            names = MACHINES
+        override = parse_override(text)
+        if not sep:
+            has = [n for n in MACHINES if override[0] in load_machine(n).sources]
+            if has and len(has) < len(MACHINES):
+                raise TwinError(f"--set {override[0]}: only {', '.join(has)} has this number; "
+                                f"write {has[0]}:{override[0]}=VALUE")
+        for n in names:
+            out.setdefault(n, []).append(override)
+    return {n: tuple(v) for n, v in out.items()}
 
 
 def _validation_figures(v, folder: str) -> list[str]:
@@ -226,7 +262,10 @@ def add_validate_parser(sub) -> None:
     )
     p.add_argument("--sections", default="A,B", help="A (AxoNN), B (the Frontier paper) or A,B (default)")
     p.add_argument("--figures", action="store_true", help="write predicted vs published weak-scaling figures")
-    p.add_argument("--figures-dir", default="figures", help="where --figures writes (default figures/)")
+    p.add_argument("--figures-dir", default=FIGURES_DIR, help="where --figures writes (default figures/)")
+    p.add_argument("--set", action="append", default=[], metavar="[MACHINE:]FIELD=VALUE", dest="overrides",
+                   help="what-if: replace a number of a machine file for this validation (repeatable), e.g. "
+                   "--set frontier:device.comm_compute_slowdown=0.3; without MACHINE, in frontier and perlmutter")
     p.add_argument("--readme", help="rewrite this README's Accuracy section (between the accuracy markers)")
     p.add_argument("--jobs", type=int, help="processes for the searches (default: every core)")
     p.add_argument("--progress", action="store_true", help="report each task on stderr even when not a terminal")
