@@ -182,7 +182,8 @@ def main() -> int:
         return 0
     print(f"{len(shapes)} GEMM shapes of {len(per_run)} runs; twin's efficiencies from {args.machine}'s device, "
           f"relative to the {args.reference_dim}^3 GEMM" + (f"; measured on {device}" if measured else ""))
-    print(f"{'run':<28}{'shapes':>7}{'twin eff.':>11}" + (f"{'measured':>10}{'time meas./twin':>17}" if measured else ""))
+    measured_head = f"{'measured':>10}{'time meas./twin':>17}" if measured else ""
+    print(f"{'run':<28}{'shapes':>7}{'twin eff.':>11}" + measured_head)
     for r in rows:
         line = f"{r['run']:<28}{r['shapes']:>7}{r['twin_efficiency']:>11.3f}"
         if measured:

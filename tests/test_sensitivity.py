@@ -26,7 +26,8 @@ GEMM_PEAK = "device.empirical_gemm_bf16_tflop_per_s"
 
 
 def test_override_replaces_the_number_and_says_so():
-    m = load_machine("frontier", (("device.attention_efficiency", 0.5), ("node.links[0].bw_per_direction_gb_per_s", 100)))
+    link = "node.links[0].bw_per_direction_gb_per_s"
+    m = load_machine("frontier", (("device.attention_efficiency", 0.5), (link, 100)))
     assert m.device.attention_efficiency == 0.5
     assert m.node.links[0].bw_bytes_per_s == 100e9
     note = m.sources["device.attention_efficiency"]
@@ -89,7 +90,8 @@ def test_elasticities_follow_the_physics():
     assert by["network.switch_latency_us"].elasticity == 0  # one node: the network is never used
     tile = by["device.gemm_tile_m"]  # an integer field moves to whole values: 256 -> 205 and 307
     assert (tile.low_value, tile.high_value) == (205, 307)
-    assert [abs(f.elasticity) for f in result.fields] == sorted((abs(f.elasticity) for f in result.fields), reverse=True)
+    sizes = [abs(f.elasticity) for f in result.fields]
+    assert sizes == sorted(sizes, reverse=True)
 
 
 def test_needed_value_reaches_the_target_to_first_order():
