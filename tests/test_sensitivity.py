@@ -37,6 +37,12 @@ def test_override_replaces_the_number_and_says_so():
     assert machine_text(m) != machine_text(plain)  # cached results of the plain file are not served
 
 
+def test_a_number_set_twice_takes_the_last_value():
+    m = load_machine("frontier", (("device.hbm_efficiency", 0.5), ("device.hbm_efficiency", 0.6)))
+    assert m.device.hbm_efficiency == 0.6 and m.overrides == (("device.hbm_efficiency", 0.6),)
+    assert "the file says 0.8" in m.sources["device.hbm_efficiency"].estimate
+
+
 @pytest.mark.parametrize("override, mentions", [
     (("device.atention_efficiency", 0.5), ("no such number", "device.attention_efficiency")),
     (("node.links[99].bw_per_direction_gb_per_s", 1.0), ("no such number",)),

@@ -324,7 +324,8 @@ def load_machine(name_or_path: str, overrides: tuple[Override, ...] = ()) -> Mac
     network = _network(top.table("network"), node)
     collectives = _collectives(top.table("collectives"))
     top.finish()
-    return Machine(name, description, device, node, network, collectives, sources, str(path), tuple(overrides))
+    return Machine(name, description, device, node, network, collectives, sources, str(path),
+                   tuple(dict(overrides).items()))
 
 
 def _device(f: Fields) -> DeviceSpec:

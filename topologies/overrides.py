@@ -72,8 +72,9 @@ def _entry(data: dict[str, Any], path: str) -> dict[str, Any] | None:
 
 
 def apply_overrides(data: dict[str, Any], overrides: tuple[Override, ...], origin: str) -> None:
-    """Replace each named number in the parsed file ``data`` (in place), marking it as set here."""
-    for path, value in overrides:
+    """Replace each named number in the parsed file ``data`` (in place), marking it as set here. A number set
+    twice takes the last value."""
+    for path, value in dict(overrides).items():
         entry = _entry(data, path)
         if entry is None:
             close = difflib.get_close_matches(path, number_paths(data), n=1, cutoff=0.6)
