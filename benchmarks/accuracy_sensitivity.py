@@ -27,7 +27,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from topologies.machine import load_machine  # noqa: E402
-from twin.micro_batches import simulate_step  # noqa: E402
 from twin.model import get_model  # noqa: E402
 from twin.plan import parse_plan  # noqa: E402
 from twin.presets import PRESETS  # noqa: E402
@@ -44,20 +43,21 @@ FIELDS = [GEMM_PEAK, "device.attention_efficiency", "device.hbm_efficiency", "de
 
 
 def runs(with_1t: bool, jobs: int | None) -> list[dict]:
-    """(label, machine, model, gpus, plan text, published throughput, unit) of every row with a plan."""
+    """(label, machine, model, gpus, plan text, batch, published throughput, flop/s per unit of it) of every row
+    with a plan: AxoNN's rows are total PF/s, the Frontier paper's TF/s per GCD."""
     out = []
     for pub in AXONN_TABLE_III:
         b = best_plan(pub.machine, pub.model, pub.gpus, AXONN_BATCH_SEQUENCES, AXONN_SPACE, jobs)
         out.append(dict(label=f"{pub.machine} {pub.gpus} {pub.model}", machine=pub.machine, model=pub.model,
                         gpus=pub.gpus, plan=b["plan"], batch=AXONN_BATCH_SEQUENCES, published=pub.pflops_total,
-                        predicted=b["pflops_total"]))
+                        unit=1e15))
     for model, name in (("22B", "frontier-22b"), ("175B", "frontier-175b"), ("1T", "frontier-1t")):
         if model == "1T" and not with_1t:
             continue
         p = PRESETS[name]
         out.append(dict(label=f"Frontier paper {model}@{p.gpus}", machine="frontier", model=model, gpus=p.gpus,
                         plan=p.plan, batch=p.global_batch, published=FRONTIER_PAPER_TFLOPS_PER_GCD[model],
-                        predicted=None))
+                        unit=1e12 * p.gpus))
     return out
 
 
@@ -66,11 +66,11 @@ def diagnose(run: dict, all_estimates: bool) -> dict:
     fields = sorted(set(estimated_fields(machine)) | {GEMM_PEAK}) if all_estimates else \
         [f for f in FIELDS if f in machine.sources]
     model, plan = get_model(run["model"]), parse_plan(f"{run['plan']},global_batch={run['batch']}")
-    step = simulate_step(model, plan, machine, run["gpus"]).step_time_s
     flops = model.flops_per_step(run["batch"], "hardware")
-    predicted = flops / step / (1e15 if run["predicted"] is not None else 1e12 * run["gpus"])
-    target = step * predicted / run["published"]
-    result = sensitivity(model, plan, machine, run["gpus"], fields, target_step_s=target)
+    target = flops / (run["published"] * run["unit"])  # the step the published throughput means
+    result = sensitivity(model, plan, machine, run["gpus"], fields, target_step_s=target, jobs=1)
+    step = result.step_time_s
+    predicted = flops / step / run["unit"]
     by = {f.path: f for f in result.fields}
     estimates = [f for f in result.fields if f.estimate]
     top = estimates[0] if estimates else None

@@ -43,6 +43,17 @@ def numerics(schedule, path, out) -> dict:
     return json.loads((out / "numerics.json").read_text())
 
 
+def with_group_moved(schedule, suffix: str, axis: str, tmp_path):
+    """The schedule with every op named ...`suffix` put on group `axis` (a wrong group), saved: (schedule, path)."""
+    def moved(op):
+        return replace(op, stream=f"comm:{axis}", work=replace(op.work, group=axis)) if op.name.endswith(suffix) else op
+
+    bad = replace(schedule, programs=tuple(replace(p, ops=tuple(moved(op) for op in p.ops)) for p in schedule.programs))
+    path = tmp_path / "bad.json"
+    save_schedule(bad, path)
+    return bad, str(path)
+
+
 # ---- measuring ------------------------------------------------------------------------------
 
 
@@ -103,15 +114,7 @@ def test_numerics_pass_for_more_plans(tmp_path, plan, gpus):
 
 def test_numerics_fail_when_a_wrong_group_is_injected(tmp_path, capsys):
     schedule, _ = export(tmp_path, "gx=2,gy=2", 4)
-
-    def wrong(op):  # the QKV forward all-reduce of layer 0 over X instead of Y
-        if op.name.endswith("L0.qkv.ar_y"):
-            return replace(op, stream="comm:x", work=replace(op.work, group="x"))
-        return op
-
-    bad = replace(schedule, programs=tuple(replace(p, ops=tuple(wrong(op) for op in p.ops)) for p in schedule.programs))
-    path = tmp_path / "bad.json"
-    save_schedule(bad, path)
+    _, path = with_group_moved(schedule, "L0.qkv.ar_y", "x", tmp_path)  # layer 0's QKV all-reduce over X, not Y
     rc = main(["run", str(path), "--nproc", "4", "--check-numerics", "--out", str(tmp_path / "num"),
                "--wall-timeout", str(LIMIT_S)])
     out = capsys.readouterr()
@@ -122,16 +125,9 @@ def test_numerics_fail_when_a_wrong_group_is_injected(tmp_path, capsys):
 
 def test_numerics_fail_when_a_sequence_gather_uses_the_wrong_group(tmp_path):
     schedule, _ = export(tmp_path, "gx=2,gz=2,sp=1", 4)
-
-    def wrong(op):  # layer 1's MLP-up input gather (forward and recompute) over Z instead of X: wrong rows
-        if op.name.endswith("L1.mlp_up.ag_x"):
-            return replace(op, stream="comm:z", work=replace(op.work, group="z"))
-        return op
-
-    bad = replace(schedule, programs=tuple(replace(p, ops=tuple(wrong(op) for op in p.ops)) for p in schedule.programs))
-    path = tmp_path / "bad.json"
-    save_schedule(bad, path)
-    result = numerics(bad, str(path), tmp_path / "num")
+    # layer 1's MLP-up input gather (forward and recompute) over Z instead of X: rows of the wrong sequence shard
+    bad, path = with_group_moved(schedule, "L1.mlp_up.ag_x", "z", tmp_path)
+    result = numerics(bad, path, tmp_path / "num")
     assert not result["ok"]
     assert any("L1.mlp_up mb0 O: relative error" in f for f in result["failures"]), result["failures"]
 

@@ -181,8 +181,7 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
     bar = ProgressBar(not args.json and (args.progress or sys.stderr.isatty()))
     try:
         result = sensitivity(model, plan, machine, args.gpus, fields, args.factor, args.target_step_s,
-                             progress=lambda done, total: bar("simulating", done, total),
-                             jobs=args.jobs or os.cpu_count() or 1)
+                             progress=lambda done, total: bar("simulating", done, total), jobs=args.jobs)
     finally:
         bar.close()
     if args.figure:

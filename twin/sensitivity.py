@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import textwrap
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -73,22 +74,24 @@ def estimated_fields(machine: Machine) -> list[str]:
     return [path for path, s in machine.sources.items() if s.estimate and s.value != 0]
 
 
-def _variant(machine: Machine, path: str, value: float) -> Machine:
-    """The machine with `path` set to `value` (its other --set overrides kept); TwinError if the file rejects it."""
-    return load_machine(machine.path, tuple(o for o in machine.overrides if o[0] != path) + ((path, value),))
+def _variant(machine: Machine, path: str, value: float) -> tuple[float, Machine | None, str]:
+    """(value, the machine with `path` set to it, "") with the value rounded for an integer field and the other
+    --set overrides kept, or (value, None, why) when the file's checks reject it."""
+    if machine.sources[path].integral:
+        value = float(round(value))
+    others = tuple(o for o in machine.overrides if o[0] != path)
+    try:
+        return value, load_machine(machine.path, others + ((path, value),)), ""
+    except TwinError as e:
+        return value, None, str(e).split(": field ", 1)[-1]
 
 
 def _moved(machine: Machine, path: str, value: float) -> tuple[float | None, Machine | None, str]:
     """(value, machine with it) for one side of a move, or (None, None, why) when the side cannot be taken."""
-    s = machine.sources[path]
-    if s.integral:
-        value = float(round(value))
-        if value == s.value:
-            return None, None, "an integer the factor does not move"
-    try:
-        return value, _variant(machine, path, value), ""
-    except TwinError as e:
-        return None, None, str(e).split(": field ", 1)[-1]
+    value, variant, why = _variant(machine, path, value)
+    if value == machine.sources[path].value:  # only an integer rounds back (the factor is in (0, 1))
+        return None, None, "an integer the factor does not move"
+    return (value, variant, "") if variant is not None else (None, None, why)
 
 
 Step = tuple[ModelSpec, ParallelPlan, Machine, int]  # what one simulation needs
@@ -103,10 +106,13 @@ def _step_s(task: Step) -> Outcome:
         return None, str(e)
 
 
-def _run_steps(tasks: list[Step], jobs: int, progress: Callable[[int, int], None] | None) -> list[Outcome]:
-    """Every task's outcome, in `jobs` forked processes (each simulation is independent), or inline."""
+def _run_steps(tasks: list[Step], jobs: int | None, progress: Callable[[int, int], None] | None) -> list[Outcome]:
+    """Every task's outcome, in `jobs` forked processes (default every core; each simulation is independent),
+    or inline with one job."""
+    jobs = jobs or os.cpu_count() or 1
     pooled = jobs > 1 and len(tasks) > 1 and "fork" in multiprocessing.get_all_start_methods()
-    pool = ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("fork")) if pooled else None
+    pool = (ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("fork"))
+            if pooled else None)
     try:
         results = pool.map(_step_s, tasks) if pool else map(_step_s, tasks)
         out = []
@@ -122,21 +128,15 @@ def _run_steps(tasks: list[Step], jobs: int, progress: Callable[[int, int], None
 
 def _allowed(machine: Machine, path: str, value: float) -> bool:
     """Would the machine file accept `value` at `path` (an efficiency above 1 or a negative latency would not)?"""
-    if not math.isfinite(value):
-        return False
-    try:
-        _variant(machine, path, float(round(value)) if machine.sources[path].integral else value)
-    except TwinError:
-        return False
-    return True
+    return math.isfinite(value) and _variant(machine, path, value)[1] is not None
 
 
 def sensitivity(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, fields: list[str] | None = None,
                 factor: float = DEFAULT_FACTOR, target_step_s: float | None = None,
-                progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> Sensitivity:
+                progress: Callable[[int, int], None] | None = None, jobs: int | None = None) -> Sensitivity:
     """Elasticity of the step time to each of `fields` (default: every estimate of the machine file).
 
-    `progress(done, total)` counts simulations; `jobs` > 1 runs them in that many processes.
+    `progress(done, total)` counts simulations; they run in `jobs` processes (default every core, as a search).
     """
     _check_factor(factor)
     paths = estimated_fields(machine) if fields is None else fields
@@ -239,7 +239,8 @@ class RankingMove:
 
 def ranking_robustness(model: ModelSpec, plans: list[ParallelPlan], machine: Machine, gpus: int,
                        fields: list[str] | None = None, factor: float = DEFAULT_FACTOR,
-                       progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> list[RankingMove]:
+                       progress: Callable[[int, int], None] | None = None,
+                       jobs: int | None = None) -> list[RankingMove]:
     """Would the first of `plans` (a search's ranking, best first) still win if an estimate were off?
 
     Each number (default: every estimate of the machine file) is moved by

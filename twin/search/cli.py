@@ -87,8 +87,7 @@ def cmd_search(args: argparse.Namespace) -> int:
             ranked = result.ranked[:args.robustness]
             plans = [parse_plan(f"{r.plan},global_batch={batch}") for r in ranked]
             moves = ranking_robustness(model, plans, machine, args.gpus,
-                                       progress=lambda done, total: bar("robustness", done, total),
-                                       jobs=args.jobs or os.cpu_count() or 1)
+                                       progress=lambda done, total: bar("robustness", done, total), jobs=args.jobs)
     finally:
         bar.close()
     if args.figure:
