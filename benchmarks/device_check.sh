@@ -4,7 +4,8 @@
 # Here, first:   bash benchmarks/device_prepare.sh          (writes device-input/, ignored by git)
 # There:         device `run` with carry ["device-input"], timeout about 600 s:
 #                    bash benchmarks/device_check.sh
-# It writes into $OUT: gpu.txt; gemm-shapes.json/.txt (the GEMM shape model against this GPU); compare.json/.txt
+# It writes into $OUT: gpu.txt; gemm-shapes.json/.txt (the GEMM shape model against this GPU) and gemm-measured.toml
+# (the measured rates as [[device.gemm_measured]] entries for the machine file of this chip); compare.json/.txt
 # and compare-*.png (a one-GPU step of 4 GPT layers at hidden 4096, simulated on --machine vs measured, per op
 # class). Commit what comes back under benchmarks/results/ with the date and the GPU's name.
 set -euo pipefail
@@ -26,6 +27,6 @@ export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
 python3 benchmarks/gemm_shapes.py --shapes "$IN/gemm-shapes-input.json" --machine "$MACHINE" --device cuda \
-    --out "$OUT/gemm-shapes.json" | tee "$OUT/gemm-shapes.txt"
+    --out "$OUT/gemm-shapes.json" --toml "$OUT/gemm-measured.toml" | tee "$OUT/gemm-shapes.txt"
 python3 -m twin.cli compare "$IN/step-1gpu.json" --machine "$MACHINE" --nproc 1 --device cuda \
     --figures "$OUT/compare" --out /tmp/compare-run | tee "$OUT/compare.txt"

@@ -23,14 +23,19 @@ weighted by the FLOPs each run spends in it, and:
   that square beside the twin's, per shape and flop-weighted per run ("GEMM
   time measured / twin" > 1 means the shape model is optimistic there).
 
-Results go to --out (default $OUT/gemm-shapes.json when $OUT is set). A CPU
-run (--device cpu, float32) only checks the script: CPU GEMMs say nothing
-about a GPU.
+Results go to --out (default $OUT/gemm-shapes.json when $OUT is set). With
+--toml FILE the measured rates (the square included) are also written as
+``[[device.gemm_measured]]`` entries, each with its source (this script, the
+GPU, torch, the date): pasted into the machine file of the same chip, they
+replace the shape model's estimates at those shapes (twin/sim/compute.py).
+A CPU run (--device cpu, float32) only checks the script: CPU GEMMs say
+nothing about a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -119,6 +124,16 @@ def measure_gemm_s(shape: Shape, device: str, dtype, budget_s: float = 0.5, max_
     return statistics.median(once() for _ in range(reps))
 
 
+def toml_block(rates: dict[Shape, float], source: str) -> str:
+    """``[[device.gemm_measured]]`` entries for measured rates (flop/s), largest FLOP count first."""
+    lines = [f"# {len(rates)} GEMMs timed by {source}.",
+             "# Paste under [device] of the machine file whose device this is (twin/sim/compute.py uses them)."]
+    for (m, n, k, layout), rate in sorted(rates.items(), key=lambda item: -item[0][0] * item[0][1] * item[0][2]):
+        lines += ["", "[[device.gemm_measured]]", f"m = {m}", f"n = {n}", f"k = {k}", f'layout = "{layout.lower()}"',
+                  f'tflop_per_s = {{ value = {rate / 1e12:.4g}, source = "{source}" }}', f'source = "{source}"']
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--machine", default="alps", help="machine file whose device the twin's efficiencies use")
@@ -130,8 +145,11 @@ def main() -> int:
                     help=f"square GEMM the measured efficiencies are relative to (default {REFERENCE_GEMM_DIM})")
     ap.add_argument("--max-dim", type=int, default=0, help="skip shapes with a dimension above this (CPU smoke runs)")
     ap.add_argument("--out", help="JSON results (default $OUT/gemm-shapes.json when $OUT is set)")
+    ap.add_argument("--toml", help="also write the measured rates as [[device.gemm_measured]] machine-file entries here")
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args()
+    if args.toml and args.dry_run:
+        ap.error("--toml needs measurements; drop --dry-run")
     compute = ComputeModel(load_machine(args.machine).device)
     t0 = time.perf_counter()
     if args.shapes:
@@ -142,18 +160,23 @@ def main() -> int:
         per_run = {r["label"]: gemm_flops(r) for r in validated_runs(args.quick)}
     shapes = sorted({s for f in per_run.values() for s in f if not args.max_dim or max(s[:3]) <= args.max_dim})
 
-    measured: dict[Shape, float] = {}
-    device = None
+    measured: dict[Shape, float] = {}  # rate relative to the measured square
+    rates: dict[Shape, float] = {}  # flop/s
+    device = source = None
+    ref = (args.reference_dim,) * 3 + ("NN",)
     if not args.dry_run:
         import torch
 
         device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        ref = (args.reference_dim,) * 3 + ("NN",)
-        ref_rate = 2 * args.reference_dim ** 3 / measure_gemm_s(ref, device, dtype)
+        name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+        source = (f"benchmarks/gemm_shapes.py on {name}, torch {torch.__version__}, {str(dtype).split('.')[-1]}, "
+                  f"median time, {datetime.date.today().isoformat()}")
+        rates[ref] = 2 * args.reference_dim ** 3 / measure_gemm_s(ref, device, dtype)
         for i, s in enumerate(shapes):
             print(f"  [{i + 1}/{len(shapes)}] {s}", file=sys.stderr)
-            measured[s] = 2 * s[0] * s[1] * s[2] / measure_gemm_s(s, device, dtype) / ref_rate
+            rates[s] = 2 * s[0] * s[1] * s[2] / measure_gemm_s(s, device, dtype)
+            measured[s] = rates[s] / rates[ref]
 
     rows = []
     for label, flops in per_run.items():
@@ -168,8 +191,10 @@ def main() -> int:
             row.update(measured_efficiency=float("nan"), time_ratio=float("nan"))
         rows.append(row)
     shape_rows = [dict(m=s[0], n=s[1], k=s[2], layout=s[3], measured_efficiency=measured.get(s),
+                       measured_tflop_per_s=rates[s] / 1e12 if s in rates else None,
                        twin_efficiency=twin_efficiency(compute, s, args.reference_dim)) for s in shapes]
-    doc = dict(machine=args.machine, device=device, reference_dim=args.reference_dim, wall_s=time.perf_counter() - t0,
+    doc = dict(machine=args.machine, device=device, source=source, reference_dim=args.reference_dim,
+               reference_tflop_per_s=rates[ref] / 1e12 if rates else None, wall_s=time.perf_counter() - t0,
                shapes=shape_rows, runs=rows,
                per_run={label: [[*s, f] for s, f in sorted(flops.items())] for label, flops in per_run.items()})
     out = args.out or (os.path.join(os.environ["OUT"], "gemm-shapes.json") if os.environ.get("OUT") else None)
@@ -177,6 +202,10 @@ def main() -> int:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         with open(out, "w") as f:
             json.dump(doc, f, indent=2)
+    if args.toml:
+        os.makedirs(os.path.dirname(os.path.abspath(args.toml)), exist_ok=True)
+        with open(args.toml, "w") as f:
+            f.write(toml_block(rates, source))
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
@@ -189,8 +218,8 @@ def main() -> int:
         if measured:
             line += f"{r['measured_efficiency']:>10.3f}{r['time_ratio']:>17.3f}"
         print(line)
-    if out:
-        print(f"written to {out}")
+    for path in filter(None, (out, args.toml)):
+        print(f"written to {path}")
     return 0
 
 

@@ -36,7 +36,7 @@ from twin.errors import TwinError
 from twin.ir import COLLECTIVE_KINDS
 
 __all__ = [
-    "Sourced", "DeviceSpec", "NodeLink", "NicSpec", "NodeSwitch", "NodeSpec", "NetworkSpec",
+    "Sourced", "GemmMeasurement", "DeviceSpec", "NodeLink", "NicSpec", "NodeSwitch", "NodeSpec", "NetworkSpec",
     "DragonflySpec", "FatTreeSpec", "NETWORK_KINDS", "CollectiveTuning", "Machine",
     "load_machine", "list_machines",
 ]
@@ -46,6 +46,22 @@ GB, TFLOP, US = 1e9, 1e12, 1e-6
 LAYOUTS = ("NN", "NT", "TN")
 ALGORITHMS = ("ring", "tree")
 PROTOCOLS = ("ll", "ll128", "simple")
+
+
+@dataclass(frozen=True)
+class GemmMeasurement:
+    """One GEMM timed on the device (``[[device.gemm_measured]]``): its shape, its layout and the rate it ran at.
+
+    Where a machine file has such measurements, the compute model runs a GEMM
+    at the rate measured for the nearest measured shape, carried to its own
+    shape by the shape model (twin.sim.compute): a measurement at the shapes a
+    run uses replaces the tile/wave/k-loop estimates there."""
+
+    m: int
+    n: int
+    k: int
+    layout: str  # "NN", "NT" or "TN"
+    flop_per_s: float
 
 
 @dataclass(frozen=True)
@@ -68,6 +84,7 @@ class DeviceSpec:
     comm_compute_slowdown: float  # fraction of compute rate lost while a collective runs
     kernel_overhead_s: float
     attention_overhead_s: float = 0.0  # fixed time per attention call beyond kernel_overhead_s (optional key)
+    gemm_measured: tuple[GemmMeasurement, ...] = ()  # GEMMs timed on this device (optional [[device.gemm_measured]])
 
 
 @dataclass(frozen=True)
@@ -332,9 +349,10 @@ def _device(f: Fields) -> DeviceSpec:
     lay = f.table("layout_efficiency")
     layout = {k.upper(): lay.number(k, "fraction") for k in ("nn", "nt", "tn")}
     lay.finish()
+    peak = f.number("peak_bf16_tflop_per_s") * TFLOP
     spec = DeviceSpec(
         name=f.text("name"),
-        peak_flop_per_s=f.number("peak_bf16_tflop_per_s") * TFLOP,
+        peak_flop_per_s=peak,
         empirical_gemm_flop_per_s=f.number("empirical_gemm_bf16_tflop_per_s") * TFLOP,
         hbm_bytes=f.number("hbm_gb") * GB,
         hbm_bw_bytes_per_s=f.number("hbm_bw_gb_per_s") * GB,
@@ -349,6 +367,7 @@ def _device(f: Fields) -> DeviceSpec:
         comm_compute_slowdown=f.number("comm_compute_slowdown", "nonneg"),
         kernel_overhead_s=f.number("kernel_overhead_us", "nonneg") * US,
         attention_overhead_s=f.number("attention_overhead_us", "nonneg") * US if f.has("attention_overhead_us") else 0.0,
+        gemm_measured=_gemm_measured(f.tables("gemm_measured"), peak),
     )
     if spec.empirical_gemm_flop_per_s > spec.peak_flop_per_s:
         f.fail("empirical_gemm_bf16_tflop_per_s", "exceeds peak_bf16_tflop_per_s; check both values")
@@ -356,6 +375,27 @@ def _device(f: Fields) -> DeviceSpec:
         f.fail("comm_compute_slowdown", "must be < 1 (a fraction of the compute rate)")
     f.finish()
     return spec
+
+
+def _gemm_measured(entries: list[Fields], peak_flop_per_s: float) -> tuple[GemmMeasurement, ...]:
+    """``[[device.gemm_measured]]``: m, n, k (plain integers under the entry's source), layout, tflop_per_s."""
+    out: list[GemmMeasurement] = []
+    seen: set[tuple[int, int, int, str]] = set()
+    for g in entries:
+        m, n, k = (g.structure(key, "positive") for key in ("m", "n", "k"))
+        layout = g.text("layout").upper()
+        if layout not in LAYOUTS:
+            g.fail("layout", f"is {layout.lower()!r}; use one of {', '.join(x.lower() for x in LAYOUTS)}")
+        if (m, n, k, layout) in seen:
+            g.fail("m", f"repeats the measurement of {m}x{n}x{k} {layout.lower()}; keep one entry per shape and layout")
+        seen.add((m, n, k, layout))
+        rate = g.number("tflop_per_s") * TFLOP
+        if rate > peak_flop_per_s:
+            g.fail("tflop_per_s", f"is {rate / TFLOP:g}, above the device peak {peak_flop_per_s / TFLOP:g}; "
+                                  "check the timing (a GEMM cannot beat the peak)")
+        out.append(GemmMeasurement(m, n, k, layout, rate))
+        g.finish()
+    return tuple(out)
 
 
 def _node(f: Fields) -> NodeSpec:

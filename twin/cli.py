@@ -316,6 +316,8 @@ def cmd_machines(args: argparse.Namespace) -> int:
             "hbm_gb": d.hbm_bytes / 1e9,
             "hbm_bw_gb_per_s": d.hbm_bw_bytes_per_s / 1e9,
             "nics_per_node": len(n.nics),
+            "measured_gemms": [{"m": g.m, "n": g.n, "k": g.k, "layout": g.layout, "tflops": g.flop_per_s / 1e12}
+                               for g in d.gemm_measured],
             "network": net.describe(),
             "max_gpus": m.max_gpus,
             "description": m.description,
@@ -338,6 +340,10 @@ def cmd_machines(args: argparse.Namespace) -> int:
         for key, s in rows[0]["sources"].items():
             why = f"source: {s['source']}" if s["source"] else f"ESTIMATE: {s['estimate']}"
             print(f"  {key} = {s['value']:g}  ({why})")
+        if rows[0]["measured_gemms"]:
+            print("\n  measured GEMMs (they replace the shape model at their shapes; m x n x k layout: TF/s):")
+            for g in rows[0]["measured_gemms"]:
+                print(f"    {g['m']} x {g['n']} x {g['k']} {g['layout']}: {g['tflops']:g}")
     else:
         print("\n`twin machines NAME` lists every number of one machine with its source.")
     return 0

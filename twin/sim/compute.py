@@ -19,6 +19,14 @@ whose smallest dimension is at least `tn_penalty_min_dim` (the slow rocBLAS
 kernels were seen on large GEMMs); a tunable GEMM with tuning on takes the best
 layout, as AxoNN's first-batch kernel timing does.
 
+Measured GEMMs: where the machine file lists GEMMs timed on the device
+(``[[device.gemm_measured]]``, e.g. from benchmarks/gemm_shapes.py), a GEMM
+runs at the rate measured for the nearest measured shape (log distance over
+m, n, k; the same layout preferred), times the model's ratio between its own
+shape and that one. At a measured shape the measurement is the answer; the
+tile, wave and k-loop estimates only carry it to shapes nearby. A tunable
+GEMM takes the fastest layout. Never above the device's peak.
+
 Attention (flash) runs at attention_efficiency x the empirical GEMM rate,
 plus attention_overhead_s per call where a machine file measured one (on a
 CPU, SDPA's backward is several kernels and allocations: a fixed cost);
@@ -29,9 +37,9 @@ kernel pays kernel_overhead_s (launch and tail).
 from __future__ import annotations
 
 from functools import lru_cache
-from math import ceil
+from math import ceil, log
 
-from topologies.machine import DeviceSpec
+from topologies.machine import LAYOUTS, DeviceSpec, GemmMeasurement
 from twin.ir import Attention, Elementwise, Gemm, Work
 
 REFERENCE_GEMM_DIM = 32768  # the square GEMM the empirical peaks were measured on (AxoNN SC'24 sec. VI-C)
@@ -57,18 +65,32 @@ class ComputeModel:
         return tile_util * wave_util * k_util
 
     def gemm_efficiency(self, gemm: Gemm) -> float:
-        """Fraction of the empirical GEMM peak this GEMM reaches."""
-        shape = self._shape_efficiency(gemm.m, gemm.n, gemm.k) / self._reference_efficiency
-        return shape * self.layout_efficiency(gemm)
+        """Fraction of the empirical GEMM peak this GEMM reaches (module docstring: model, then measurements)."""
+        if not self.device.gemm_measured:
+            return self._modelled(gemm.m, gemm.n, gemm.k, gemm.layout, gemm.tunable)
+        layouts = LAYOUTS if gemm.tunable else (gemm.layout,)
+        best = max(self._measured(gemm.m, gemm.n, gemm.k, layout) for layout in layouts)
+        return min(best, self.device.peak_flop_per_s / self.device.empirical_gemm_flop_per_s)
 
-    def layout_efficiency(self, gemm: Gemm) -> float:
+    def _modelled(self, m: int, n: int, k: int, layout: str, tunable: bool) -> float:
+        shape = self._shape_efficiency(m, n, k) / self._reference_efficiency
+        return shape * self._layout_efficiency(m, n, k, layout, tunable)
+
+    def _layout_efficiency(self, m: int, n: int, k: int, layout: str, tunable: bool) -> float:
         """A tunable GEMM gets the best layout (AxoNN times them all in its first batch)."""
         dev = self.device
-        if min(gemm.m, gemm.n, gemm.k) < dev.tn_penalty_min_dim:
+        if min(m, n, k) < dev.tn_penalty_min_dim:
             return 1.0
-        if gemm.tunable:
+        if tunable:
             return max(dev.layout_efficiency.values())
-        return dev.layout_efficiency[gemm.layout]
+        return dev.layout_efficiency[layout]
+
+    def _measured(self, m: int, n: int, k: int, layout: str) -> float:
+        """The nearest measurement (its layout first), carried to (m, n, k, layout) by the model's ratio."""
+        near = min(self.device.gemm_measured, key=lambda e: (e.layout != layout, _log_distance(e, m, n, k)))
+        measured = near.flop_per_s / self.device.empirical_gemm_flop_per_s
+        return measured * self._modelled(m, n, k, layout, False) / self._modelled(near.m, near.n, near.k, near.layout,
+                                                                                  False)
 
     def gemm_time_s(self, gemm: Gemm) -> float:
         dev = self.device
@@ -87,3 +109,8 @@ class ComputeModel:
         if isinstance(work, Elementwise):
             return work.nbytes / (dev.hbm_bw_bytes_per_s * dev.hbm_efficiency) + dev.kernel_overhead_s
         raise TypeError(f"not a compute op: {type(work).__name__}")
+
+
+def _log_distance(e: GemmMeasurement, m: int, n: int, k: int) -> float:
+    """How far apart two GEMM shapes are, as sizes scale: |ln m/m'| + |ln n/n'| + |ln k/k'|."""
+    return abs(log(e.m / m)) + abs(log(e.n / n)) + abs(log(e.k / k))
