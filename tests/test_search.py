@@ -140,8 +140,10 @@ def test_search_command_json_and_figure(capsys, tmp_path):
     (["--zero", "5"], ["--zero"]),
     (["--recompute", "some"], ["--recompute"]),
     (["--min-tp", "8", "--max-tp", "4"], ["--max-tp"]),
-    (["--global-batch", "3", "--axes", "gz,gdata"], ["no valid plan"]),
+    (["--global-batch", "3", "--axes", "gz,gdata"], ["no valid plan", "global batch not divisible by gdata*gz"]),
+    (["--gpus", "7", "--axes", "gx,gy"], ["no valid plan", "heads not divisible by gx", "hidden not divisible by gy"]),
     (["--top", "0"], ["--top"]),
+    (["--jobs", "-1"], ["--jobs -1 must be at least 1"]),
     (["--batch-tokens", "many"], ["--batch-tokens"]),
 ])
 def test_bad_searches_exit_2_with_one_line(capsys, extra, mentions):

@@ -146,6 +146,7 @@ def test_sensitivity_command(capsys, tmp_path):
     assert_user_error(*run(capsys, "sensitivity", *step, "--fields", ","), "--fields")
     assert_user_error(*run(capsys, "sensitivity", *step, "--fields", GEMM_PEAK, "--all"), "--fields", "--all")
     assert_user_error(*run(capsys, "sensitivity", *step, "--factor", "0"), "--factor")
+    assert_user_error(*run(capsys, "sensitivity", *step, "--jobs", "0"), "--jobs")
     figure = tmp_path / "tornado.png"
     rc, out, _ = run(capsys, "sensitivity", *step, "--fields", f"{GEMM_PEAK},device.hbm_efficiency", "--figure",
                      str(figure))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
 import textwrap
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
@@ -31,6 +30,7 @@ from twin.errors import TwinError
 from twin.micro_batches import simulate_step
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
+from twin.search.rank import worker_count
 
 DEFAULT_FACTOR = 0.2
 FIRST_ORDER_REACH = 4.0  # a needed value further than this factor away is shown as out of reach, not as a number
@@ -109,7 +109,7 @@ def _step_s(task: Step) -> Outcome:
 def _run_steps(tasks: list[Step], jobs: int | None, progress: Callable[[int, int], None] | None) -> list[Outcome]:
     """Every task's outcome, in `jobs` forked processes (default every core; each simulation is independent),
     or inline with one job."""
-    jobs = jobs or os.cpu_count() or 1
+    jobs = worker_count(jobs)
     pooled = jobs > 1 and len(tasks) > 1 and "fork" in multiprocessing.get_all_start_methods()
     pool = (ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=multiprocessing.get_context("fork"))
             if pooled else None)

@@ -39,7 +39,7 @@ from twin.published import (AXONN_BATCH_SEQUENCES, AXONN_TABLE_III, FRONTIER_PAP
 from twin.report import Summary
 from twin.scale import scaling
 from twin.search import cache
-from twin.search.rank import search
+from twin.search.rank import search, worker_count
 from twin.search.space import AXONN_AXES, SearchSpace
 
 TRAINING_TOKENS = 2e12  # AxoNN Fig. 9: time to train on 2T tokens
@@ -291,7 +291,7 @@ def _validate(jobs: int | None, progress: Callable[[str], None] | None, sections
     start = time.perf_counter()
     say = progress or (lambda _: None)
     rows: list[Row] = []
-    jobs = jobs or os.cpu_count() or 1
+    jobs = worker_count(jobs)
     alongside = None
     if "A" in sections and "B" in sections and jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
         alongside = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))

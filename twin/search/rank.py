@@ -103,11 +103,18 @@ class SearchResult:
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
+def worker_count(jobs: int | None) -> int:
+    """--jobs as a process count: every core when not given; a one-line error below 1."""
+    if jobs is not None and jobs < 1:
+        raise TwinError(f"--jobs {jobs} must be at least 1 (or leave it out: every core)")
+    return jobs or os.cpu_count() or 1
+
+
 def search(model: ModelSpec, gpus: int, global_batch: int, machine: Machine, space: SearchSpace | None = None,
            top: int = 10, exhaustive: bool = False, progress: Progress | None = None,
            use_cache: bool = True, jobs: int | None = None) -> SearchResult:
     """The `top` fastest valid plans (fewer if fewer exist), best first; `jobs` processes (default: every core)."""
-    jobs = jobs or os.cpu_count() or 1
+    jobs = worker_count(jobs)
     space = space or SearchSpace()
     if top < 1:
         raise TwinError(f"--top {top} must be at least 1")

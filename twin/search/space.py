@@ -163,15 +163,23 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
     return Space(tuple(candidates), len(degrees), rejected, overflow)
 
 
+_DIVISIBILITY = re.compile(r"^(?:--)?(?:model )?(.*?)(?: k\*n/\(gx\*gy\))? \((?:LM head )?(?:split|sharded) over ([^)]+)\): ")
+
+
 def _reason(message: str) -> str:
-    """A validation error shortened to its cause (the part before the numbers)."""
+    """A validation error as a short cause that counts plans alike ("hidden not divisible by gy")."""
+    m = _DIVISIBILITY.match(message)
+    if m:
+        return f"{m.group(1).replace('-', ' ')} not divisible by {m.group(2)}"
+    if "layers do not split" in message:
+        return "layers do not split into pp x vpp equal stages"
     head = message.split(":")[0] if not message.startswith("--plan") else message.split(":")[1]
     return re.sub(r"\d+", "N", head.strip().split(" is not")[0].split(";")[0])[:60]
 
 
 def explain_empty(space_result: Space, model: ModelSpec, gpus: int, global_batch: int, hbm_gb: float) -> str:
     """One line: why no plan exists."""
-    reasons = "; ".join(f"{n} plans: {r}" for r, n in space_result.rejected.most_common(3))
+    reasons = "; ".join(f"{n} plan{'s' if n != 1 else ''}: {r}" for r, n in space_result.rejected.most_common(3))
     if space_result.smallest_overflow_gb is not None and space_result.rejected["does not fit in memory"]:
         return (f"no valid plan for {model.name} on {gpus} GPUs with {global_batch} sequences: the closest plan needs "
                 f"{space_result.smallest_overflow_gb:.1f} GB more than the {hbm_gb:.0f} GB per GPU allow "
