@@ -201,6 +201,26 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare_trace(args: argparse.Namespace) -> int:
+    from twin.micro_batches import simulate_step
+    from twin.profiler_trace import compare_trace, format_trace_comparison, load_profiled_run
+
+    if args.preset:
+        _apply_preset(args)
+    _require_step_arguments(args, "compare-trace", " (or --preset NAME)")
+    model, plan, machine = _step_inputs(args)
+    run = load_profiled_run(args.trace, args.steps, args.device)
+    summary = simulate_step(model, plan, machine, args.gpus)
+    c = compare_trace(summary.time_by_class_s, summary.step_time_s, run,
+                      f"the critical rank of {summary.plan} on {args.gpus} {machine.name} GPUs")
+    if args.json:
+        print(json.dumps(c.to_json_dict(), indent=2))
+    else:
+        print(format_trace_comparison(c, f"{summary.model} on {args.gpus} x {machine.name}: the twin beside a "
+                                         "profiler trace, per op class and step"))
+    return 0
+
+
 def timeline_rows(schedule, run) -> list:
     """One rank: all its streams. Several simulated ranks (pipeline stages): each one's compute stream."""
     from twin.figures import MAX_TIMELINE_RANKS
@@ -424,6 +444,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_sensitivity)
+
+    p = sub.add_parser(
+        "compare-trace", help="a real run's profiler trace beside the twin's step, per op class",
+        description="Read one rank's torch.profiler trace (export_chrome_trace; .json or .json.gz) of a real "
+        "training run, sum its GPU kernels per op class (GEMM, attention, element-wise, each collective kind, "
+        "memcpy) and per step, and print them beside the twin's prediction of the same step (busy time per class "
+        "of the critical rank). Steps come from the trace's ProfilerStep annotations, or --steps. Example: twin "
+        "compare-trace rank0.json --preset frontier-22b",
+    )
+    p.add_argument("trace", help="the profiler trace of one rank (Chrome trace JSON, optionally gzipped)")
+    _add_step_arguments(p, required=False)
+    p.add_argument("--preset", help="a named configuration from the papers (see `twin presets`)")
+    p.add_argument("--steps", type=int, help="how many training steps the trace covers (when it has no "
+                   "ProfilerStep annotations)")
+    p.add_argument("--device", help="the GPU whose kernels to count, when the trace has several (default: the first)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_compare_trace)
 
     p = sub.add_parser("presets", help="list the named configurations from the papers")
     p.add_argument("--json", action="store_true", help="print JSON")

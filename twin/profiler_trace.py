@@ -1,0 +1,266 @@
+"""A real run's profiler trace, per op class and per step, beside the twin's prediction of the same step.
+
+`twin compare` compares the executor's own runs. A real training job
+(Megatron-DeepSpeed, AxoNN, torchtitan) on Frontier or Perlmutter can be
+compared too, from the trace torch.profiler writes for one rank
+(``prof.export_chrome_trace``, Kineto's Chrome trace JSON, ``.json`` or
+``.json.gz``): its GPU kernels are summed per op class and per step, and set
+beside the busy time per class the twin predicts for the critical rank of the
+same step. Which class is off says where a prediction misses: GEMMs slower
+than the shape model, collectives slower than the network model, kernels the
+schedule does not have.
+
+Kernels are classed by name, first match wins (`KERNEL_CLASSES`):
+
+- collectives: NCCL's and RCCL's kernels (``nccl...``, ``rccl...``), by the
+  kind in the name (AllReduce, AllGather, ReduceScatter, Broadcast, AllToAll;
+  Send/Recv/SendRecv are point to point, ``p2p``). Where the name does not say
+  the kind (RCCL's ``ncclDevKernel_Generic``), every collective of both sides
+  is counted in one ``collectives`` row;
+- attention: flash attention and other fused attention kernels;
+- gemm: cuBLAS, cuBLASLt, CUTLASS, rocBLAS/Tensile (``Cijk_...``),
+  hipBLASLt kernels;
+- memcpy and memset (the trace's own categories): not modelled by the twin;
+- every other GPU kernel: element-wise work (norms, activations, dropout,
+  softmax, the optimizer, casts), which the twin models as HBM streaming.
+
+Steps: the trace's ``ProfilerStep#N`` annotations on the GPU timeline (what
+``torch.profiler.profile(schedule=...)`` with ``prof.step()`` writes) delimit
+steps, and a kernel belongs to the step its start falls in; a trace without
+them needs ``--steps K``, the number of steps it covers (the window from the
+first kernel's start to the last one's end, divided by K). Per class the
+busy time is the sum of kernel durations (kernels of one class on several
+streams overlap, as the twin's per-class busy time counts them too). A
+collective kernel's duration includes waiting for its peers, as the twin's
+collective times do.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from twin.errors import TwinError
+from twin.ir import COLLECTIVE_KINDS
+
+COLLECTIVE_PATTERN = re.compile(r"nccl|rccl", re.I)
+COLLECTIVE_KIND_PATTERNS = (
+    ("p2p", re.compile(r"sendrecv|send|recv", re.I)),
+    ("all_reduce", re.compile(r"all_?reduce", re.I)),
+    ("all_gather", re.compile(r"all_?gather", re.I)),
+    ("reduce_scatter", re.compile(r"reduce_?scatter", re.I)),
+    ("broadcast", re.compile(r"broadcast", re.I)),
+    ("all_to_all", re.compile(r"all_?to_?all", re.I)),
+)
+KERNEL_CLASSES = (
+    ("attention", re.compile(r"flash|fmha|attn|attention|sdpa", re.I)),
+    ("gemm", re.compile(r"gemm|gemv|Cijk_|cutlass|xmma|s16816|s1688|hmma|wgmma|matmul|hipblaslt|_MT\d+x\d+x\d+", re.I)),
+)
+UNKNOWN_COLLECTIVE = "collectives"  # a collective kernel whose name does not say its kind
+NOT_MODELLED = ("memcpy", "memset")
+P2P_TWIN_CLASSES = ("send", "recv")
+STEP_ANNOTATION = re.compile(r"^ProfilerStep#\d+$")
+
+
+def kernel_class(name: str, category: str = "kernel") -> str:
+    """The op class a GPU event is counted under (module docstring)."""
+    if category == "gpu_memcpy":
+        return "memcpy"
+    if category == "gpu_memset":
+        return "memset"
+    if COLLECTIVE_PATTERN.search(name):
+        for kind, pattern in COLLECTIVE_KIND_PATTERNS:
+            if pattern.search(name):
+                return kind
+        return UNKNOWN_COLLECTIVE
+    for cls, pattern in KERNEL_CLASSES:
+        if pattern.search(name):
+            return cls
+    return "elementwise"
+
+
+@dataclass(frozen=True)
+class ClassTotal:
+    kernels_per_step: float
+    seconds_per_step: float
+
+
+@dataclass(frozen=True)
+class ProfiledRun:
+    """One rank's GPU kernels, per op class and per step."""
+
+    path: str
+    device: int | str
+    steps_s: tuple[float, ...]  # each step's duration
+    steps_from: str  # "annotations" or "--steps"
+    by_class: dict[str, ClassTotal]
+    examples: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a few kernel names per class
+
+    @property
+    def step_s(self) -> float:
+        """The median step."""
+        s = sorted(self.steps_s)
+        return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+
+def _read_events(path: str) -> list[dict]:
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise TwinError(f"trace {path}: cannot read it ({e.strerror or e}); check the path") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, EOFError) as e:
+        raise TwinError(f"trace {path}: not a JSON trace ({' '.join(str(e).split())}); give the file "
+                        "torch.profiler's export_chrome_trace wrote") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise TwinError(f"trace {path}: no traceEvents list; give the file torch.profiler's export_chrome_trace wrote")
+    return [e for e in events if isinstance(e, dict)]
+
+
+def _device_of(event: dict):
+    args = event.get("args") if isinstance(event.get("args"), dict) else {}
+    return args.get("device", event.get("pid"))
+
+
+def _is_span(event: dict) -> bool:
+    return event.get("ph") == "X" and isinstance(event.get("ts"), (int, float)) and isinstance(event.get("dur"), (int, float))
+
+
+def _step_windows(events: list[dict], device) -> list[tuple[float, float]]:
+    """One (start, end) per ProfilerStep#N on the GPU timeline of `device` (an annotation on several streams
+    spans them all)."""
+    spans: dict[str, list[float]] = {}
+    for e in events:
+        if not (_is_span(e) and e.get("cat") == "gpu_user_annotation" and STEP_ANNOTATION.match(str(e.get("name")))):
+            continue
+        if _device_of(e) is not None and str(_device_of(e)) != str(device):
+            continue
+        a, b = e["ts"], e["ts"] + e["dur"]
+        span = spans.setdefault(e["name"], [a, b])
+        span[0], span[1] = min(span[0], a), max(span[1], b)
+    return sorted((a, b) for a, b in spans.values())
+
+
+def load_profiled_run(path: str, steps: int | None = None, device=None) -> ProfiledRun:
+    """Read one rank's trace: its GPU kernels on `device` (default: the trace's only, or first, device)."""
+    events = _read_events(path)
+    kernels = [e for e in events if _is_span(e) and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not kernels:
+        raise TwinError(f"trace {path}: no GPU kernels (events of category 'kernel'); profile with "
+                        "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
+    devices = sorted({_device_of(e) for e in kernels}, key=str)
+    if device is None:
+        device = devices[0]
+    elif str(device) not in {str(d) for d in devices}:
+        raise TwinError(f"--device {device}: the trace has kernels on device(s) {', '.join(map(str, devices))}; "
+                        "pick one of them")
+    kernels = [e for e in kernels if str(_device_of(e)) == str(device)]
+    windows = _step_windows(events, device)
+    if steps is not None:
+        if steps < 1:
+            raise TwinError(f"--steps {steps} must be at least 1 (how many steps the trace covers)")
+        start, end = min(e["ts"] for e in kernels), max(e["ts"] + e["dur"] for e in kernels)
+        windows, steps_from = [(start + i * (end - start) / steps, start + (i + 1) * (end - start) / steps)
+                               for i in range(steps)], "--steps"
+        inside = kernels
+    elif windows:
+        steps_from = "annotations"
+        inside = [e for e in kernels if any(a <= e["ts"] < b for a, b in windows)]
+    else:
+        raise TwinError(f"trace {path}: no ProfilerStep#N annotations on the GPU; give --steps K, the number of "
+                        "training steps the trace covers")
+    n = len(windows)
+    totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    examples: dict[str, list[str]] = defaultdict(list)
+    for e in inside:
+        name = str(e.get("name", ""))
+        cls = kernel_class(name, e.get("cat", "kernel"))
+        totals[cls][0] += 1
+        totals[cls][1] += e["dur"] * 1e-6
+        if len(examples[cls]) < 3 and name not in examples[cls]:
+            examples[cls].append(name)
+    by_class = {cls: ClassTotal(k / n, s / n) for cls, (k, s) in totals.items()}
+    return ProfiledRun(path, device, tuple((b - a) * 1e-6 for a, b in windows), steps_from, by_class,
+                       {k: tuple(v) for k, v in examples.items()})
+
+
+@dataclass(frozen=True)
+class TraceRow:
+    op_class: str
+    twin_s: float | None  # None: the twin does not model this class
+    measured_s: float
+    kernels_per_step: float
+
+    @property
+    def error(self) -> float | None:
+        if self.twin_s is None or self.measured_s <= 0:
+            return None
+        return (self.twin_s - self.measured_s) / self.measured_s
+
+
+@dataclass(frozen=True)
+class TraceComparison:
+    run: ProfiledRun
+    rows: tuple[TraceRow, ...]
+    twin_step_s: float
+    twin_side: str  # what the twin's side is (which rank, which plan)
+
+    @property
+    def step_error(self) -> float:
+        return (self.twin_step_s - self.run.step_s) / self.run.step_s
+
+    def to_json_dict(self) -> dict:
+        return {
+            "trace": self.run.path, "device": self.run.device, "steps_from": self.run.steps_from,
+            "step": {"twin_s": self.twin_step_s, "measured_s": self.run.step_s, "error": self.step_error,
+                     "measured_steps_s": list(self.run.steps_s)},
+            "by_class": [{"op_class": r.op_class, "twin_s": r.twin_s, "measured_s": r.measured_s,
+                          "kernels_per_step": r.kernels_per_step, "error": r.error,
+                          "examples": list(self.run.examples.get(r.op_class, ()))} for r in self.rows],
+            "twin_side": self.twin_side,
+        }
+
+
+def compare_trace(twin_by_class_s: dict[str, float], twin_step_s: float, run: ProfiledRun,
+                  twin_side: str = "the critical rank") -> TraceComparison:
+    """Per class: the twin's busy time per step beside the trace's. The twin's send and recv are one p2p row;
+    where the trace has collectives of unknown kind, all collectives are one row on both sides."""
+    twin = defaultdict(float)
+    for cls, s in twin_by_class_s.items():
+        twin["p2p" if cls in P2P_TWIN_CLASSES else cls] += s
+    measured = {cls: (t.seconds_per_step, t.kernels_per_step) for cls, t in run.by_class.items()}
+    if UNKNOWN_COLLECTIVE in measured:
+        for side in (twin, measured):
+            merged = [side.pop(k) for k in list(side) if k in COLLECTIVE_KINDS]
+            if side is twin:
+                twin[UNKNOWN_COLLECTIVE] = sum(merged)
+            else:
+                s0, k0 = side.get(UNKNOWN_COLLECTIVE, (0.0, 0.0))
+                side[UNKNOWN_COLLECTIVE] = (s0 + sum(m[0] for m in merged), k0 + sum(m[1] for m in merged))
+    rows = []
+    for cls in sorted(set(twin) | set(measured), key=lambda c: -max(measured.get(c, (0.0,))[0], twin.get(c, 0.0))):
+        s, k = measured.get(cls, (0.0, 0.0))
+        rows.append(TraceRow(cls, None if cls in NOT_MODELLED else twin.get(cls, 0.0), s, k))
+    return TraceComparison(run, tuple(rows), twin_step_s, twin_side)
+
+
+def format_trace_comparison(c: TraceComparison, title: str) -> str:
+    run = c.run
+    how = "its ProfilerStep annotations" if run.steps_from == "annotations" else "--steps"
+    lines = [title,
+             f"  trace {run.path}: device {run.device}, {len(run.steps_s)} step(s) by {how}; twin: {c.twin_side}",
+             f"  {'op class':<16}{'kernels/step':>13}{'twin s':>14}{'measured s':>12}{'error':>9}"]
+    for r in c.rows:
+        twin = "not modelled" if r.twin_s is None else f"{r.twin_s:.4f}"
+        err = "" if r.error is None else f"{100 * r.error:+.1f}%"
+        lines.append(f"  {r.op_class:<16}{r.kernels_per_step:>13.0f}{twin:>14}{r.measured_s:>12.4f}{err:>9}")
+    steps = ", ".join(f"{s:.4f}" for s in run.steps_s[:8]) + (", ..." if len(run.steps_s) > 8 else "")
+    lines.append(f"  {'step time':<29}{c.twin_step_s:>14.4f}{run.step_s:>12.4f}{100 * c.step_error:>+8.1f}%"
+                 f"   (measured steps: {steps}; median)")
+    lines.append("  error = (twin - measured) / measured; busy time per class per step, overlapping streams summed")
+    return "\n".join(lines)
