@@ -7,7 +7,9 @@
 # It writes into $OUT: gpu.txt; gemm-shapes.json/.txt (the GEMM shape model against this GPU) and gemm-measured.toml
 # (the measured rates as [[device.gemm_measured]] entries for the machine file of this chip); compare.json/.txt
 # and compare-*.png (a one-GPU step of 4 GPT layers at hidden 4096, simulated on --machine vs measured, per op
-# class). Commit what comes back under benchmarks/results/ with the date and the GPU's name.
+# class); run-profiled.txt, profile-rank0.json.gz and compare-trace.txt/.json (the same step under torch.profiler:
+# its real kernel names classed by twin compare-trace, beside the twin). Commit what comes back under
+# benchmarks/results/ with the date and the GPU's name.
 set -euo pipefail
 OUT=${OUT:-out/device}
 IN=${IN:-device-input}
@@ -30,3 +32,11 @@ python3 benchmarks/gemm_shapes.py --shapes "$IN/gemm-shapes-input.json" --machin
     --out "$OUT/gemm-shapes.json" --toml "$OUT/gemm-measured.toml" | tee "$OUT/gemm-shapes.txt"
 python3 -m twin.cli compare "$IN/step-1gpu.json" --machine "$MACHINE" --nproc 1 --device cuda \
     --figures "$OUT/compare" --out /tmp/compare-run | tee "$OUT/compare.txt"
+# The same step under torch.profiler, its real kernels classed and set beside the twin (twin compare-trace)
+python3 -m twin.cli run "$IN/step-1gpu.json" --nproc 1 --device cuda --profile-steps 2 --out /tmp/profile-run \
+    | tee "$OUT/run-profiled.txt"
+gzip -c /tmp/profile-run/profile-rank0.json > "$OUT/profile-rank0.json.gz"
+python3 -m twin.cli compare-trace "$OUT/profile-rank0.json.gz" --schedule "$IN/step-1gpu.json" --machine "$MACHINE" \
+    | tee "$OUT/compare-trace.txt"
+python3 -m twin.cli compare-trace "$OUT/profile-rank0.json.gz" --schedule "$IN/step-1gpu.json" --machine "$MACHINE" \
+    --json > "$OUT/compare-trace.json"

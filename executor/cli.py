@@ -104,7 +104,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         check_output_path(args.trace, "--trace")
     machine = None if args.check_numerics else _machine_for_peaks(args.machine)
-    opts = _worker_options(args, check_numerics=args.check_numerics, machine=machine)
+    if args.profile_steps < 0 or (args.profile_steps and args.check_numerics):
+        raise TwinError("--profile-steps must be 0 or more, and cannot go with --check-numerics")
+    opts = _worker_options(args, check_numerics=args.check_numerics, machine=machine,
+                           profile_steps=args.profile_steps)
     wall = run_local(schedule, args.schedule, nproc, out, opts, args.wall_timeout)
     with open(os.path.join(out, "rank0.json")) as f:
         rank0 = json.load(f)
@@ -129,6 +132,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     steps = ", ".join(f"{s:.4f}" for s in run["step_times_s"])
     print(f"  measured steps (s): {steps}; the median step is summarised, after {args.warmup} warm-up step(s)")
     print(f"  trace written to {args.trace or os.path.join(out, 'trace.json')} (all files in {out}, {wall:.1f} s)")
+    if args.profile_steps:
+        print(f"  torch.profiler traces of {args.profile_steps} more step(s): {out}/profile-rank*.json "
+              f"(twin compare-trace {out}/profile-rank0.json --schedule {args.schedule} --machine M)")
     if _load_note(out):
         print(_load_note(out))
     return 0
@@ -253,6 +259,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--launcher", choices=("torchrun", "srun"), default="torchrun", help="torchrun here, or print srun lines")
     p.add_argument("--machine", help="machine for the %% of peak (default: local if present); with srun: the cluster")
     p.add_argument("--trace", help="also copy the measured Chrome trace here")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="after the measured steps, run this many more under torch.profiler and write each rank's "
+                   "trace to OUT/profile-rankR.json (for twin compare-trace; default 0: none)")
     p.add_argument("--json", action="store_true", help="print the summary (or numerics result) as JSON")
     _add_exec_options(p)
     p.set_defaults(func=cmd_run)

@@ -44,6 +44,7 @@ class WorkerOptions:
     tune: bool = True
     machine: str | None = None
     compute_nice: int = 10
+    profile_steps: int = 0  # extra steps under torch.profiler after the measured ones (OUT/profile-rankR.json)
 
     def argv(self, schedule_path: str, out_dir: str) -> list[str]:
         args = [os.path.abspath(schedule_path), "--out", os.path.abspath(out_dir), "--steps", str(self.steps),
@@ -55,6 +56,8 @@ class WorkerOptions:
             args.append("--no-tune")
         if self.machine:
             args += ["--machine", self.machine]
+        if self.profile_steps:
+            args += ["--profile-steps", str(self.profile_steps)]
         return args
 
 

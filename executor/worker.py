@@ -6,6 +6,11 @@ OUT/rank{R}.json: its host, device, element type and, per measured step, the
 host-clock t0 and the start and end of every op. Rank 0 then merges the
 files into OUT/trace.json and OUT/summary.json (executor.measured).
 
+With --profile-steps N, one warm-up and N more steps run under
+torch.profiler after the measured ones (so the profiler's overhead never
+enters the measured steps), each marked ProfilerStep#N, and each rank writes
+OUT/profile-rank{R}.json, the Chrome trace `twin compare-trace` reads.
+
 With --check-numerics a single step runs with real data bound to the linear
 layers (executor.numerics) and each rank writes its errors to
 OUT/numerics-rank{R}.json; rank 0 writes OUT/numerics.json.
@@ -79,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-tune", action="store_true", help="run GEMMs in the IR's layout even where tunable")
     p.add_argument("--compute-nice", type=int, default=10, help="CPU: niceness of the compute thread (0: unchanged)")
     p.add_argument("--machine", help="machine file for the summary's % of peak")
+    p.add_argument("--profile-steps", type=int, default=0, help="extra steps under torch.profiler (0: none)")
     return p.parse_args(argv)
 
 
@@ -100,6 +106,20 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             print(f"exatwin worker: {info['message']}", file=sys.stderr, flush=True)
             os._exit(1)
+
+
+def _profile(ex, barrier, steps: int, cuda: bool, path: str) -> None:
+    """One warm-up and `steps` more steps under torch.profiler, each marked ProfilerStep#N (the profiler marks
+    steps only with a schedule); the active steps' Chrome trace to `path`."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(path)) as prof:
+        for _ in range(1 + steps):
+            barrier()
+            ex.step()
+            prof.step()
 
 
 def _run(args: argparse.Namespace, rank: int, world: int, local_rank: int, progress) -> int:
@@ -152,6 +172,8 @@ def _run(args: argparse.Namespace, rank: int, world: int, local_rank: int, progr
             rec = ex.step()
             if s >= args.warmup:
                 records.append({"t0": rec.t0, "start": rec.start, "end": rec.end})
+        if args.profile_steps:
+            _profile(ex, barrier, args.profile_steps, target.is_cuda, os.path.join(args.out, f"profile-rank{rank}.json"))
     data = {
         "rank": rank, "program": ex.rp.program, "host": socket.gethostname(), "pid": os.getpid(),
         "device": str(target.device), "device_name": torch.cuda.get_device_name(target.device) if target.is_cuda else "cpu",

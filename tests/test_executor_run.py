@@ -61,7 +61,7 @@ def test_run_measures_a_step_and_the_trace_loads_back(tmp_path, capsys):
     _, path = export(tmp_path, "gx=2", 2)
     trace = tmp_path / "measured.trace.json"
     rc = main(["run", path, "--nproc", "2", "--steps", "2", "--warmup", "1", "--out", str(tmp_path / "run"),
-               "--trace", str(trace), "--wall-timeout", str(LIMIT_S)])
+               "--trace", str(trace), "--wall-timeout", str(LIMIT_S), "--profile-steps", "1"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "float32" in out and "gloo" in out and "step time" in out
@@ -75,6 +75,14 @@ def test_run_measures_a_step_and_the_trace_loads_back(tmp_path, capsys):
     assert summary["step_time_s"] > 0 and summary["gpus"] == 2
     launch = json.loads((tmp_path / "run" / "launch.json").read_text())
     assert launch["returncode"] == 0
+    # --profile-steps: one more step per rank under torch.profiler, marked for twin compare-trace, which on a
+    # CPU run finds no GPU kernels to compare and says so
+    profile = tmp_path / "run" / "profile-rank0.json"
+    events = json.loads(profile.read_text())["traceEvents"]
+    assert [e["name"] for e in events if str(e.get("name")).startswith("ProfilerStep#")] == ["ProfilerStep#1"]
+    rc = main(["compare-trace", str(profile), "--schedule", path, "--machine", "local"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no GPU kernels" in err and len(err.strip().splitlines()) == 1
 
 
 # ---- numerics ----------------------------------------------------------------------------------

@@ -157,3 +157,25 @@ def test_the_command_prints_and_says_why_it_cannot(capsys, tmp_path):
     assert rc == 0 and "not modelled" in out and "step time" in out
     assert_user_error(*run(capsys, "compare-trace", str(tmp_path / "none.json"), *step), "cannot read")
     assert_user_error(*run(capsys, "compare-trace", path, "--machine", "frontier"), "--gpus", "--plan")
+
+
+def test_the_twin_side_can_be_an_exported_schedule(capsys, tmp_path):
+    schedule = str(tmp_path / "step.json")
+    rc, _, _ = run(capsys, "export", "--machine", "frontier", "--model", "tiny", "--gpus", "4", "--plan", "gx=2,gz=2",
+                   "--global-batch", "8", "-o", schedule)
+    assert rc == 0
+    trace = write(tmp_path, two_step_trace())
+    rc, out, _ = run(capsys, "compare-trace", trace, "--schedule", schedule, "--machine", "frontier", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and "gx=2,gy=1,gz=2" in doc["twin_side"] and doc["step"]["twin_s"] > 0
+    assert_user_error(*run(capsys, "compare-trace", trace, "--schedule", schedule), "--machine")
+
+
+@pytest.mark.parametrize("extra, mentions", [(["--profile-steps", "-1"], "--profile-steps"),
+                                             (["--profile-steps", "1", "--check-numerics"], "--check-numerics")])
+def test_run_refuses_bad_profile_requests(capsys, tmp_path, extra, mentions):
+    pytest.importorskip("torch")
+    schedule = str(tmp_path / "step.json")
+    run(capsys, "export", "--machine", "local", "--model", "tiny", "--gpus", "2", "--plan", "gx=2", "--global-batch",
+        "8", "-o", schedule)
+    assert_user_error(*run(capsys, "run", schedule, *extra), mentions)

@@ -207,16 +207,27 @@ def cmd_compare_trace(args: argparse.Namespace) -> int:
 
     if args.preset:
         _apply_preset(args)
-    _require_step_arguments(args, "compare-trace", " (or --preset NAME)")
-    model, plan, machine = _step_inputs(args)
-    run = load_profiled_run(args.trace, args.steps, args.device)
-    summary = simulate_step(model, plan, machine, args.gpus)
+    if args.schedule:
+        from twin.ir_io import load_schedule
+        from twin.report import summarize
+        from twin.sim.engine import simulate
+
+        if args.machine is None:
+            raise TwinError("--machine is required with --schedule")
+        schedule, machine = load_schedule(args.schedule), load_machine_from_args(args)
+        run = load_profiled_run(args.trace, args.steps, args.device)
+        summary = summarize(simulate(schedule, machine))
+    else:
+        _require_step_arguments(args, "compare-trace", " (or --preset NAME, or --schedule FILE)")
+        model, plan, machine = _step_inputs(args)
+        run = load_profiled_run(args.trace, args.steps, args.device)
+        summary = simulate_step(model, plan, machine, args.gpus)
     c = compare_trace(summary.time_by_class_s, summary.step_time_s, run,
-                      f"the critical rank of {summary.plan} on {args.gpus} {machine.name} GPUs")
+                      f"the critical rank of {summary.plan} on {summary.gpus} {machine.name} GPUs")
     if args.json:
         print(json.dumps(c.to_json_dict(), indent=2))
     else:
-        print(format_trace_comparison(c, f"{summary.model} on {args.gpus} x {machine.name}: the twin beside a "
+        print(format_trace_comparison(c, f"{summary.model} on {summary.gpus} x {machine.name}: the twin beside a "
                                          "profiler trace, per op class and step"))
     return 0
 
@@ -456,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="the profiler trace of one rank (Chrome trace JSON, optionally gzipped)")
     _add_step_arguments(p, required=False)
     p.add_argument("--preset", help="a named configuration from the papers (see `twin presets`)")
+    p.add_argument("--schedule", help="simulate a schedule IR file (from `twin export`) instead of building one")
     p.add_argument("--steps", type=int, help="how many training steps the trace covers (when it has no "
                    "ProfilerStep annotations)")
     p.add_argument("--device", help="the GPU whose kernels to count, when the trace has several (default: the first)")

@@ -151,8 +151,8 @@ def load_profiled_run(path: str, steps: int | None = None, device=None) -> Profi
     events = _read_events(path)
     kernels = [e for e in events if _is_span(e) and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if not kernels:
-        raise TwinError(f"trace {path}: no GPU kernels (events of category 'kernel'); profile with "
-                        "activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
+        raise TwinError(f"trace {path}: no GPU kernels (events of category 'kernel'; a CPU-only run has none); "
+                        "profile a GPU run with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]")
     devices = sorted({_device_of(e) for e in kernels}, key=str)
     if device is None:
         device = devices[0]
