@@ -319,6 +319,16 @@ def test_one_machine_as_json(capsys):
         assert entry["source"] or entry["estimate"]
 
 
+def test_one_machine_with_a_number_set(capsys):
+    rc, out, _ = run(capsys, "machines", "frontier", "--set", "device.empirical_gemm_bf16_tflop_per_s=100", "--json")
+    (row,) = json.loads(out)
+    assert rc == 0 and row["empirical_gemm_tflops"] == pytest.approx(100.0)
+    entry = row["sources"]["device.empirical_gemm_bf16_tflop_per_s"]
+    assert entry["source"] is None and "set on the command line" in entry["estimate"]
+    assert_user_error(*run(capsys, "machines", "--set", "device.hbm_gb=1"), "--set needs a machine NAME")
+    assert_user_error(*run(capsys, "machines", "frontier", "--set", "device.hbm_gbb=1"), "did you mean device.hbm_gb")
+
+
 def test_unknown_machine_listing(capsys):
     rc, out, err = run(capsys, "machines", "atlantis")
     assert_user_error(rc, out, err, "atlantis")

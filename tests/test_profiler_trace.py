@@ -153,8 +153,9 @@ def test_the_command_prints_and_says_why_it_cannot(capsys, tmp_path):
     assert rc == 0 and doc["step"]["measured_s"] == pytest.approx(0.01) and doc["steps_from"] == "annotations"
     classes = {r["op_class"] for r in doc["by_class"]}
     assert {"gemm", "attention", "all_gather", "memcpy", "elementwise"} <= classes
-    rc, out, _ = run(capsys, "compare-trace", path, *step)
+    rc, out, _ = run(capsys, "compare-trace", path, *step, "--set", "device.hbm_efficiency=0.5")
     assert rc == 0 and "not modelled" in out and "step time" in out
+    assert "machine file overridden: device.hbm_efficiency=0.5" in out
     assert_user_error(*run(capsys, "compare-trace", str(tmp_path / "none.json"), *step), "cannot read")
     assert_user_error(*run(capsys, "compare-trace", path, "--machine", "frontier"), "--gpus", "--plan")
 

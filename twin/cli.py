@@ -222,8 +222,11 @@ def cmd_compare_trace(args: argparse.Namespace) -> int:
         model, plan, machine = _step_inputs(args)
         run = load_profiled_run(args.trace, args.steps, args.device)
         summary = simulate_step(model, plan, machine, args.gpus)
+    from topologies.overrides import describe_overrides
+
+    side = f"the critical rank of {summary.plan} on {summary.gpus} {machine.name} GPUs"
     c = compare_trace(summary.time_by_class_s, summary.step_time_s, run,
-                      f"the critical rank of {summary.plan} on {summary.gpus} {machine.name} GPUs")
+                      "; ".join(filter(None, (side, describe_overrides(machine.overrides)))))
     if args.json:
         print(json.dumps(c.to_json_dict(), indent=2))
     else:
@@ -332,9 +335,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_machines(args: argparse.Namespace) -> int:
     from topologies.machine import list_machines, load_machine
+    from topologies.overrides import parse_override
 
+    if args.overrides and not args.name:
+        raise TwinError("--set needs a machine NAME: twin machines NAME --set FIELD=VALUE")
     names = [args.name] if args.name else list_machines()
-    machines = [load_machine(n) for n in names]
+    machines = [load_machine(n, tuple(parse_override(t) for t in args.overrides)) for n in names]
     rows = []
     for m in machines:
         d, n, net = m.device, m.node, m.network
@@ -412,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("machines", help="list the machine models, or one machine's numbers with their sources")
     p.add_argument("name", nargs="?", help="a machine name or .toml path")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
+                   help="with NAME: show the machine with this number replaced (repeatable), as --set does elsewhere")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_machines)
 
