@@ -97,7 +97,37 @@ def test_what_if_overrides_reach_every_task_and_end_with_the_validation(stubbed,
     assert "perlmutter with device.hbm_efficiency=0.7" in out
 
 
+def test_a_machine_file_in_place_of_the_packages(stubbed, monkeypatch, capsys, tmp_path):
+    """--machine-file frontier=PATH: every task sees that file (here with a measured GEMM), with --set on top."""
+    from pathlib import Path
+
+    text = (Path(v.__file__).resolve().parents[1] / "topologies" / "frontier.toml").read_text()
+    path = tmp_path / "frontier-measured.toml"
+    path.write_text(text + '\n[[device.gemm_measured]]\nm = 2048\nn = 6144\nk = 6144\nlayout = "nn"\n'
+                    'tflop_per_s = { value = 90, source = "a bench" }\nsource = "a bench"\n')
+    seen = {}
+    plain = v._validate
+
+    def spy(jobs, progress, sections):
+        frontier = v.machine_for("frontier")
+        seen.update(measured=len(frontier.device.gemm_measured), slowdown=frontier.device.comm_compute_slowdown,
+                    perlmutter=len(v.machine_for("perlmutter").device.gemm_measured))
+        return plain(jobs, progress, sections)
+
+    monkeypatch.setattr(v, "_validate", spy)
+    rc, out, err = run(capsys, "validate", "--machine-file", f"frontier={path}", "--set",
+                       "frontier:device.comm_compute_slowdown=0.3")
+    assert rc == 0, err
+    assert seen == {"measured": 1, "slowdown": 0.3, "perlmutter": 0}
+    assert f"What-if, not the package's machine files: frontier from {path}." in out
+    assert v.machine_for("frontier").device.gemm_measured == ()  # over when the validation is
+
+
 @pytest.mark.parametrize("args, mentions", [
+    (["--machine-file", "frontier"], ["NAME=PATH"]),
+    (["--machine-file", "alps=topologies/alps.toml"], ["frontier and perlmutter", "alps"]),
+    (["--machine-file", "frontier=topologies/perlmutter.toml"], ["describes 'perlmutter'"]),
+    (["--machine-file", "frontier=topologies/frontier.toml", "--readme", "README.md"], ["--machine-file", "--readme"]),
     (["--set", "alps:device.hbm_efficiency=0.7"], ["frontier and perlmutter", "alps"]),
     (["--set", "node.link_efficiency.nvlink=0.5"], ["only perlmutter", "perlmutter:node.link_efficiency.nvlink"]),
     (["--set", "frontier:device.hbm_eficiency=0.7"], ["did you mean device.hbm_efficiency"]),

@@ -30,6 +30,7 @@ from typing import Callable
 from topologies.machine import Machine, load_machine
 from topologies.overrides import Override
 from twin.build import resolve_step
+from twin.errors import TwinError
 from twin.micro_batches import simulate_step
 from twin.model import ModelSpec, get_model
 from twin.plan import ParallelPlan, parse_plan
@@ -79,15 +80,29 @@ def _bound(section, quantity, text: str, predicted: float, holds: bool, unit: st
 # ---- cached tasks ---------------------------------------------------------------------------------------------
 
 
-# What-if numbers per machine (`twin validate --set`), for the duration of one validate(); empty for the table
-# the README shows. A module setting rather than an argument of every task, because the tasks also run in a
-# forked process that inherits it.
+# What-if numbers per machine (`twin validate --set`) and machine files in place of the package's
+# (`--machine-file`), for the duration of one validate(); empty for the table the README shows. Module settings
+# rather than arguments of every task, because the tasks also run in a forked process that inherits them.
+MACHINES = ("frontier", "perlmutter")  # the machine files the published rows run on
 _OVERRIDES: dict[str, tuple[Override, ...]] = {}
+_FILES: dict[str, str] = {}
 
 
 def machine_for(name: str) -> Machine:
-    """A machine file as this validation sees it (with its --set overrides, if any)."""
-    return load_machine(name, _OVERRIDES.get(name, ()))
+    """A machine as this validation sees it: its file (the package's, or --machine-file's) with its --set
+    overrides, if any."""
+    return load_machine(_FILES.get(name, name), _OVERRIDES.get(name, ()))
+
+
+def check_machine_files(files: dict[str, str]) -> None:
+    """Each --machine-file NAME=PATH must be a machine file of NAME (the rows run on named machines)."""
+    for name, path in files.items():
+        if name not in MACHINES:
+            raise TwinError(f"--machine-file {name}={path}: the published rows run on {' and '.join(MACHINES)}, "
+                            f"not {name!r}")
+        found = load_machine(path).name
+        if found != name:
+            raise TwinError(f"--machine-file {name}={path}: that file describes {found!r}; give a file of {name}")
 
 
 def _cached(name: str, inputs: dict, machine: Machine, compute: Callable[[], dict]) -> dict:
@@ -257,6 +272,7 @@ class Validation:
     ranges_and_bounds: int
     wall_s: float
     machine_overrides: dict[str, dict[str, float]] = field(default_factory=dict)  # --set, by machine
+    machine_files: dict[str, str] = field(default_factory=dict)  # --machine-file, by machine
 
     def to_json_dict(self) -> dict:
         return asdict(self)
@@ -266,25 +282,29 @@ def _warm_frontier_rows() -> None:
     frontier_rows(lambda _: None)
 
 
-MACHINES = ("frontier", "perlmutter")  # the machine files the published rows run on
-
-
 def validate(jobs: int | None = None, progress: Callable[[str], None] | None = None,
              sections: tuple[str, ...] = ("A", "B"),
-             overrides: dict[str, tuple[Override, ...]] | None = None) -> Validation:
+             overrides: dict[str, tuple[Override, ...]] | None = None,
+             files: dict[str, str] | None = None) -> Validation:
     """Every row of the chosen sections. With more than one job, section B's simulations (single-process
     pipelines, the slowest part) run in a second process while section A searches; B's rows then come from
-    the cache they filled. `overrides` (machine name -> --set values) make it a what-if."""
+    the cache they filled. `overrides` (machine name -> --set values) and `files` (machine name -> a machine
+    file in place of the package's) make it a what-if."""
     overrides = {name: tuple(o) for name, o in (overrides or {}).items() if o}
+    files = dict(files or {})
+    check_machine_files(files)
     for name, values in overrides.items():
-        load_machine(name, values)  # a bad field fails here, before any search
+        load_machine(files.get(name, name), values)  # a bad field fails here, before any search
     _OVERRIDES.clear()
     _OVERRIDES.update(overrides)
+    _FILES.clear()
+    _FILES.update(files)
     try:
         v = _validate(jobs, progress, sections)
     finally:
         _OVERRIDES.clear()
-    return replace(v, machine_overrides={name: dict(o) for name, o in overrides.items()})
+        _FILES.clear()
+    return replace(v, machine_overrides={name: dict(o) for name, o in overrides.items()}, machine_files=files)
 
 
 def _validate(jobs: int | None, progress: Callable[[str], None] | None, sections: tuple[str, ...]) -> Validation:
@@ -326,9 +346,12 @@ def markdown_table(v: Validation) -> str:
         out.append(f"| {r.section} | {r.quantity} | {r.published} | {pred} {r.unit} | {verdict} | "
                    f"{r.plan} | {r.how} |")
     out.append("")
+    checks = (f"; {v.ranges_and_bounds_holding} of {v.ranges_and_bounds} published ranges and bounds hold"
+              if v.ranges_and_bounds else "")
     out.append(f"Mean absolute error {100 * v.mean_abs_error:.1f}%, max {100 * v.max_abs_error:.1f}% over "
-               f"{sum(r.error is not None for r in v.rows)} published values; {v.ranges_and_bounds_holding} of "
-               f"{v.ranges_and_bounds} published ranges and bounds hold.")
+               f"{sum(r.error is not None for r in v.rows)} published values{checks}.")
+    for name, path in v.machine_files.items():
+        out.append(f"What-if, not the package's machine files: {name} from {path}.")
     for name, values in v.machine_overrides.items():
         out.append(f"What-if, not the machine files: {name} with {', '.join(f'{k}={x:g}' for k, x in values.items())}.")
     return "\n".join(out)

@@ -174,15 +174,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
             raise TwinError(f"--sections: unknown section {s!r}; use A (AxoNN), B (the Frontier paper) or A,B")
     if args.readme and not os.path.exists(args.readme):
         raise TwinError(f"--readme {args.readme}: no such file")
-    overrides = _validate_overrides(args.overrides)
-    if overrides and args.readme:
-        raise TwinError("--readme writes the machine files' own table; drop --set, or drop --readme")
-    if overrides and args.figures and args.figures_dir == FIGURES_DIR:
-        raise TwinError(f"--set with --figures needs --figures-dir: the figures in {FIGURES_DIR}/ are the machine "
-                        "files' own")
+    files = _machine_files(args.machine_files)
+    overrides = _validate_overrides(args.overrides, files)
+    what_if = "--set" if overrides else "--machine-file" if files else None
+    if what_if and args.readme:
+        raise TwinError(f"--readme writes the package's machine files' own table; drop {what_if}, or drop --readme")
+    if what_if and args.figures and args.figures_dir == FIGURES_DIR:
+        raise TwinError(f"{what_if} with --figures needs --figures-dir: the figures in {FIGURES_DIR}/ are the "
+                        "package's machine files' own")
     show = not args.json and (args.progress or sys.stderr.isatty())
     v = validate(jobs=args.jobs, progress=(lambda what: print(f"  {what} ...", file=sys.stderr)) if show else None,
-                 sections=sections, overrides=overrides)
+                 sections=sections, overrides=overrides, files=files)
     figures = []
     if args.figures:
         figures = _validation_figures(v, args.figures_dir)
@@ -205,12 +207,28 @@ def cmd_validate(args: argparse.Namespace) -> int:
 FIGURES_DIR = "figures"
 
 
-def _validate_overrides(texts: list[str]) -> dict[str, tuple]:
+def _machine_files(texts: list[str]) -> dict[str, str]:
+    """--machine-file NAME=PATH, by machine name (checked by twin.validate before any work)."""
+    from twin.validate import check_machine_files
+
+    files: dict[str, str] = {}
+    for text in texts:
+        name, sep, path = text.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise TwinError(f"--machine-file {text!r} must be NAME=PATH, e.g. frontier=my-frontier.toml")
+        files[name.strip()] = path.strip()
+    check_machine_files(files)
+    return files
+
+
+def _validate_overrides(texts: list[str], files: dict[str, str] | None = None) -> dict[str, tuple]:
     """--set [MACHINE:]FIELD=VALUE for twin validate: by machine; without MACHINE, for every machine the
-    published rows run on (the field must then exist in each)."""
+    published rows run on (the field must then exist in each). `files`: --machine-file's, where given."""
     from topologies.machine import load_machine
     from topologies.overrides import parse_override
     from twin.validate import MACHINES
+
+    files = files or {}
 
     out: dict[str, list] = {}
     for text in texts:
@@ -223,7 +241,7 @@ def _validate_overrides(texts: list[str]) -> dict[str, tuple]:
             names = MACHINES
         override = parse_override(text)
         if not sep:
-            has = [n for n in MACHINES if override[0] in load_machine(n).sources]
+            has = [n for n in MACHINES if override[0] in load_machine(files.get(n, n)).sources]
             if has and len(has) < len(MACHINES):
                 raise TwinError(f"--set {override[0]}: only {', '.join(has)} has this number; "
                                 f"write {has[0]}:{override[0]}=VALUE")
@@ -265,6 +283,9 @@ def add_validate_parser(sub) -> None:
     p.add_argument("--set", action="append", default=[], metavar="[MACHINE:]FIELD=VALUE", dest="overrides",
                    help="what-if: replace a number of a machine file for this validation (repeatable), e.g. "
                    "--set frontier:device.comm_compute_slowdown=0.3; without MACHINE, in frontier and perlmutter")
+    p.add_argument("--machine-file", action="append", default=[], metavar="NAME=PATH", dest="machine_files",
+                   help="what-if: validate with this file in place of the package's machine NAME (repeatable), e.g. "
+                   "frontier=frontier-measured.toml with measured GEMMs ([[device.gemm_measured]])")
     p.add_argument("--readme", help="rewrite this README's Accuracy section (between the accuracy markers)")
     p.add_argument("--jobs", type=int, help="processes for the searches (default: every core)")
     p.add_argument("--progress", action="store_true", help="report each task on stderr even when not a terminal")
