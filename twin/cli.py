@@ -202,6 +202,7 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
 
 
 def cmd_compare_trace(args: argparse.Namespace) -> int:
+    from topologies.overrides import describe_overrides
     from twin.micro_batches import simulate_step
     from twin.profiler_trace import compare_trace, format_trace_comparison, load_profiled_run
 
@@ -222,8 +223,6 @@ def cmd_compare_trace(args: argparse.Namespace) -> int:
         model, plan, machine = _step_inputs(args)
         run = load_profiled_run(args.trace, args.steps, args.device)
         summary = simulate_step(model, plan, machine, args.gpus)
-    from topologies.overrides import describe_overrides
-
     side = f"the critical rank of {summary.plan} on {summary.gpus} {machine.name} GPUs"
     c = compare_trace(summary.time_by_class_s, summary.step_time_s, run,
                       "; ".join(filter(None, (side, describe_overrides(machine.overrides)))))

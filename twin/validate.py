@@ -80,10 +80,11 @@ def _bound(section, quantity, text: str, predicted: float, holds: bool, unit: st
 # ---- cached tasks ---------------------------------------------------------------------------------------------
 
 
+MACHINES = ("frontier", "perlmutter")  # the machine files the published rows run on
+
 # What-if numbers per machine (`twin validate --set`) and machine files in place of the package's
 # (`--machine-file`), for the duration of one validate(); empty for the table the README shows. Module settings
 # rather than arguments of every task, because the tasks also run in a forked process that inherits them.
-MACHINES = ("frontier", "perlmutter")  # the machine files the published rows run on
 _OVERRIDES: dict[str, tuple[Override, ...]] = {}
 _FILES: dict[str, str] = {}
 

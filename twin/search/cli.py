@@ -229,7 +229,6 @@ def _validate_overrides(texts: list[str], files: dict[str, str] | None = None) -
     from twin.validate import MACHINES
 
     files = files or {}
-
     out: dict[str, list] = {}
     for text in texts:
         name, sep, rest = text.partition(":")
