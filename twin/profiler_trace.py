@@ -18,8 +18,8 @@ Kernels are classed by name, first match wins (`KERNEL_CLASSES`):
   the kind (RCCL's ``ncclDevKernel_Generic``), every collective of both sides
   is counted in one ``collectives`` row;
 - attention: flash attention and other fused attention kernels;
-- gemm: cuBLAS, cuBLASLt, CUTLASS, rocBLAS/Tensile (``Cijk_...``),
-  hipBLASLt kernels;
+- gemm: cuBLAS, cuBLASLt (including Hopper's ``nvjet_...``), CUTLASS,
+  rocBLAS/Tensile (``Cijk_...``), hipBLASLt kernels;
 - memcpy and memset (the trace's own categories): not modelled by the twin;
 - every other GPU kernel: element-wise work (norms, activations, dropout,
   softmax, the optimizer, casts), which the twin models as HBM streaming.
@@ -57,7 +57,8 @@ COLLECTIVE_KIND_PATTERNS = (
 )
 KERNEL_CLASSES = (
     ("attention", re.compile(r"flash|fmha|attn|attention|sdpa", re.I)),
-    ("gemm", re.compile(r"gemm|gemv|Cijk_|cutlass|xmma|s16816|s1688|hmma|wgmma|matmul|hipblaslt|_MT\d+x\d+x\d+", re.I)),
+    ("gemm", re.compile(r"gemm|gemv|Cijk_|cutlass|xmma|s16816|s1688|hmma|wgmma|nvjet|matmul|hipblaslt|_MT\d+x\d+x\d+",
+                        re.I)),
 )
 UNKNOWN_COLLECTIVE = "collectives"  # a collective kernel whose name does not say its kind
 NOT_MODELLED = ("memcpy", "memset")
