@@ -10,10 +10,14 @@
 # class); run-profiled.txt, profile-rank0.json.gz and compare-trace.txt/.json (the same step under torch.profiler:
 # its real kernel names classed by twin compare-trace, beside the twin). Commit what comes back under
 # benchmarks/results/ with the date and the GPU's name.
-set -euo pipefail
+# Every stage runs even if an earlier one failed (a lent GPU is one try); the exit code says whether all passed.
+# DEVICE=cpu REF_DIM=256 IN=<small inputs> runs the same stages on a CPU (tests/test_device_check.py does).
+set -uo pipefail
 OUT=${OUT:-out/device}
 IN=${IN:-device-input}
 MACHINE=${MACHINE:-alps}  # the machine file with the same chip: alps (GH200 = H100) for Hopper
+DEVICE=${DEVICE:-cuda}
+REF_DIM=${REF_DIM:-32768}  # the square GEMM the shape efficiencies are relative to
 mkdir -p "$OUT"
 for f in "$IN/gemm-shapes-input.json" "$IN/step-1gpu.json"; do
     if [ ! -f "$f" ]; then
@@ -26,17 +30,36 @@ if ! python3 -c "import simpy" 2>/dev/null; then
     export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/gpu.txt"
-python3 benchmarks/gemm_shapes.py --shapes "$IN/gemm-shapes-input.json" --machine "$MACHINE" --device cuda \
-    --out "$OUT/gemm-shapes.json" --toml "$OUT/gemm-measured.toml" | tee "$OUT/gemm-shapes.txt"
-python3 -m twin.cli compare "$IN/step-1gpu.json" --machine "$MACHINE" --nproc 1 --device cuda \
-    --figures "$OUT/compare" --out /tmp/compare-run | tee "$OUT/compare.txt"
+failed=()
+stage() {  # stage NAME OUTFILE COMMAND...: run it, keep its output in OUTFILE and on stdout, note a failure
+    local name=$1 file=$2
+    shift 2
+    echo "== $name"
+    if ! "$@" 2>&1 | tee "$file"; then
+        failed+=("$name")
+        echo "== $name FAILED (continuing)"
+    fi
+}
+stage gpu "$OUT/gpu.txt" python3 -c "import torch; print('torch', torch.__version__, \
+torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version \
+    --format=csv >> "$OUT/gpu.txt"
+stage gemm-shapes "$OUT/gemm-shapes.txt" python3 benchmarks/gemm_shapes.py --shapes "$IN/gemm-shapes-input.json" \
+    --machine "$MACHINE" --device "$DEVICE" --reference-dim "$REF_DIM" --out "$OUT/gemm-shapes.json" \
+    --toml "$OUT/gemm-measured.toml"
+stage compare "$OUT/compare.txt" python3 -m twin.cli compare "$IN/step-1gpu.json" --machine "$MACHINE" --nproc 1 \
+    --device "$DEVICE" --figures "$OUT/compare" --out /tmp/compare-run
+cp /tmp/compare-run/compare.json "$OUT/compare.json" 2>/dev/null || true
 # The same step under torch.profiler, its real kernels classed and set beside the twin (twin compare-trace)
-python3 -m twin.cli run "$IN/step-1gpu.json" --nproc 1 --device cuda --profile-steps 2 --out /tmp/profile-run \
-    | tee "$OUT/run-profiled.txt"
-gzip -c /tmp/profile-run/profile-rank0.json > "$OUT/profile-rank0.json.gz"
-python3 -m twin.cli compare-trace "$OUT/profile-rank0.json.gz" --schedule "$IN/step-1gpu.json" --machine "$MACHINE" \
-    | tee "$OUT/compare-trace.txt"
-python3 -m twin.cli compare-trace "$OUT/profile-rank0.json.gz" --schedule "$IN/step-1gpu.json" --machine "$MACHINE" \
-    --json > "$OUT/compare-trace.json"
+stage run-profiled "$OUT/run-profiled.txt" python3 -m twin.cli run "$IN/step-1gpu.json" --nproc 1 --device "$DEVICE" \
+    --profile-steps 2 --out /tmp/profile-run
+gzip -c /tmp/profile-run/profile-rank0.json > "$OUT/profile-rank0.json.gz" 2>/dev/null || true
+stage compare-trace "$OUT/compare-trace.txt" python3 -m twin.cli compare-trace "$OUT/profile-rank0.json.gz" \
+    --schedule "$IN/step-1gpu.json" --machine "$MACHINE"
+stage compare-trace-json "$OUT/compare-trace.json" python3 -m twin.cli compare-trace "$OUT/profile-rank0.json.gz" \
+    --schedule "$IN/step-1gpu.json" --machine "$MACHINE" --json
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "device_check: failed stages: ${failed[*]}" >&2
+    exit 1
+fi
+echo "device_check: every stage passed; outputs in $OUT"
