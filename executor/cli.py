@@ -131,6 +131,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(format_summary(Summary(**summary)).replace("simulated", "measured"))
     steps = ", ".join(f"{s:.4f}" for s in run["step_times_s"])
     print(f"  measured steps (s): {steps}; the median step is summarised, after {args.warmup} warm-up step(s)")
+    if machine and summary["pct_peak_advertised"] > 100:
+        print(f"  note: this run beat machine {machine}'s peak per GPU, so the percentages mean little: that file "
+              f"was calibrated for another rank count, or this host runs faster today; `twin calibrate --nproc "
+              f"{nproc}` measures it for this run")
     print(f"  trace written to {args.trace or os.path.join(out, 'trace.json')} (all files in {out}, {wall:.1f} s)")
     if args.profile_steps:
         print(f"  torch.profiler traces of {args.profile_steps} more step(s): {out}/profile-rank*.json "
