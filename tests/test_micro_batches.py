@@ -48,3 +48,26 @@ def test_evaluation_points():
     assert evaluation_points(parse_plan("gx=2,gdata=8,mbs=1,ga=5,global_batch=40")) == (2, 3)
     assert evaluation_points(parse_plan("gx=2,gdata=2,pp=4,vpp=2,mbs=1,ga=16,global_batch=32")) is None
     assert shortened(plan, 5).global_batch == 1 * 5 * 2
+
+
+def test_one_ranks_busy_time_is_continued_like_the_step():
+    """A pipeline's first and last stages differ (the last carries the LM head and the loss); each rank's busy
+    time per class, continued from two short steps, equals its class's timeline in the full simulation."""
+    from twin.micro_batches import rank_busy_by_class
+    from twin.report import rank_time_by_class
+
+    machine, model = load_machine("frontier"), parse_model_spec(SPEC)
+    built = build_step(model, parse_plan("gx=2,gdata=2,pp=4,mbs=1,global_batch=64"), machine, 16)
+    run = simulate(built.schedule, machine)
+    first, last = rank_time_by_class(run, 0), rank_time_by_class(run, 15)
+    assert first != last
+    critical = summarize(run).time_by_class_s
+    assert critical in (first, last)
+    for rank, full in ((0, first), (15, last)):
+        step_s, fast = rank_busy_by_class(model, built.plan, machine, 16, rank)
+        assert step_s == pytest.approx(run.step_time_s, rel=1e-6)
+        assert set(fast) == set(full)
+        for name, seconds in full.items():
+            assert fast[name] == pytest.approx(seconds, rel=1e-6, abs=1e-9), (rank, name)
+    with pytest.raises(Exception, match="--rank 16"):
+        rank_time_by_class(run, 16)

@@ -185,3 +185,21 @@ def test_run_refuses_bad_profile_requests(capsys, tmp_path, extra, mentions):
     run(capsys, "export", "--machine", "local", "--model", "tiny", "--gpus", "2", "--plan", "gx=2", "--global-batch",
         "8", "-o", schedule)
     assert_user_error(*run(capsys, "run", schedule, *extra), mentions)
+
+
+def test_the_twin_side_is_the_traces_rank(capsys, tmp_path):
+    """Kineto names the rank it traced (distributedInfo); --rank overrides it; without either, the critical rank."""
+    doc = two_step_trace()
+    doc["distributedInfo"] = {"backend": "nccl", "rank": 1, "world_size": 8}
+    named = write(tmp_path, doc, "named.json")
+    plain = write(tmp_path, two_step_trace(), "plain.json")
+    step = ["--machine", "frontier", "--model-spec", "layers=4,hidden=512,heads=8,seq=128,vocab=1024", "--gpus", "8",
+            "--plan", "gx=2,pp=2,gdata=2,mbs=1", "--global-batch", "16"]
+    sides = {}
+    for key, args in (("named", [named]), ("override", [named, "--rank", "7"]), ("plain", [plain])):
+        rc, out, err = run(capsys, "compare-trace", *args, *step, "--json")
+        assert rc == 0, err
+        doc_out = json.loads(out)
+        sides[key] = (doc_out["twin_side"].split(" of ")[0], doc_out["trace_rank"])
+    assert sides == {"named": ("rank 1", 1), "override": ("rank 7", 1), "plain": ("the critical rank", None)}
+    assert_user_error(*run(capsys, "compare-trace", plain, *step, "--rank", "8"), "--rank 8", "0..7")

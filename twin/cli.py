@@ -203,34 +203,45 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
 
 def cmd_compare_trace(args: argparse.Namespace) -> int:
     from topologies.overrides import describe_overrides
-    from twin.micro_batches import simulate_step
+    from twin.build import resolve_step
+    from twin.micro_batches import rank_busy_by_class, simulate_step
     from twin.profiler_trace import compare_trace, format_trace_comparison, load_profiled_run
+    from twin.report import rank_time_by_class, summarize
+    from twin.sim.engine import simulate
 
     if args.preset:
         _apply_preset(args)
     if args.schedule:
         from twin.ir_io import load_schedule
-        from twin.report import summarize
-        from twin.sim.engine import simulate
 
         if args.machine is None:
             raise TwinError("--machine is required with --schedule")
         schedule, machine = load_schedule(args.schedule), load_machine_from_args(args)
         run = load_profiled_run(args.trace, args.steps, args.device)
-        summary = summarize(simulate(schedule, machine))
+        rank = args.rank if args.rank is not None else run.rank
+        sim = simulate(schedule, machine)
+        step_s = sim.step_time_s
+        by_class = rank_time_by_class(sim, rank) if rank is not None else summarize(sim).time_by_class_s
+        model_name, plan_text, gpus = schedule.info.model, schedule.info.plan, schedule.world_size
     else:
         _require_step_arguments(args, "compare-trace", " (or --preset NAME, or --schedule FILE)")
         model, plan, machine = _step_inputs(args)
         run = load_profiled_run(args.trace, args.steps, args.device)
-        summary = simulate_step(model, plan, machine, args.gpus)
-    side = f"the critical rank of {summary.plan} on {summary.gpus} {machine.name} GPUs"
-    c = compare_trace(summary.time_by_class_s, summary.step_time_s, run,
-                      "; ".join(filter(None, (side, describe_overrides(machine.overrides)))))
+        rank = args.rank if args.rank is not None else run.rank
+        if rank is None:
+            summary = simulate_step(model, plan, machine, args.gpus)
+            step_s, by_class = summary.step_time_s, summary.time_by_class_s
+        else:
+            step_s, by_class = rank_busy_by_class(model, plan, machine, args.gpus, rank)
+        model_name, plan_text, gpus = model.name, resolve_step(model, plan, machine, args.gpus)[0].describe(), args.gpus
+    who = f"rank {rank}" if rank is not None else "the critical rank"
+    side = f"{who} of {plan_text} on {gpus} {machine.name} GPUs"
+    c = compare_trace(by_class, step_s, run, "; ".join(filter(None, (side, describe_overrides(machine.overrides)))))
     if args.json:
         print(json.dumps(c.to_json_dict(), indent=2))
     else:
-        print(format_trace_comparison(c, f"{summary.model} on {summary.gpus} x {machine.name}: the twin beside a "
-                                         "profiler trace, per op class and step"))
+        print(format_trace_comparison(c, f"{model_name} on {gpus} x {machine.name}: the twin beside a profiler "
+                                         "trace, per op class and step"))
     return 0
 
 
@@ -468,7 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read one rank's torch.profiler trace (export_chrome_trace; .json or .json.gz) of a real "
         "training run, sum its GPU kernels per op class (GEMM, attention, element-wise, each collective kind, "
         "memcpy) and per step, and print them beside the twin's prediction of the same step (busy time per class "
-        "of the critical rank). Steps come from the trace's ProfilerStep annotations, or --steps. Example: twin "
+        "of the same rank: --rank, the rank the trace names, or the critical one). Steps come from the trace's "
+        "ProfilerStep annotations, or --steps. Example: twin "
         "compare-trace rank0.json --preset frontier-22b",
     )
     p.add_argument("trace", help="the profiler trace of one rank (Chrome trace JSON, optionally gzipped)")
@@ -477,6 +489,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", help="simulate a schedule IR file (from `twin export`) instead of building one")
     p.add_argument("--steps", type=int, help="how many training steps the trace covers (when it has no "
                    "ProfilerStep annotations)")
+    p.add_argument("--rank", type=int, help="the job rank the trace is of (default: the rank the trace names, "
+                   "else the twin's critical rank)")
     p.add_argument("--device", help="the GPU whose kernels to count, when the trace has several (default: the first)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_compare_trace)

@@ -26,7 +26,7 @@ from topologies.machine import Machine
 from twin.build import build_step, resolve_step
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
-from twin.report import Summary, summarize
+from twin.report import Summary, rank_time_by_class, summarize
 from twin.sim.collectives import CollectiveModel
 from twin.sim.engine import simulate
 
@@ -99,3 +99,22 @@ def simulate_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
         time_by_class_s={k: line(a.time_by_class_s.get(k, 0.0), v) for k, v in b.time_by_class_s.items()},
         sim_wall_s=a.sim_wall_s + b.sim_wall_s,
     )
+
+
+def rank_busy_by_class(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
+                       rank: int) -> tuple[float, dict[str, float]]:
+    """(step time, busy time per op class of `rank`), continued from two short steps as simulate_step does."""
+    resolved, _ = resolve_step(model, plan, machine, gpus)
+
+    def evaluate(p: ParallelPlan) -> tuple[float, dict[str, float]]:
+        run = simulate(build_step(model, p, machine, gpus).schedule, machine)
+        return run.step_time_s, rank_time_by_class(run, rank)
+
+    points = evaluation_points(resolved)
+    if points is None:
+        return evaluate(resolved)
+    (step_a, by_a), (step_b, by_b) = (evaluate(shortened(resolved, ga)) for ga in points)
+    keys = sorted(by_b)
+    values = extended((step_a, *(by_a.get(k, 0.0) for k in keys)), (step_b, *(by_b[k] for k in keys)),
+                      resolved.ga - points[1])
+    return values[0], dict(zip(keys, values[1:]))

@@ -5,8 +5,9 @@
 compared too, from the trace torch.profiler writes for one rank
 (``prof.export_chrome_trace``, Kineto's Chrome trace JSON, ``.json`` or
 ``.json.gz``): its GPU kernels are summed per op class and per step, and set
-beside the busy time per class the twin predicts for the critical rank of the
-same step. Which class is off says where a prediction misses: GEMMs slower
+beside the busy time per class the twin predicts for the same rank of the
+same step: the rank the trace names (Kineto's ``distributedInfo``), or
+``--rank``, or else the twin's critical rank (a pipeline's stages differ). Which class is off says where a prediction misses: GEMMs slower
 than the shape model, collectives slower than the network model, kernels the
 schedule does not have.
 
@@ -95,6 +96,7 @@ class ProfiledRun:
 
     path: str
     device: int | str
+    rank: int | None  # the job rank the trace says it is (Kineto's distributedInfo), if it says
     steps_s: tuple[float, ...]  # each step's duration
     steps_from: str  # "annotations" or "--steps"
     by_class: dict[str, ClassTotal]
@@ -107,7 +109,8 @@ class ProfiledRun:
         return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
 
 
-def _read_events(path: str) -> list[dict]:
+def _read_trace(path: str) -> tuple[list[dict], int | None]:
+    """The trace's events, and its job rank where Kineto recorded one (``distributedInfo.rank``)."""
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt") as f:
@@ -120,7 +123,9 @@ def _read_events(path: str) -> list[dict]:
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
         raise TwinError(f"trace {path}: no traceEvents list; give the file torch.profiler's export_chrome_trace wrote")
-    return [e for e in events if isinstance(e, dict)]
+    info = doc.get("distributedInfo") if isinstance(doc, dict) else None
+    rank = info.get("rank") if isinstance(info, dict) else None
+    return [e for e in events if isinstance(e, dict)], rank if isinstance(rank, int) else None
 
 
 def _device_of(event: dict):
@@ -149,7 +154,7 @@ def _step_windows(events: list[dict], device) -> list[tuple[float, float]]:
 
 def load_profiled_run(path: str, steps: int | None = None, device=None) -> ProfiledRun:
     """Read one rank's trace: its GPU kernels on `device` (default: the trace's only, or first, device)."""
-    events = _read_events(path)
+    events, rank = _read_trace(path)
     kernels = [e for e in events if _is_span(e) and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if not kernels:
         raise TwinError(f"trace {path}: no GPU kernels (events of category 'kernel'; a CPU-only run has none); "
@@ -186,7 +191,7 @@ def load_profiled_run(path: str, steps: int | None = None, device=None) -> Profi
         if len(examples[cls]) < 3 and name not in examples[cls]:
             examples[cls].append(name)
     by_class = {cls: ClassTotal(k / n, s / n) for cls, (k, s) in totals.items()}
-    return ProfiledRun(path, device, tuple((b - a) * 1e-6 for a, b in windows), steps_from, by_class,
+    return ProfiledRun(path, device, rank, tuple((b - a) * 1e-6 for a, b in windows), steps_from, by_class,
                        {k: tuple(v) for k, v in examples.items()})
 
 
@@ -217,7 +222,8 @@ class TraceComparison:
 
     def to_json_dict(self) -> dict:
         return {
-            "trace": self.run.path, "device": self.run.device, "steps_from": self.run.steps_from,
+            "trace": self.run.path, "device": self.run.device, "trace_rank": self.run.rank,
+            "steps_from": self.run.steps_from,
             "step": {"twin_s": self.twin_step_s, "measured_s": self.run.step_s, "error": self.step_error,
                      "measured_steps_s": list(self.run.steps_s)},
             "by_class": [{"op_class": r.op_class, "twin_s": r.twin_s, "measured_s": r.measured_s,

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from topologies.overrides import describe_overrides
+from twin.errors import TwinError
 from twin.ir import Program, op_class
 from twin.sim.engine import RankTimeline, SimRun
 
@@ -74,6 +75,14 @@ def time_by_class(program: Program, timeline: RankTimeline) -> dict[str, float]:
     for op in program.ops:
         totals[op_class(op.work)] += float(durations[op.id])
     return dict(sorted(totals.items()))
+
+
+def rank_time_by_class(run: SimRun, rank: int) -> dict[str, float]:
+    """Busy time per op class of `rank`: the timeline of the rank simulated for its class."""
+    if not 0 <= rank < run.schedule.world_size:
+        raise TwinError(f"--rank {rank}: the step has ranks 0..{run.schedule.world_size - 1}")
+    timeline = run.timelines[run.symmetry.class_of[rank]]
+    return time_by_class(run.schedule.programs[timeline.program], timeline)
 
 
 def critical_timeline(run: SimRun) -> RankTimeline:
