@@ -7,7 +7,7 @@
 # It writes into $OUT: gpu.txt; gemm-shapes.json/.txt (the GEMM shape model against this GPU) and gemm-measured.toml
 # (the measured rates as [[device.gemm_measured]] entries for the machine file of this chip); compare.json/.txt
 # and compare-*.png (a one-GPU step of 4 GPT layers at hidden 4096, simulated on --machine vs measured, per op
-# class); run-profiled.txt, profile-rank0.json.gz and compare-trace.txt/.json (the same step under torch.profiler:
+# class); run-profiled.txt, profile-rank0.json.gz and compare-trace.txt/.json/.png (the same step under torch.profiler:
 # its real kernel names classed by twin compare-trace, beside the twin). Commit what comes back under
 # benchmarks/results/ with the date and the GPU's name.
 # Every stage runs even if an earlier one failed (a lent GPU is one try); the exit code says whether all passed.
@@ -55,7 +55,7 @@ stage run-profiled "$OUT/run-profiled.txt" python3 -m twin.cli run "$IN/step-1gp
     --profile-steps 2 --out /tmp/profile-run
 gzip -c /tmp/profile-run/profile-rank0.json > "$OUT/profile-rank0.json.gz" 2>/dev/null || true
 stage compare-trace "$OUT/compare-trace.txt" python3 -m twin.cli compare-trace "$OUT/profile-rank0.json.gz" \
-    --schedule "$IN/step-1gpu.json" --machine "$MACHINE"
+    --schedule "$IN/step-1gpu.json" --machine "$MACHINE" --figure "$OUT/compare-trace.png"
 stage compare-trace-json "$OUT/compare-trace.json" python3 -m twin.cli compare-trace "$OUT/profile-rank0.json.gz" \
     --schedule "$IN/step-1gpu.json" --machine "$MACHINE" --json
 if [ ${#failed[@]} -gt 0 ]; then

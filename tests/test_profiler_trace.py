@@ -161,6 +161,10 @@ def test_the_command_prints_and_says_why_it_cannot(capsys, tmp_path):
     rc, out, _ = run(capsys, "compare-trace", path, *step, "--set", "device.hbm_efficiency=0.5")
     assert rc == 0 and "not modelled" in out and "step time" in out
     assert "machine file overridden: device.hbm_efficiency=0.5" in out
+    figure = tmp_path / "classes.png"
+    rc, out, _ = run(capsys, "compare-trace", path, *step, "--figure", str(figure))
+    assert rc == 0 and figure.stat().st_size > 0 and f"figure written to {figure}" in out
+    assert_user_error(*run(capsys, "compare-trace", path, *step, "--figure", str(tmp_path / "x.gif")), "--figure")
     assert_user_error(*run(capsys, "compare-trace", str(tmp_path / "none.json"), *step), "cannot read")
     assert_user_error(*run(capsys, "compare-trace", path, "--machine", "frontier"), "--gpus", "--plan")
 

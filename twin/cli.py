@@ -209,6 +209,8 @@ def cmd_compare_trace(args: argparse.Namespace) -> int:
     from twin.report import rank_time_by_class, summarize
     from twin.sim.engine import simulate
 
+    if args.figure:
+        check_output_path(args.figure, "--figure", FIGURE_FORMATS)
     if args.preset:
         _apply_preset(args)
     if args.schedule:
@@ -237,11 +239,19 @@ def cmd_compare_trace(args: argparse.Namespace) -> int:
     who = f"rank {rank}" if rank is not None else "the critical rank"
     side = f"{who} of {plan_text} on {gpus} {machine.name} GPUs"
     c = compare_trace(by_class, step_s, run, "; ".join(filter(None, (side, describe_overrides(machine.overrides)))))
+    title = f"{model_name} on {gpus} x {machine.name}: the twin beside a profiler trace, per op class and step"
+    if args.figure:
+        from twin.figures import trace_comparison_figure
+
+        trace_comparison_figure(args.figure, c, f"{title}\n{side}")
     if args.json:
-        print(json.dumps(c.to_json_dict(), indent=2))
+        doc = c.to_json_dict()
+        doc["figure"] = args.figure
+        print(json.dumps(doc, indent=2))
     else:
-        print(format_trace_comparison(c, f"{model_name} on {gpus} x {machine.name}: the twin beside a profiler "
-                                         "trace, per op class and step"))
+        print(format_trace_comparison(c, title))
+        if args.figure:
+            print(f"  figure written to {args.figure}")
     return 0
 
 
@@ -489,6 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", help="simulate a schedule IR file (from `twin export`) instead of building one")
     p.add_argument("--steps", type=int, help="how many training steps the trace covers (when it has no "
                    "ProfilerStep annotations)")
+    p.add_argument("--figure", help="also draw the classes, twin beside measured, as a bar chart (PNG, PDF or SVG)")
     p.add_argument("--rank", type=int, help="the job rank the trace is of (default: the rank the trace names, "
                    "else the twin's critical rank)")
     p.add_argument("--device", help="the GPU whose kernels to count, when the trace has several (default: the first)")

@@ -169,3 +169,26 @@ def sensitivity_figure(path: str, result, title: str, top: int = 12, notable: fl
     ax.set_title(title, fontsize=9, wrap=True)
     fig.tight_layout()
     _save(fig, path)
+
+
+def trace_comparison_figure(path: str, comparison, title: str) -> None:
+    """Per op class, the twin's busy time per step beside a profiler trace's (a twin.profiler_trace
+    TraceComparison), the step last: which class a prediction misses, at a glance."""
+    rows = [r for r in comparison.rows if r.measured_s > 0 or (r.twin_s or 0) > 0]
+    labels = [r.op_class for r in rows] + ["step"]
+    twin = [r.twin_s or 0.0 for r in rows] + [comparison.twin_step_s]
+    measured = [r.measured_s for r in rows] + [comparison.run.step_s]
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(labels) + 1.4))
+    ys = list(range(len(labels)))[::-1]
+    ax.barh([y + 0.2 for y in ys], twin, height=0.4, color="#1f77b4", label="twin")
+    ax.barh([y - 0.2 for y in ys], measured, height=0.4, color="#ff7f0e", label="measured (trace)")
+    for row, y in zip(rows, ys):
+        if row.twin_s is None:
+            ax.text(0, y + 0.2, " not modelled", va="center", fontsize=7, color="#555555")
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.set_xlabel("seconds per step (busy time per class; overlapping streams summed)")
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=8, loc="best")
+    ax.set_title(title, fontsize=9, wrap=True)
+    fig.tight_layout()
+    _save(fig, path)
