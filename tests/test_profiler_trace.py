@@ -207,3 +207,16 @@ def test_the_twin_side_is_the_traces_rank(capsys, tmp_path):
         sides[key] = (doc_out["twin_side"].split(" of ")[0], doc_out["trace_rank"])
     assert sides == {"named": ("rank 1", 1), "override": ("rank 7", 1), "plain": ("the critical rank", None)}
     assert_user_error(*run(capsys, "compare-trace", plain, *step, "--rank", "8"), "--rank 8", "0..7")
+
+
+def test_cpu_side_step_marks_when_the_gpu_has_none(tmp_path):
+    """Steps marked only on the CPU: a step's kernels run from its CPU start to the next one's, the last step's
+    until the last kernel ends (the GPU lags the CPU)."""
+    cpu = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n}", "ts": t, "dur": d, "pid": 1, "tid": 1}
+           for n, t, d in ((1, 0.0, 9500.0), (2, 10000.0, 9000.0))]
+    kernels = [kernel("Cijk_a", 2000.0, 3000.0), kernel("Cijk_b", 6000.0, 3000.0),  # step 1
+               kernel("Cijk_c", 12000.0, 3000.0), kernel("Cijk_d", 16000.0, 6000.0)]  # step 2, ends at 22 ms
+    r = load_profiled_run(write(tmp_path, {"traceEvents": cpu + kernels}))
+    assert r.steps_from == "CPU annotations"
+    assert r.steps_s == pytest.approx((0.010, 0.012)) and r.step_s == pytest.approx(0.011)
+    assert r.by_class["gemm"].seconds_per_step == pytest.approx(0.0075)

@@ -27,8 +27,10 @@ Kernels are classed by name, first match wins (`KERNEL_CLASSES`):
 
 Steps: the trace's ``ProfilerStep#N`` annotations on the GPU timeline (what
 ``torch.profiler.profile(schedule=...)`` with ``prof.step()`` writes) delimit
-steps, and a kernel belongs to the step its start falls in; a trace without
-them needs ``--steps K``, the number of steps it covers (the window from the
+steps, and a kernel belongs to the step its start falls in. Where only the
+CPU side carries them, a step runs from its CPU start to the next step's (the
+GPU lags the CPU; the last step until the last kernel ends). A trace without
+any needs ``--steps K``, the number of steps it covers (the window from the
 first kernel's start to the last one's end, divided by K). Per class the
 busy time is the sum of kernel durations (kernels of one class on several
 streams overlap, as the twin's per-class busy time counts them too). A
@@ -98,7 +100,7 @@ class ProfiledRun:
     device: int | str
     rank: int | None  # the job rank the trace says it is (Kineto's distributedInfo), if it says
     steps_s: tuple[float, ...]  # each step's duration
-    steps_from: str  # "annotations" or "--steps"
+    steps_from: str  # "annotations" (on the GPU), "CPU annotations" or "--steps"
     by_class: dict[str, ClassTotal]
     examples: dict[str, tuple[str, ...]] = field(default_factory=dict)  # a few kernel names per class
 
@@ -137,14 +139,14 @@ def _is_span(event: dict) -> bool:
     return event.get("ph") == "X" and isinstance(event.get("ts"), (int, float)) and isinstance(event.get("dur"), (int, float))
 
 
-def _step_windows(events: list[dict], device) -> list[tuple[float, float]]:
-    """One (start, end) per ProfilerStep#N on the GPU timeline of `device` (an annotation on several streams
-    spans them all)."""
+def _step_windows(events: list[dict], category: str, device=None) -> list[tuple[float, float]]:
+    """One (start, end) per ProfilerStep#N of `category` (on `device`, if given; an annotation on several
+    streams spans them all)."""
     spans: dict[str, list[float]] = {}
     for e in events:
-        if not (_is_span(e) and e.get("cat") == "gpu_user_annotation" and STEP_ANNOTATION.match(str(e.get("name")))):
+        if not (_is_span(e) and e.get("cat") == category and STEP_ANNOTATION.match(str(e.get("name")))):
             continue
-        if _device_of(e) is not None and str(_device_of(e)) != str(device):
+        if device is not None and _device_of(e) is not None and str(_device_of(e)) != str(device):
             continue
         a, b = e["ts"], e["ts"] + e["dur"]
         span = spans.setdefault(e["name"], [a, b])
@@ -166,7 +168,16 @@ def load_profiled_run(path: str, steps: int | None = None, device=None) -> Profi
         raise TwinError(f"--device {device}: the trace has kernels on device(s) {', '.join(map(str, devices))}; "
                         "pick one of them")
     kernels = [e for e in kernels if str(_device_of(e)) == str(device)]
-    windows = _step_windows(events, device)
+    windows = _step_windows(events, "gpu_user_annotation", device)
+    if not windows and steps is None:
+        # Only the CPU side marks the steps: a step's kernels run from its CPU start to the next one's (the GPU
+        # lags the CPU), the last until the last kernel ends.
+        starts = [a for a, _ in _step_windows(events, "user_annotation")]
+        ends = starts[1:] + [max([e["ts"] + e["dur"] for e in kernels] + starts[-1:])]
+        windows = list(zip(starts, ends))
+        steps_from = "CPU annotations"
+    else:
+        steps_from = "annotations"
     if steps is not None:
         if steps < 1:
             raise TwinError(f"--steps {steps} must be at least 1 (how many steps the trace covers)")
@@ -175,11 +186,10 @@ def load_profiled_run(path: str, steps: int | None = None, device=None) -> Profi
                                for i in range(steps)], "--steps"
         inside = kernels
     elif windows:
-        steps_from = "annotations"
         inside = [e for e in kernels if any(a <= e["ts"] < b for a, b in windows)]
     else:
-        raise TwinError(f"trace {path}: no ProfilerStep#N annotations on the GPU; give --steps K, the number of "
-                        "training steps the trace covers")
+        raise TwinError(f"trace {path}: no ProfilerStep#N annotations; give --steps K, the number of training "
+                        "steps the trace covers")
     n = len(windows)
     totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     examples: dict[str, list[str]] = defaultdict(list)
@@ -258,7 +268,8 @@ def compare_trace(twin_by_class_s: dict[str, float], twin_step_s: float, run: Pr
 
 def format_trace_comparison(c: TraceComparison, title: str) -> str:
     run = c.run
-    how = "its ProfilerStep annotations" if run.steps_from == "annotations" else "--steps"
+    how = {"annotations": "its ProfilerStep annotations", "CPU annotations": "its CPU-side ProfilerStep annotations",
+           "--steps": "--steps"}[run.steps_from]
     lines = [title,
              f"  trace {run.path}: device {run.device}, {len(run.steps_s)} step(s) by {how}; twin: {c.twin_side}",
              f"  {'op class':<16}{'kernels/step':>13}{'twin s':>14}{'measured s':>12}{'error':>9}"]
