@@ -106,6 +106,8 @@ def test_steps_given_divide_the_kernel_window(tmp_path):
     ({"traceEvents": []}, {"steps": 1}, "no GPU kernels"),
     ({"nothing": 1}, {}, "no traceEvents"),
     ({"traceEvents": [kernel("gemm", 0, 1, device=1)]}, {"steps": 1, "device": "0"}, "--device 0"),
+    ({"traceEvents": [kernel("gemm", 5, 0)]}, {"steps": 1}, "lasts no time"),
+    ({"traceEvents": [kernel("gemm", 0, -5)]}, {"steps": 1}, "no GPU kernels"),  # a negative span is no span
 ])
 def test_bad_traces_say_why(tmp_path, doc, kwargs, mentions):
     with pytest.raises(TwinError, match=mentions.replace("-", "\\-")):

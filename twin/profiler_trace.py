@@ -136,7 +136,9 @@ def _device_of(event: dict):
 
 
 def _is_span(event: dict) -> bool:
-    return event.get("ph") == "X" and isinstance(event.get("ts"), (int, float)) and isinstance(event.get("dur"), (int, float))
+    """A complete event with a start and a duration (a negative one is not a span: ignored)."""
+    ts, dur = event.get("ts"), event.get("dur")
+    return event.get("ph") == "X" and isinstance(ts, (int, float)) and isinstance(dur, (int, float)) and dur >= 0
 
 
 def _step_windows(events: list[dict], category: str, device=None) -> list[tuple[float, float]]:
@@ -190,6 +192,9 @@ def load_profiled_run(path: str, steps: int | None = None, device=None) -> Profi
     else:
         raise TwinError(f"trace {path}: no ProfilerStep#N annotations; give --steps K, the number of training "
                         "steps the trace covers")
+    if any(b <= a for a, b in windows):
+        raise TwinError(f"trace {path}: a step of the trace lasts no time; check --steps or the trace's "
+                        "ProfilerStep marks")
     n = len(windows)
     totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     examples: dict[str, list[str]] = defaultdict(list)
