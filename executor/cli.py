@@ -84,13 +84,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     from twin.ir_io import load_schedule
 
     _check_counts(args)
+    if args.profile_steps < 0 or (args.profile_steps and args.check_numerics):
+        raise TwinError("--profile-steps must be 0 or more, and cannot go with --check-numerics")
     schedule = load_schedule(args.schedule)
     if args.launcher == "srun":
         from executor.launch import srun_script
 
         if not args.machine:
             raise TwinError("--launcher srun needs --machine (frontier, perlmutter or alps)")
-        opts = _worker_options(args, check_numerics=args.check_numerics)
+        opts = _worker_options(args, check_numerics=args.check_numerics, profile_steps=args.profile_steps)
         print(srun_script(args.machine, schedule, args.schedule, _out_dir(args, args.schedule, "run"), opts))
         print("# printed, not submitted: run these lines inside an allocation (salloc/sbatch)", file=sys.stderr)
         return 0
@@ -104,8 +106,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         check_output_path(args.trace, "--trace")
     machine = None if args.check_numerics else _machine_for_peaks(args.machine)
-    if args.profile_steps < 0 or (args.profile_steps and args.check_numerics):
-        raise TwinError("--profile-steps must be 0 or more, and cannot go with --check-numerics")
     opts = _worker_options(args, check_numerics=args.check_numerics, machine=machine,
                            profile_steps=args.profile_steps)
     wall = run_local(schedule, args.schedule, nproc, out, opts, args.wall_timeout)

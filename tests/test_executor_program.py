@@ -269,6 +269,8 @@ def test_srun_lines_carry_the_site_environment():
     assert "srun -N 2 -n 16 --ntasks-per-node=8" in text
     assert "FI_PROVIDER=cxi" in text and "CUDA_DEVICE_MAX_CONNECTIONS=1" in text
     assert "NCCL_PROTO=^LL128" in srun_script("alps", s, "step.json", "out/run", WorkerOptions())
+    assert "--profile-steps 2" in srun_script("frontier", s, "step.json", "out/run", WorkerOptions(profile_steps=2))
+    assert "--profile-steps" not in text
     with pytest.raises(TwinError, match="frontier"):
         srun_script("atlantis", s, "step.json", "out/run", WorkerOptions())
 
