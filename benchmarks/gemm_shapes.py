@@ -160,7 +160,6 @@ def main() -> int:
         per_run = {r["label"]: gemm_flops(r) for r in validated_runs(args.quick)}
     shapes = sorted({s for f in per_run.values() for s in f if not args.max_dim or max(s[:3]) <= args.max_dim})
 
-    measured: dict[Shape, float] = {}  # rate relative to the measured square
     rates: dict[Shape, float] = {}  # flop/s
     device = source = None
     ref = (args.reference_dim,) * 3 + ("NN",)
@@ -176,7 +175,7 @@ def main() -> int:
         for i, s in enumerate(shapes):
             print(f"  [{i + 1}/{len(shapes)}] {s}", file=sys.stderr)
             rates[s] = 2 * s[0] * s[1] * s[2] / measure_gemm_s(s, device, dtype)
-            measured[s] = rates[s] / rates[ref]
+    measured = {s: rates[s] / rates[ref] for s in shapes if s in rates}  # relative to the measured square
 
     rows = []
     for label, flops in per_run.items():

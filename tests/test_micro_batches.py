@@ -63,6 +63,7 @@ def test_one_ranks_busy_time_is_continued_like_the_step():
     assert first != last
     critical = summarize(run).time_by_class_s
     assert critical in (first, last)
+    assert rank_time_by_class(run, None) == critical  # no rank named: the critical one
     for rank, full in ((0, first), (15, last)):
         step_s, fast = rank_busy_by_class(model, built.plan, machine, 16, rank)
         assert step_s == pytest.approx(run.step_time_s, rel=1e-6)

@@ -113,7 +113,6 @@ def check_output_path(path: str, what: str, suffixes: tuple[str, ...] | None = N
 def cmd_simulate(args: argparse.Namespace) -> int:
     from twin.build import build_step
     from twin.figures import timeline_figure
-    from twin.ir_io import load_schedule
     from twin.report import format_summary, summarize
     from twin.sim.engine import simulate
     from twin.trace import write_trace
@@ -125,9 +124,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.preset:
         _apply_preset(args)
     if args.schedule:
-        if args.machine is None:
-            raise TwinError("--machine is required with --schedule")
-        schedule, machine = load_schedule(args.schedule), load_machine_from_args(args)
+        schedule, machine = _schedule_and_machine(args)
     else:
         _require_step_arguments(args, "simulate", " (or --schedule FILE)")
         model, plan, machine = _step_inputs(args)
@@ -147,6 +144,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             if path:
                 print(f"  {what} written to {path}")
     return 0
+
+
+def _schedule_and_machine(args: argparse.Namespace):
+    """--schedule FILE and the --machine (with --set) to simulate it on, which it needs."""
+    from twin.ir_io import load_schedule
+
+    if args.machine is None:
+        raise TwinError("--machine is required with --schedule")
+    return load_schedule(args.schedule), load_machine_from_args(args)
 
 
 def _require_step_arguments(args: argparse.Namespace, command: str, alternative: str = "") -> None:
@@ -204,9 +210,9 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
 def cmd_compare_trace(args: argparse.Namespace) -> int:
     from topologies.overrides import describe_overrides
     from twin.build import resolve_step
-    from twin.micro_batches import rank_busy_by_class, simulate_step
+    from twin.micro_batches import rank_busy_by_class
     from twin.profiler_trace import compare_trace, format_trace_comparison, load_profiled_run
-    from twin.report import rank_time_by_class, summarize
+    from twin.report import rank_time_by_class
     from twin.sim.engine import simulate
 
     if args.figure:
@@ -214,27 +220,18 @@ def cmd_compare_trace(args: argparse.Namespace) -> int:
     if args.preset:
         _apply_preset(args)
     if args.schedule:
-        from twin.ir_io import load_schedule
-
-        if args.machine is None:
-            raise TwinError("--machine is required with --schedule")
-        schedule, machine = load_schedule(args.schedule), load_machine_from_args(args)
-        run = load_profiled_run(args.trace, args.steps, args.device)
-        rank = args.rank if args.rank is not None else run.rank
-        sim = simulate(schedule, machine)
-        step_s = sim.step_time_s
-        by_class = rank_time_by_class(sim, rank) if rank is not None else summarize(sim).time_by_class_s
-        model_name, plan_text, gpus = schedule.info.model, schedule.info.plan, schedule.world_size
+        schedule, machine = _schedule_and_machine(args)
     else:
         _require_step_arguments(args, "compare-trace", " (or --preset NAME, or --schedule FILE)")
         model, plan, machine = _step_inputs(args)
-        run = load_profiled_run(args.trace, args.steps, args.device)
-        rank = args.rank if args.rank is not None else run.rank
-        if rank is None:
-            summary = simulate_step(model, plan, machine, args.gpus)
-            step_s, by_class = summary.step_time_s, summary.time_by_class_s
-        else:
-            step_s, by_class = rank_busy_by_class(model, plan, machine, args.gpus, rank)
+    run = load_profiled_run(args.trace, args.steps, args.device)
+    rank = args.rank if args.rank is not None else run.rank  # None: the critical rank
+    if args.schedule:
+        sim = simulate(schedule, machine)
+        step_s, by_class = sim.step_time_s, rank_time_by_class(sim, rank)
+        model_name, plan_text, gpus = schedule.info.model, schedule.info.plan, schedule.world_size
+    else:
+        step_s, by_class = rank_busy_by_class(model, plan, machine, args.gpus, rank)
         model_name, plan_text, gpus = model.name, resolve_step(model, plan, machine, args.gpus)[0].describe(), args.gpus
     who = f"rank {rank}" if rank is not None else "the critical rank"
     side = f"{who} of {plan_text} on {gpus} {machine.name} GPUs"

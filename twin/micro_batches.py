@@ -102,8 +102,9 @@ def simulate_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
 
 
 def rank_busy_by_class(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
-                       rank: int) -> tuple[float, dict[str, float]]:
-    """(step time, busy time per op class of `rank`), continued from two short steps as simulate_step does."""
+                       rank: int | None) -> tuple[float, dict[str, float]]:
+    """(step time, busy time per op class of `rank`, or of the critical rank when None), continued from two short
+    steps as simulate_step does."""
     resolved, _ = resolve_step(model, plan, machine, gpus)
 
     def evaluate(p: ParallelPlan) -> tuple[float, dict[str, float]]:

@@ -257,13 +257,10 @@ def compare_trace(twin_by_class_s: dict[str, float], twin_step_s: float, run: Pr
         twin["p2p" if cls in P2P_TWIN_CLASSES else cls] += s
     measured = {cls: (t.seconds_per_step, t.kernels_per_step) for cls, t in run.by_class.items()}
     if UNKNOWN_COLLECTIVE in measured:
-        for side in (twin, measured):
-            merged = [side.pop(k) for k in list(side) if k in COLLECTIVE_KINDS]
-            if side is twin:
-                twin[UNKNOWN_COLLECTIVE] = sum(merged)
-            else:
-                s0, k0 = side.get(UNKNOWN_COLLECTIVE, (0.0, 0.0))
-                side[UNKNOWN_COLLECTIVE] = (s0 + sum(m[0] for m in merged), k0 + sum(m[1] for m in merged))
+        kinds = [k for k in measured if k in COLLECTIVE_KINDS]
+        parts = [measured.pop(k) for k in kinds] + [measured[UNKNOWN_COLLECTIVE]]
+        measured[UNKNOWN_COLLECTIVE] = (sum(p[0] for p in parts), sum(p[1] for p in parts))
+        twin[UNKNOWN_COLLECTIVE] = sum(twin.pop(k) for k in [k for k in twin if k in COLLECTIVE_KINDS])
     rows = []
     for cls in sorted(set(twin) | set(measured), key=lambda c: -max(measured.get(c, (0.0,))[0], twin.get(c, 0.0))):
         s, k = measured.get(cls, (0.0, 0.0))

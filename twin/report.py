@@ -77,11 +77,15 @@ def time_by_class(program: Program, timeline: RankTimeline) -> dict[str, float]:
     return dict(sorted(totals.items()))
 
 
-def rank_time_by_class(run: SimRun, rank: int) -> dict[str, float]:
-    """Busy time per op class of `rank`: the timeline of the rank simulated for its class."""
-    if not 0 <= rank < run.schedule.world_size:
+def rank_time_by_class(run: SimRun, rank: int | None) -> dict[str, float]:
+    """Busy time per op class of `rank` (the timeline of the rank simulated for its class), or of the critical
+    rank when `rank` is None."""
+    if rank is None:
+        timeline = critical_timeline(run)
+    elif not 0 <= rank < run.schedule.world_size:
         raise TwinError(f"--rank {rank}: the step has ranks 0..{run.schedule.world_size - 1}")
-    timeline = run.timelines[run.symmetry.class_of[rank]]
+    else:
+        timeline = run.timelines[run.symmetry.class_of[rank]]
     return time_by_class(run.schedule.programs[timeline.program], timeline)
 
 
