@@ -27,7 +27,7 @@ import pytest
 from helpers import SMALL_SPEC, happens_before, op_by_name
 from twin.build import build_step
 from twin.builders.axonn import build_axonn
-from twin.ir import Collective, Gemm
+from twin.ir import Attention, Collective, Elementwise, Gemm
 from twin.model import parse_model_spec
 from twin.plan import ParallelPlan, parse_plan
 
@@ -424,3 +424,138 @@ def test_overlap_switches_change_only_dependencies(frontier):
     off = build(frontier, "gx=2,gy=2,gz=2,gdata=2", "oar=0,ors=0,oag=0").program
     assert Counter((op.name, op.work) for op in on.ops) == Counter((op.name, op.work) for op in off.ops)
     assert [op.deps for op in on.ops] != [op.deps for op in off.ops]
+
+
+# ---- attention: flash, or Megatron's unfused core attention --------------------------------------------------
+
+HEADS, HEAD_DIM = 8, H // 8
+# One layer's unfused attention kernels per direction, written out independently of the builder: (name, the
+# batched GEMM's (m, n, k, layout), or the bytes per score element of an element-wise kernel: 2 per bf16 element
+# read or written, 1 per dropout-mask element).
+UNFUSED_FORWARD = [
+    ("attn_scores", (SEQ, SEQ, HEAD_DIM, "NT")),  # Q K^T
+    ("attn_softmax", 2 + 2),  # read the scores, write the probabilities
+    ("attn_dropout", 2 + 2 + 1),  # read the probabilities, write the dropped ones and the mask
+    ("attn_context", (SEQ, HEAD_DIM, SEQ, "NN")),  # probs V
+]
+UNFUSED_BACKWARD = [
+    ("attn_context_dV", (SEQ, HEAD_DIM, SEQ, "TN")),  # probs^T dO
+    ("attn_context_dP", (SEQ, SEQ, HEAD_DIM, "NT")),  # dO V^T
+    ("attn_dropout_bwd", 2 + 1 + 2),  # read the gradient and the mask, write the gradient
+    ("attn_softmax_bwd", 2 + 2 + 2),  # read the probabilities and the gradient, write the gradient
+    ("attn_scores_dQ", (SEQ, HEAD_DIM, SEQ, "NN")),  # dS K
+    ("attn_scores_dK", (SEQ, HEAD_DIM, SEQ, "TN")),  # dS^T Q
+]
+ATTENTION_PLANS = ["gx=2,gy=2,gz=2,gdata=2", "gx=8,gy=1,gz=1,gdata=2", "gx=1,gy=4,gz=1,gdata=2"]
+ATTENTION_OP = re.compile(r"^mb(\d+)(?:\.c\d+)?\.(fwd|rc|bwd)\.(L\d+)\.(attn\w*)$")  # not attn_out's: they have a role
+
+
+def attention_ops(program, mb: int, phase: str, layer: int) -> list:
+    return [op for op in program.ops if (m := ATTENTION_OP.match(op.name)) and m.groups()[:3] == (str(mb), phase, f"L{layer}")]
+
+
+def assert_unfused_kernels(ops: list, expected: list, gx: int) -> None:
+    """`ops` are `expected`'s kernels, in order, on MBS sequences x HEADS/gx heads of SEQ x SEQ scores."""
+    batch = MBS * HEADS // gx
+    assert [op.name.rsplit(".", 1)[1] for op in ops] == [name for name, _ in expected]
+    for op, (name, want) in zip(ops, expected):
+        if isinstance(want, tuple):
+            m, n, k, layout = want
+            assert op.work == Gemm(m, n, k, layout, "bf16", batch=batch), name  # not layout-tuned, like torch.bmm
+        else:
+            assert isinstance(op.work, Elementwise), name
+            assert op.work.nbytes == pytest.approx(want * batch * SEQ * SEQ, rel=1e-12), name
+
+
+def as_unfused(names: list[str]) -> list[str]:
+    """A flash schedule's op names with each attention kernel replaced by the unfused ones, in place."""
+    out = []
+    for name in names:
+        prefix, _, last = name.rpartition(".")
+        kernels = {"attn": UNFUSED_FORWARD, "attn_bwd": UNFUSED_BACKWARD}.get(last) if ATTENTION_OP.match(name) else None
+        out += [f"{prefix}.{k}" for k, _ in kernels] if kernels else [name]
+    return out
+
+
+@pytest.mark.parametrize("plan_text", ATTENTION_PLANS)
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_unfused_attention_replaces_each_flash_kernel_by_megatrons_core_attention(frontier, plan_text, recompute):
+    """Per layer, forward: 2 batched GEMMs + softmax + dropout; backward: 4 batched GEMMs + 2 element-wise kernels,
+    where the flash kernels were (full recompute reruns the unfused forward); nothing else changes."""
+    flash = build(frontier, plan_text, f"recompute={recompute}")
+    unfused = build(frontier, plan_text, f"attention=unfused,recompute={recompute}")
+    assert unfused.plan.attention == "unfused"
+    assert not [op for op in unfused.program.ops if isinstance(op.work, Attention)]
+    assert [op.name for op in unfused.program.ops] == as_unfused([op.name for op in flash.program.ops])
+    for mb, layer in itertools.product(range(GA), range(LAYERS)):
+        assert_unfused_kernels(attention_ops(unfused.program, mb, "fwd", layer), UNFUSED_FORWARD, unfused.gx)
+        assert_unfused_kernels(attention_ops(unfused.program, mb, "bwd", layer), UNFUSED_BACKWARD, unfused.gx)
+        rc = attention_ops(unfused.program, mb, "rc", layer)
+        assert_unfused_kernels(rc, UNFUSED_FORWARD if recompute == "full" else [], unfused.gx)
+
+
+def _selective_expected(none_program) -> list[tuple]:
+    """(name, stream, work) of the program without recompute with each layer's core-attention forward rerun, as
+    recompute, right before its backward."""
+    out = []
+    for op in none_program.ops:
+        found = ATTENTION_OP.match(op.name)
+        if found and found.group(4) == UNFUSED_BACKWARD[0][0]:
+            mb, layer = int(found.group(1)), int(found.group(3)[1:])
+            out += [(f.name.replace(".fwd.", ".rc."), f.stream, f.work) for f in attention_ops(none_program, mb, "fwd", layer)]
+        out.append((op.name, op.stream, op.work))
+    return out
+
+
+@pytest.mark.parametrize("plan_text", ATTENTION_PLANS)
+def test_selective_recompute_with_unfused_attention_reruns_only_the_core_attention(frontier, plan_text):
+    selective = build(frontier, plan_text, "attention=unfused,recompute=selective")
+    none = build(frontier, plan_text, "attention=unfused,recompute=none")
+    assert [(op.name, op.stream, op.work) for op in selective.program.ops] == _selective_expected(none.program)
+    for mb, layer in itertools.product(range(GA), range(LAYERS)):
+        assert_unfused_kernels(attention_ops(selective.program, mb, "rc", layer), UNFUSED_FORWARD, selective.gx)
+
+
+@pytest.mark.parametrize("text, gpus", [("tp=2,pp=2,mbs=1,ga=4", 4), ("tp=2,pp=2,vpp=2,sp=1,mbs=1,ga=4", 4)])
+def test_selective_recompute_with_unfused_attention_in_a_pipeline(frontier, text, gpus):
+    def schedule(extra: str):
+        plan = parse_plan(f"{text},attention=unfused,{extra}", ParallelPlan(global_batch=4))
+        return build_step(parse_model_spec(SMALL_SPEC.replace("layers=2", "layers=4")), plan, frontier, gpus).schedule
+
+    selective, none = schedule("recompute=selective"), schedule("recompute=none")
+    assert len(selective.programs) == len(none.programs) == 2
+    for sel, base in zip(selective.programs, none.programs):
+        assert [(op.name, op.stream, op.work) for op in sel.ops] == _selective_expected(base)
+        assert len(sel.ops) == len(base.ops) + 4 * 4 * 4 // 2  # 4 kernels x 4 micro-batches x 2 layers a stage
+
+
+@pytest.mark.parametrize("plan_text", ATTENTION_PLANS)
+def test_selective_recompute_with_flash_attention_is_no_recompute(frontier, plan_text):
+    """Flash keeps nothing of size s^2 and rebuilds its scores inside its backward: nothing to recompute."""
+    selective = build(frontier, plan_text, "recompute=selective").schedule
+    none = build(frontier, plan_text, "recompute=none").schedule
+    assert selective.programs == none.programs and selective.groups == none.groups
+    assert selective.info.memory_per_gpu_bytes == none.info.memory_per_gpu_bytes
+
+
+@pytest.mark.parametrize("plan_text", ATTENTION_PLANS)
+@pytest.mark.parametrize("attention, recompute", list(itertools.product(["flash", "unfused"], ["none", "selective", "full"])))
+def test_compute_flops_per_rank(frontier, plan_text, attention, recompute):
+    """GEMM and attention flops of a rank's step, from the model's shapes alone. Flash: one causal kernel (half of
+    the 4 b s^2 h/gx forward), backward 2.5x its forward; unfused: the full s x s products, forward 2 GEMMs and
+    backward 4; full recompute reruns the layers' forward, selective the unfused attention's forward."""
+    b = build(frontier, plan_text, f"attention={attention},recompute={recompute}")
+    gx, gy = b.gx, b.gy
+    T = MBS * SEQ  # rows of every linear on a rank
+    linear_forward = 2 * T * 12 * H * H / (gx * gy)
+    lm_head_pass = 2 * T * H * VOCAB / (gx * gy)
+    scores = 2 * MBS * SEQ * SEQ * H / gx  # one s x s x d product per local head
+    attn_forward, attn_backward = (scores, 2.5 * scores) if attention == "flash" else (2 * scores, 4 * scores)
+    layer = 3 * linear_forward + attn_forward + attn_backward
+    if recompute == "full":
+        layer += linear_forward + attn_forward
+    if recompute == "selective" and attention == "unfused":
+        layer += attn_forward
+    want = GA * (LAYERS * layer + 3 * lm_head_pass)
+    got = sum(op.work.flops for op in b.program.ops if isinstance(op.work, (Gemm, Attention)))
+    assert got == pytest.approx(want, rel=1e-12)

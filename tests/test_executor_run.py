@@ -113,6 +113,16 @@ def test_numerics_pass_with_sequence_parallelism(tmp_path):
     assert result["linears_per_rank"] == [9, 9]
 
 
+def test_unfused_attention_with_selective_recompute_runs_and_its_numerics_pass(tmp_path):
+    """The unfused core attention's batched GEMMs and element-wise kernels run as scratch kernels between the
+    checked linears."""
+    schedule, path = export(tmp_path, "gx=2,attention=unfused,recompute=selective", 2)
+    assert any(op.name.endswith(".rc.L0.attn_scores") for op in schedule.programs[0].ops)
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+    assert result["linears_per_rank"] == [9, 9]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("plan, gpus", [
     ("gx=2,gz=2,sp=1,mbs=1", 4),  # sequence parallelism with z-sharded weights and two micro-batches

@@ -60,6 +60,28 @@ def test_describe_round_trips():
     assert parse_plan(p.describe()) == p
 
 
+def test_attention_is_flash_unless_the_plan_says_unfused():
+    flash = parse_plan("gx=2,mbs=1,ga=2,recompute=none")
+    assert flash.attention == "flash" == parse_plan("attention=flash").attention
+    # flash plans read as they always have (search caches and tests key on the text)
+    assert flash.describe() == "gx=2,gy=1,gz=1,gdata=1,mbs=1,ga=2,recompute=none,oar=1,ors=1,oag=1,tune=1"
+    unfused = parse_plan("tp=2,pp=2,attention=unfused,recompute=selective")
+    assert unfused.attention == "unfused"
+    assert unfused.describe() == "gx=2,gy=1,gz=1,gdata=1,pp=2,attention=unfused,recompute=selective,oar=1,ors=1,oag=1,tune=1"
+    assert parse_plan(unfused.describe()) == unfused
+
+
+@pytest.mark.parametrize("field, value", [("attention", "fused"), ("recompute", "some")])
+def test_a_word_field_outside_its_values_is_a_one_line_error(field, value):
+    with pytest.raises(TwinError) as parsed:
+        parse_plan(f"{field}={value}")
+    with pytest.raises(TwinError) as validated:  # a plan made in code, not parsed
+        validate_plan(replace(_plan("gx=2,mbs=1", 4), **{field: value}), SMALL, 2)
+    allowed = {"attention": "flash, unfused", "recompute": "full, selective, none"}[field]
+    for err in (parsed, validated):
+        assert str(err.value) == f"--plan: {field}={value!r} is unknown; use one of {allowed}"
+
+
 def test_without_overlap_switches_off_only_overlap():
     p = parse_plan("gx=2,gz=2,mbs=1,tune=0")
     q = p.without_overlap()
@@ -80,6 +102,7 @@ def test_without_overlap_switches_off_only_overlap():
         ("oar=2", "oar"),  # not a boolean
         ("tune=maybe", "tune"),
         ("recompute=partial", "recompute"),
+        ("attention=sdpa", "attention"),
     ],
 )
 def test_parse_plan_errors_name_the_item(text, named):
@@ -189,6 +212,50 @@ def test_korthikanti_special_case():
     plan = _plan(f"gx={t},mbs={mbs},recompute=none", 3)
     m, h = mbs * 256, 1024
     assert memory_per_gpu(model, plan).activations == pytest.approx(m * h * (10 + 24 / t), rel=1e-12)
+
+
+# (s, b, h, a, t): sequence, micro-batch, hidden, heads, tensor-parallel size
+KORTHIKANTI_CASES = [(128, 1, 512, 8, 1), (256, 2, 1024, 16, 2), (512, 3, 768, 12, 4), (2048, 4, 4096, 32, 8)]
+
+
+def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int, sp: bool, recompute: str, attention: str) -> float:
+    """Activation bytes one layer keeps for its backward, Korthikanti et al. (arXiv 2205.05198) Table 2, with flash
+    attention storing no s x s scores: TP s b h (10 + 24/t + 5 a s/(h t)), TP + sp s b h (34/t + 5 a s/(h t)),
+    selective recompute drops the 5 a s/(h t) term, full recompute keeps the layer input (split over t with sp)."""
+    scores = 5 * a * s / (h * t) if attention == "unfused" else 0.0
+    linears = 34 / t if sp else 10 + 24 / t
+    if recompute == "full":
+        return s * b * h * 2 / (t if sp else 1)
+    return s * b * h * (linears + (scores if recompute == "none" else 0.0))
+
+
+@pytest.mark.parametrize("s, b, h, a, t", KORTHIKANTI_CASES)
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("attention", ["flash", "unfused"])
+def test_activations_reduce_to_korthikantis_formulas(s, b, h, a, t, sp, recompute, attention):
+    """gy = gz = 1, gx = t, ffn = 4h: each layer keeps Korthikanti's bytes. The stage holds its L layers' bytes
+    plus what one layer's backward rebuilds at a time: its scores (selective), its whole set (full), nothing (none)."""
+    L = 3
+    model = parse_model_spec(f"layers={L},hidden={h},heads={a},seq={s},vocab={64 * t}")
+    plan = _plan(f"gx={t},mbs={b},sp={int(sp)},recompute={recompute},attention={attention}", b)
+    validate_plan(plan, model, t)
+    whole = korthikanti_layer_bytes(s, b, h, a, t, sp, "none", attention)
+    rebuilt = {"none": 0.0, "selective": whole - korthikanti_layer_bytes(s, b, h, a, t, sp, "selective", attention),
+               "full": whole}[recompute]
+    want = L * korthikanti_layer_bytes(s, b, h, a, t, sp, recompute, attention) + rebuilt
+    assert memory_per_gpu(model, plan).activations == pytest.approx(want, rel=1e-12)
+
+
+def test_unfused_attention_scores_are_five_bytes_per_score_on_any_grid():
+    """mbs x heads/gx x s x s scores per layer (softmax and dropout outputs in bf16, a 1-byte mask), whatever
+    gy, gz and sp: attention runs on each rank's whole sequences and local heads."""
+    model = SMALL  # heads 8, seq 128
+    plan = _plan("gx=2,gy=2,gz=2,mbs=2,recompute=none", 8)
+    flash, unfused = memory_per_gpu(model, plan), memory_per_gpu(model, replace(plan, attention="unfused"))
+    assert unfused.activations - flash.activations == pytest.approx(2 * 5 * 2 * (8 // 2) * 128 * 128, rel=1e-12)
+    assert (unfused.model_state, unfused.gathered_weights, unfused.logits) == \
+        (flash.model_state, flash.gathered_weights, flash.logits)
 
 
 def test_gathered_weights_without_z_are_only_the_dw_block():

@@ -1,7 +1,7 @@
 """Per-GPU memory of a plan, stage by stage, and the micro-batch that fits.
 
 Accounting (reference/algorithms.md section 6), per GPU, for the layout the
-builder uses (twin.builders.hybrid): the residual stream of a micro-batch is
+builder uses (twin.builders.axonn): the residual stream of a micro-batch is
 split over gz (tokens) and gy (hidden) and replicated over gx (split over gx
 too with sequence parallelism); Q, K, V, the attention output and the MLP's
 4h activations are split over gx.
@@ -15,15 +15,21 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
   Without recompute the forward keeps every layer's gathered weights for its
   backward, as autograd does.
 - Activations per micro-batch of m = mbs x seq tokens, for one layer, in bf16
-  (Korthikanti et al. arXiv 2205.05198, redone for this layout; flash
-  attention removes the 5as/h score term), with r = gx under sequence
-  parallelism, else 1:
+  (Korthikanti et al. arXiv 2205.05198, redone for this layout), with r = gx
+  under sequence parallelism, else 1:
       2m (4h/(gy r) + 4h/gx + 2f/gx) + 2 m h/(gy r)   (the last term: two 1-byte dropout masks)
   which for gy = 1, gx = t, f = 4h is Korthikanti's s b h (10 + 24/t), and
-  with sp s b h 34/t. Full recompute keeps only each layer's input
-  (2 m h/(gy r) bytes) plus one layer's working set; no recompute keeps every
-  layer's working set. With flash attention, selective recompute has nothing
-  left to drop (the attention core is never stored), so it counts as none.
+  with sp s b h 34/t. Unfused attention (plan.attention) also keeps, per
+  score element (mbs x heads/gx x seq x seq of them), the softmax output and
+  the dropout output (bf16) and the dropout mask (1 byte): 5 m a s/gx bytes,
+  Korthikanti's 5as/(ht) term (the same with or without sp: sp splits only
+  the tokens outside attention). Flash attention never stores it (its
+  backward recomputes the scores block by block).
+- Recompute: none keeps every layer's whole set; selective (Korthikanti's)
+  keeps all but the scores and rebuilds one layer's scores at a time in its
+  backward; full keeps only each layer's input (2 m h/(gy r) bytes) and
+  rebuilds one layer's whole set at a time. With flash attention selective
+  has nothing to drop, so it counts as none.
 - A pipeline stage holds the activations of its in-flight micro-batches:
   min(pp - s, m) under 1F1B (the first stage holds the most), and
   min(2 (pp - s - 1) + (vpp - 1) pp + 1, m vpp) model chunks under interleaving.
@@ -47,6 +53,9 @@ from twin.plan import ParallelPlan, with_micro_batch
 RUNTIME_RESERVE_FRACTION = 0.10
 
 LOGIT_BYTES_PER_ELEMENT = 2 + 4
+# Kept per attention-score element by unfused attention for its backward, on
+# top of the softmax and dropout outputs (dtype bytes each): the dropout mask.
+SCORE_MASK_BYTES = 1
 
 
 def model_state_bytes_per_param(zero: int, gdata: int) -> float:
@@ -75,10 +84,40 @@ class MemoryBreakdown:
 
 
 def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) -> float:
-    """Saved activations of one layer for `tokens` tokens on one GPU."""
+    """Saved activations of one layer for `tokens` tokens on one GPU without recompute: all its backward reads."""
     h, f, b = model.hidden, model.ffn, model.dtype_bytes
-    residual = plan.gy * (plan.gx if plan.sp else 1)
-    return b * tokens * (4 * h / residual + 4 * h / plan.gx + 2 * f / plan.gx) + 2 * tokens * h / residual
+    residual = residual_split(plan)
+    linears = b * tokens * (4 * h / residual + 4 * h / plan.gx + 2 * f / plan.gx) + 2 * tokens * h / residual
+    return linears + score_bytes(model, plan, tokens)
+
+
+def score_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) -> float:
+    """What unfused attention keeps of its s x s scores for one layer (Korthikanti's 5as/h term); none with flash."""
+    if plan.attention == "flash":
+        return 0.0
+    elements = tokens * model.seq * model.heads / plan.gx  # mbs sequences x local heads x seq x seq
+    return elements * (2 * model.dtype_bytes + SCORE_MASK_BYTES)
+
+
+def layer_input_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) -> float:
+    """A layer's input (the residual stream's share on this GPU): all full recompute keeps of a layer."""
+    return model.dtype_bytes * tokens * model.hidden / residual_split(plan)
+
+
+def residual_split(plan: ParallelPlan) -> int:
+    """How many ways the residual stream's hidden (gy) and, with sequence parallelism, tokens (gx) are split."""
+    return plan.gy * (plan.gx if plan.sp else 1)
+
+
+def kept_and_rebuilt_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) -> tuple[float, float]:
+    """(what each in-flight layer keeps, what one layer's backward rebuilds at a time), by plan.recompute."""
+    working = layer_activation_bytes(model, plan, tokens)
+    if plan.recompute == "full":
+        return layer_input_bytes(model, plan, tokens), working
+    if plan.recompute == "selective":
+        scores = score_bytes(model, plan, tokens)
+        return working - scores, scores
+    return working, 0.0
 
 
 def stage_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
@@ -118,13 +157,8 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
     gathered += b * largest_linear  # dW before its reduction
 
     tokens = plan.mbs * model.seq
-    working = layer_activation_bytes(model, plan, tokens)
-    layers = in_flight_layers(model, plan, stage)
-    if plan.recompute == "full":
-        residual = plan.gy * (plan.gx if plan.sp else 1)
-        activations = layers * b * tokens * model.hidden / residual + working
-    else:
-        activations = layers * working
+    kept, rebuilt = kept_and_rebuilt_bytes(model, plan, tokens)
+    activations = in_flight_layers(model, plan, stage) * kept + rebuilt
     logits = LOGIT_BYTES_PER_ELEMENT * tokens * model.vocab / plan.gx if stage == plan.pp - 1 else 0.0
     return MemoryBreakdown(model_state, gathered, activations, logits, stage)
 

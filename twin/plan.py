@@ -12,6 +12,14 @@ gdata), `sp` (sequence parallelism over gx), `recompute` (full, selective,
 none); `tp` and `dp` are accepted as Megatron's names for gx and gdata.
 G = gx gy gz gdata pp.
 
+`attention` is the attention kernel the run uses: "flash" (one fused
+FlashAttention kernel per direction, what AxoNN and the Frontier paper ran:
+the default) or "unfused" (Megatron-LM's "core attention" before
+FlashAttention: batched GEMMs around a fused softmax and a dropout, which
+also stores the s x s scores for backward). Selective recompute (Korthikanti
+et al., arXiv 2205.05198) recomputes exactly that core attention, so it only
+differs from `recompute=none` with unfused attention.
+
 Batch bookkeeping. `global_batch` sequences per step are split over the
 gdata x gz ranks that see different data, so each rank processes
 global_batch / (gdata gz) sequences per step, in `ga` micro-batches of `mbs`
@@ -33,6 +41,7 @@ from twin.errors import TwinError
 from twin.model import ModelSpec
 
 RECOMPUTE_MODES = ("full", "selective", "none")
+ATTENTION_KINDS = ("flash", "unfused")
 ZERO_STAGES = (0, 1, 2, 3)
 _BOOL_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
 
@@ -47,6 +56,7 @@ class ParallelPlan:
     mbs: int = 0  # sequences per rank per micro-batch; 0 = derive
     ga: int = 0  # micro-batches per step (gradient accumulation); 0 = derive
     recompute: str = "full"
+    attention: str = "flash"  # ATTENTION_KINDS: the fused kernel, or Megatron's unfused core attention
     pp: int = 1  # pipeline stages (1F1B schedule)
     vpp: int = 1  # virtual stages (model chunks) per pipeline rank: interleaved 1F1B when > 1
     zero: int = 0  # ZeRO stage over the data axis
@@ -96,6 +106,8 @@ class ParallelPlan:
             parts.append(f"mbs={self.mbs}")
         if self.ga:
             parts.append(f"ga={self.ga}")
+        if self.attention != "flash":  # flash plans keep the text (and the cache keys) they always had
+            parts.append(f"attention={self.attention}")
         parts.append(f"recompute={self.recompute}")
         for switch in ("oar", "ors", "oag"):
             parts.append(f"{switch}={int(getattr(self, switch))}")
@@ -106,11 +118,12 @@ class ParallelPlan:
 _INT_KEYS = {"gx", "gy", "gz", "gdata", "mbs", "ga", "global_batch", "pp", "vpp", "zero"}
 _BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp"}
 _ALIASES = {"tp": "gx", "dp": "gdata"}  # Megatron-LM's names
-_KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | {"recompute"}
+_WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS}  # key -> its allowed values
+_KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(_WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
-    """Parse 'gx=8,gy=1,gz=16,gdata=64[,pp=..,vpp=..,zero=..,sp=..,mbs=..,ga=..,recompute=..,oar=0,..,tune=0]'.
+    """Parse 'gx=8,gy=1,gz=16,gdata=64[,pp=..,vpp=..,zero=..,sp=..,mbs=..,ga=..,attention=..,recompute=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
     'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and
@@ -143,11 +156,17 @@ def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
                 raise TwinError(f"--plan: {key}={raw!r} must be 0 or 1")
             values["tune_gemm" if key == "tune" else key] = _BOOL_WORDS[raw.lower()]
         else:
-            if raw not in RECOMPUTE_MODES:
-                raise TwinError(f"--plan: recompute={raw!r} is unknown; use one of {', '.join(RECOMPUTE_MODES)}")
-            values[key] = raw
+            values[key] = _checked_word(key, raw)
     plan = base or ParallelPlan()
     return replace(plan, **values)  # type: ignore[arg-type]
+
+
+def _checked_word(key: str, value: str) -> str:
+    """`value` if it is one of the words `key` allows, else a one-line TwinError listing them."""
+    allowed = _WORD_KEYS[key]
+    if value not in allowed:
+        raise TwinError(f"--plan: {key}={value!r} is unknown; use one of {', '.join(allowed)}")
+    return value
 
 
 def _require_divides(divisor: int, value: int, what: str, fix: str) -> None:
@@ -173,6 +192,8 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
         raise TwinError("--global-batch must be a positive number of sequences")
     if plan.zero not in ZERO_STAGES:
         raise TwinError(f"--plan: zero={plan.zero} is not a ZeRO stage; use 0, 1, 2 or 3")
+    for key in _WORD_KEYS:  # a plan made in code has not been through parse_plan
+        _checked_word(key, getattr(plan, key))
     if plan.sp and plan.gy > 1:
         raise TwinError(f"--plan: sp=1 is Megatron sequence parallelism over gx and needs gy=1 (got gy={plan.gy})")
     stages = plan.pp * plan.vpp

@@ -45,8 +45,27 @@ Megatron-DeepSpeed on top (algorithms.md section 5):
   between the first and last stage.
 
 Memory-bound work (layer norms, GeLU, residual adds, dropout, loss, the
-embedding and the optimizer) is counted in bytes moved; attention is one fused
-(flash) kernel per direction.
+embedding and the optimizer) is counted in bytes moved.
+
+Attention (plan.attention), on the heads / gx local heads of each of the mbs
+sequences (replicated over gy, like every op between the QKV and attention
+output linears):
+- flash: one fused kernel per direction (the IR's Attention), what AxoNN and
+  the Frontier paper ran;
+- unfused: Megatron-LM's core attention before FlashAttention. Forward: the
+  batched GEMM Q K^T, the fused scale + causal mask + softmax
+  (FusedScaleMaskSoftmax), dropout on the probabilities, the batched GEMM
+  probs x V. Backward: dV and d(probs) (batched GEMMs), dropout and softmax
+  backward, dQ and dK (batched GEMMs). The full s x s scores are computed and
+  then masked, so unlike flash's causal kernel no GEMM skips the masked half.
+
+Recompute (plan.recompute): full reruns each block's forward right before its
+backward (above); selective (Korthikanti et al., arXiv 2205.05198, as
+Megatron's checkpointed core attention) reruns only the unfused core
+attention's forward, under the recompute tag, right before that layer's
+attention backward. Flash attention keeps nothing of size s^2 and already
+recomputes its scores inside its backward kernel, so with flash selective
+recomputes nothing: the schedule is the one without recompute.
 """
 
 from __future__ import annotations
@@ -71,6 +90,14 @@ RESIDUAL_DROPOUT_BYTES = 3 * 2 + 1  # two inputs, one output, a 1-byte mask
 GELU_BYTES = 2 * 2
 LOSS_BYTES = 2 + 4 + 4  # bf16 logits, fp32 copy, fp32 softmax
 BACKWARD_ELEMENTWISE_FACTOR = 2.0  # backward reads the saved input and the incoming gradient
+# Unfused attention's kernels on the mbs x heads/gx x s x s score tensor, bytes
+# per score element (bf16 2 bytes, the dropout mask 1 byte):
+SOFTMAX_BYTES = 2 + 2  # fused scale + mask + softmax: read the scores, write the probabilities
+SOFTMAX_BACKWARD_BYTES = 2 + 2 + 2  # read the probabilities and their gradient, write the scores' gradient
+ATTENTION_DROPOUT_BYTES = 2 + 2 + 1  # read the probabilities, write the dropped ones and the mask
+ATTENTION_DROPOUT_BACKWARD_BYTES = 2 + 1 + 2  # read the gradient and the mask, write the gradient
+SOFTMAX_FLOPS = 5  # per element: scale, mask, max, exp, normalise (forward); y (dy - sum y dy) (backward)
+DROPOUT_FLOPS = 2  # per element: compare with the random draw, scale
 
 
 @dataclass(frozen=True)
@@ -218,7 +245,7 @@ class _StageWriter:
         layer = qkv.name.split(".")[0]
         self.elementwise(f"{tag}.{layer}.ln1", res, LAYERNORM_BYTES, 5)
         gathered = self.linear_forward(tag, qkv, gathered, attn_out)
-        self.w.compute(f"{tag}.{layer}.attn", self.attention(backward=False))
+        self.attention_forward(tag, layer)
         gathered = self.linear_forward(tag, attn_out, gathered, up)
         self.elementwise(f"{tag}.{layer}.resid1", res, RESIDUAL_DROPOUT_BYTES, 2)
         self.elementwise(f"{tag}.{layer}.ln2", res, LAYERNORM_BYTES, 5)
@@ -228,12 +255,14 @@ class _StageWriter:
         self.elementwise(f"{tag}.{layer}.resid2", res, RESIDUAL_DROPOUT_BYTES, 2)
         return gathered
 
-    def block_backward(self, tag: str, linears: list[Linear]) -> None:
+    def block_backward(self, mb_tag: str, linears: list[Linear]) -> None:
+        """One block's backward under `mb_tag`.bwd (selective recompute adds `mb_tag`.rc ops)."""
         res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
         m = self.tokens
         qkv, attn_out, up, down = linears
         layer = qkv.name.split(".")[0]
         k = BACKWARD_ELEMENTWISE_FACTOR
+        tag = f"{mb_tag}.bwd"
         self.elementwise(f"{tag}.{layer}.resid2_bwd", res, k * RESIDUAL_DROPOUT_BYTES, 2)
         self.linear_backward(tag, down)
         self.elementwise(f"{tag}.{layer}.gelu_bwd", m * f / gx, k * GELU_BYTES, 8)
@@ -241,11 +270,51 @@ class _StageWriter:
         self.elementwise(f"{tag}.{layer}.ln2_bwd", res, k * LAYERNORM_BYTES, 8)
         self.elementwise(f"{tag}.{layer}.resid1_bwd", res, k * RESIDUAL_DROPOUT_BYTES, 2)
         self.linear_backward(tag, attn_out)
-        self.w.compute(f"{tag}.{layer}.attn_bwd", self.attention(backward=True))
+        self.attention_backward(mb_tag, layer)
         self.linear_backward(tag, qkv)
         self.elementwise(f"{tag}.{layer}.ln1_bwd", res, k * LAYERNORM_BYTES, 8)
 
-    def attention(self, backward: bool) -> Attention:
+    # ---- attention (module docstring) ----------------------------------------
+    def attention_forward(self, tag: str, layer: str) -> None:
+        """The attention core's forward, in the forward pass and in either recompute."""
+        if self.plan.attention == "flash":
+            self.w.compute(f"{tag}.{layer}.attn", self.flash_attention(backward=False))
+            return
+        s, d = self.model.seq, self.model.head_dim
+        self.batched_gemm(f"{tag}.{layer}.attn_scores", s, s, d, "NT")  # Q K^T
+        self.score_elementwise(f"{tag}.{layer}.attn_softmax", SOFTMAX_BYTES, SOFTMAX_FLOPS)
+        self.score_elementwise(f"{tag}.{layer}.attn_dropout", ATTENTION_DROPOUT_BYTES, DROPOUT_FLOPS)
+        self.batched_gemm(f"{tag}.{layer}.attn_context", s, d, s, "NN")  # probs V
+
+    def attention_backward(self, mb_tag: str, layer: str) -> None:
+        """The attention core's backward; selective recompute first reruns the unfused forward (`mb_tag`.rc)."""
+        tag = f"{mb_tag}.bwd"
+        if self.plan.attention == "flash":  # nothing to recompute: the kernel rebuilds its scores itself
+            self.w.compute(f"{tag}.{layer}.attn_bwd", self.flash_attention(backward=True))
+            return
+        if self.plan.recompute == "selective":
+            self.attention_forward(f"{mb_tag}.rc", layer)
+        s, d = self.model.seq, self.model.head_dim
+        self.batched_gemm(f"{tag}.{layer}.attn_context_dV", s, d, s, "TN")  # probs^T dO
+        self.batched_gemm(f"{tag}.{layer}.attn_context_dP", s, s, d, "NT")  # dO V^T
+        self.score_elementwise(f"{tag}.{layer}.attn_dropout_bwd", ATTENTION_DROPOUT_BACKWARD_BYTES, DROPOUT_FLOPS)
+        self.score_elementwise(f"{tag}.{layer}.attn_softmax_bwd", SOFTMAX_BACKWARD_BYTES, SOFTMAX_FLOPS)
+        self.batched_gemm(f"{tag}.{layer}.attn_scores_dQ", s, d, s, "NN")  # dS K
+        self.batched_gemm(f"{tag}.{layer}.attn_scores_dK", s, d, s, "TN")  # dS^T Q
+
+    def attention_heads(self) -> int:
+        """Independent (sequence, local head) pairs: the batch of every unfused attention GEMM."""
+        return self.plan.mbs * self.model.heads // self.sizes["x"]
+
+    def batched_gemm(self, name: str, m: int, n: int, k: int, layout: str) -> int:
+        """One per-head GEMM of unfused attention (torch.bmm/baddbmm in Megatron: not layout-tuned)."""
+        return self.w.compute(name, Gemm(m, n, k, layout, self.dtype, batch=self.attention_heads()))
+
+    def score_elementwise(self, name: str, bytes_per_element: float, flops_per_element: float) -> int:
+        """A memory-bound kernel over the whole score tensor (attention_heads x s x s elements)."""
+        return self.elementwise(name, self.attention_heads() * self.model.seq**2, bytes_per_element, flops_per_element)
+
+    def flash_attention(self, backward: bool) -> Attention:
         model = self.model
         return Attention(
             batch=self.plan.mbs, seq=model.seq, heads=model.heads // self.sizes["x"],
@@ -310,7 +379,7 @@ class _StageWriter:
         for block in reversed(self.chunks[chunk]):
             if self.plan.recompute == "full":
                 self.block_forward(f"{tag}.rc", block, None, None)
-            self.block_backward(f"{tag}.bwd", block)
+            self.block_backward(tag, block)
         if self.is_first(chunk):
             self.elementwise(f"{tag}.embed_bwd", self.residual_elements(), 2 * self.b, 1)
         else:

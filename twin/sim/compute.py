@@ -6,7 +6,8 @@ GEMM, machines.md) times a shape efficiency and a layout efficiency:
 - tile quantization: the m x n output is cut into gemm_tile_m x gemm_tile_n
   tiles; partial edge tiles do wasted work;
 - wave quantization: tiles run in waves of `compute_units` at a time; the
-  last wave may leave units idle;
+  last wave may leave units idle. A batched GEMM's tiles are those of all its
+  products together (cuBLAS launches one grid over the batch);
 - the k loop: a short inner dimension cannot hide the tile's prologue and
   epilogue, efficiency k / (k + gemm_k_half).
 
@@ -54,11 +55,11 @@ class ComputeModel:
         self._reference_efficiency = self._shape_efficiency(d, d, d)
         self.duration_s = lru_cache(maxsize=None)(self._duration_s)
 
-    def _shape_efficiency(self, m: int, n: int, k: int) -> float:
+    def _shape_efficiency(self, m: int, n: int, k: int, batch: int = 1) -> float:
         dev = self.device
         tiles_m, tiles_n = ceil(m / dev.gemm_tile_m), ceil(n / dev.gemm_tile_n)
         tile_util = (m * n) / (tiles_m * dev.gemm_tile_m * tiles_n * dev.gemm_tile_n)
-        tiles = tiles_m * tiles_n
+        tiles = batch * tiles_m * tiles_n
         waves = ceil(tiles / dev.compute_units)
         wave_util = tiles / (waves * dev.compute_units)
         k_util = k / (k + dev.gemm_k_half)
@@ -67,13 +68,13 @@ class ComputeModel:
     def gemm_efficiency(self, gemm: Gemm) -> float:
         """Fraction of the empirical GEMM peak this GEMM reaches (module docstring: model, then measurements)."""
         if not self.device.gemm_measured:
-            return self._modelled(gemm.m, gemm.n, gemm.k, gemm.layout, gemm.tunable)
+            return self._modelled(gemm.m, gemm.n, gemm.k, gemm.layout, gemm.tunable, gemm.batch)
         layouts = LAYOUTS if gemm.tunable else (gemm.layout,)
         best = max(self._measured(gemm.m, gemm.n, gemm.k, layout) for layout in layouts)
         return min(best, self.device.peak_flop_per_s / self.device.empirical_gemm_flop_per_s)
 
-    def _modelled(self, m: int, n: int, k: int, layout: str, tunable: bool) -> float:
-        shape = self._shape_efficiency(m, n, k) / self._reference_efficiency
+    def _modelled(self, m: int, n: int, k: int, layout: str, tunable: bool, batch: int = 1) -> float:
+        shape = self._shape_efficiency(m, n, k, batch) / self._reference_efficiency
         return shape * self._layout_efficiency(m, n, k, layout, tunable)
 
     def _layout_efficiency(self, m: int, n: int, k: int, layout: str, tunable: bool) -> float:
