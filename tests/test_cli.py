@@ -59,6 +59,7 @@ def simulate_args(trace, *overrides: str) -> list[str]:
         (("--plan", "gx=8,gy"), ("gy",)),
         (("--plan", "gx=2,gy=2,gz=2,gdata=2,gw=1"), ("gw",)),
         (("--plan", "gx=2,gy=2,gz=2,gdata=2,oar=maybe"), ("oar",)),
+        (("--plan", "gx=2,gy=2,gz=2,gdata=2,attention=sdpa"), ("attention", "flash, unfused")),
         (("--plan", "gx=2,gy=2,gz=2,gdata=1"), ("--gpus",)),  # product 8 != 16 GPUs
         (("--plan", "gx=16"), ("heads",)),
         (("--global-batch", "6"), ("--global-batch",)),
@@ -217,6 +218,27 @@ def test_simulate_json_summary(simulated):
     assert summary["tflops_per_gpu"] * 16 * 1e12 == pytest.approx(flops / summary["step_time_s"], rel=1e-9)
     assert summary["pct_peak_advertised"] == pytest.approx(100 * summary["tflops_per_gpu"] / 191.5, rel=1e-9)
     assert summary["pct_peak_empirical"] == pytest.approx(100 * summary["tflops_per_gpu"] / 125.0, rel=1e-9)
+
+
+def test_unfused_attention_simulates_slower_and_needs_more_memory(capsys):
+    """Megatron's unfused core attention, against flash under the same recompute: the s x s scores are computed in
+    full, moved through HBM as GEMMs and element-wise kernels (no attention kernel left) and stored."""
+    plan = STEP[STEP.index("--plan") + 1]
+
+    def simulate(extra: str) -> dict:
+        args = list(STEP)
+        args[args.index("--plan") + 1] = f"{plan},{extra}"
+        rc, out, _ = run(capsys, "simulate", *args, "--json")
+        assert rc == 0
+        return json.loads(out)
+
+    for recompute in ("full", "selective"):
+        flash, unfused = simulate(f"recompute={recompute}"), simulate(f"attention=unfused,recompute={recompute}")
+        assert unfused["step_time_s"] > flash["step_time_s"]
+        assert unfused["memory_per_gpu_gb"] > flash["memory_per_gpu_gb"]
+        assert "attention" in flash["time_by_class_s"] and "attention" not in unfused["time_by_class_s"]
+        for kind in ("gemm", "elementwise"):
+            assert unfused["time_by_class_s"][kind] > flash["time_by_class_s"][kind]
 
 
 def test_model_flops_formula_option(capsys, simulated):

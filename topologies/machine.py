@@ -84,6 +84,9 @@ class DeviceSpec:
     comm_compute_slowdown: float  # fraction of compute rate lost while a collective runs
     kernel_overhead_s: float
     attention_overhead_s: float = 0.0  # fixed time per attention call beyond kernel_overhead_s (optional key)
+    # The least time between two ops one rank's host thread issues (framework, Python, driver); 0: the host
+    # always keeps ahead of the device. Optional key launch_interval_us; see twin.sim.engine's host model.
+    launch_interval_s: float = 0.0
     gemm_measured: tuple[GemmMeasurement, ...] = ()  # GEMMs timed on this device (optional [[device.gemm_measured]])
 
 
@@ -367,6 +370,7 @@ def _device(f: Fields) -> DeviceSpec:
         comm_compute_slowdown=f.number("comm_compute_slowdown", "nonneg"),
         kernel_overhead_s=f.number("kernel_overhead_us", "nonneg") * US,
         attention_overhead_s=f.number("attention_overhead_us", "nonneg") * US if f.has("attention_overhead_us") else 0.0,
+        launch_interval_s=f.number("launch_interval_us", "nonneg") * US if f.has("launch_interval_us") else 0.0,
         gemm_measured=_gemm_measured(f.tables("gemm_measured"), peak),
     )
     if spec.empirical_gemm_flop_per_s > spec.peak_flop_per_s:

@@ -6,7 +6,9 @@ of a prediction can tell a datasheet figure from a guess:
     hbm_gb = { value = 64.0, source = "OLCF Frontier user guide" }
     gemm_k_half = { value = 256.0, estimate = "why this value" }
 
-A number may carry both (a sourced figure with a stated assumption). Pure
+A number may carry both (a sourced figure with a stated assumption). A number
+that `twin fit` learned from measured runs carries ``fitted`` instead: which
+runs, when, and how well the fit predicts runs it did not see. Pure
 structure (device and NIC indices, link counts) may be a plain integer when
 the table holding it carries a table-level ``source`` or ``estimate``.
 
@@ -24,7 +26,7 @@ from typing import Any, NoReturn
 
 from twin.errors import TwinError
 
-NOTE_KEYS = ("source", "estimate")
+NOTE_KEYS = ("source", "estimate", "fitted")
 
 # Range checks by name: (predicate, what the message says it must be).
 _RANGES = {
@@ -42,6 +44,14 @@ class Sourced:
     source: str | None
     estimate: str | None
     integral: bool = False  # read as an integer (a count, a tile size): what-if values must be whole too
+    fitted: str | None = None  # learned by `twin fit`: from which runs, when, with what cross-validated error
+
+    @property
+    def provenance(self) -> str:
+        """One line for people: where the number comes from."""
+        if self.fitted:
+            return f"FITTED: {self.fitted}"
+        return f"source: {self.source}" if self.source else f"ESTIMATE: {self.estimate}"
 
 
 def _is_number(x: Any) -> bool:
@@ -131,17 +141,17 @@ class Fields:
             self.fail(key, 'must be { value = <number>, source = "..." } or { value = ..., estimate = "..." }')
         unknown = sorted(set(raw) - {"value", *NOTE_KEYS})
         if unknown:
-            self.fail(key, f"has unknown key '{unknown[0]}'; allowed: value, source, estimate")
+            self.fail(key, f"has unknown key '{unknown[0]}'; allowed: value, {', '.join(NOTE_KEYS)}")
         value = raw["value"]
         if not _is_number(value):
             self.fail(key, f"value must be a number, got {value!r}")
-        source, estimate = _note(raw.get("source")), _note(raw.get("estimate"))
-        if source is None and estimate is None:
-            self.fail(key, 'needs a non-empty source = "..." or estimate = "why"')
+        source, estimate, fitted = (_note(raw.get(k)) for k in NOTE_KEYS)
+        if source is None and estimate is None and fitted is None:
+            self.fail(key, 'needs a non-empty source = "..." or estimate = "why" (or fitted = "by twin fit on ...")')
         ok, bound = _RANGES[check]
         if not ok(value):
             self.fail(key, f"must be {bound}, got {value}")
-        self._sources[self.where(key)] = Sourced(float(value), source, estimate)
+        self._sources[self.where(key)] = Sourced(float(value), source, estimate, fitted=fitted)
         return float(value)
 
     def integer(self, key: str, check: str = "positive") -> int:

@@ -51,7 +51,8 @@ def _add_step_arguments(p: argparse.ArgumentParser, required: bool = True) -> No
     p.add_argument(
         "--plan", required=required,
         help="parallel plan: AxoNN's gx=..,gy=..,gz=..,gdata=.. and/or Megatron's tp=..,pp=..,dp=.. "
-        "[,vpp=..,zero=0-3,sp=0|1,mbs=..,ga=..,recompute=full|selective|none,oar=0|1,ors=..,oag=..,tune=0|1]",
+        "[,vpp=..,zero=0-3,sp=0|1,mbs=..,ga=..,attention=flash|unfused,recompute=full|selective|none,oar=0|1,ors=..,"
+        "oag=..,tune=0|1]",
     )
     p.add_argument("--global-batch", type=int, help="sequences per step (default: 16.8M tokens / seq, as AxoNN)")
     add_plan_switches(p)
@@ -378,22 +379,22 @@ def cmd_machines(args: argparse.Namespace) -> int:
         })
         if args.name:
             rows[-1]["sources"] = {
-                key: {"value": s.value, "source": s.source, "estimate": s.estimate} for key, s in m.sources.items()
+                key: {"value": s.value, "source": s.source, "estimate": s.estimate, "fitted": s.fitted,
+                      "provenance": s.provenance} for key, s in m.sources.items()
             }
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'machine':<12}{'device':<27}{'GPUs/node':>10}{'peak TF/s':>11}{'GEMM TF/s':>11}{'HBM GB':>8}{'NICs':>6}  network")
+    print(f"{'machine':<15}{'device':<27}{'GPUs/node':>10}{'peak TF/s':>11}{'GEMM TF/s':>11}{'HBM GB':>8}{'NICs':>6}  network")
     for r in rows:
         print(
-            f"{r['name']:<12}{r['device']:<27}{r['gpus_per_node']:>10}{r['peak_tflops']:>11.1f}"
+            f"{r['name']:<15}{r['device']:<27}{r['gpus_per_node']:>10}{r['peak_tflops']:>11.1f}"
             f"{r['empirical_gemm_tflops']:>11.1f}{r['hbm_gb']:>8.0f}{r['nics_per_node']:>6}  {r['network']}"
         )
     if args.name:
         print()
         for key, s in rows[0]["sources"].items():
-            why = f"source: {s['source']}" if s["source"] else f"ESTIMATE: {s['estimate']}"
-            print(f"  {key} = {s['value']:g}  ({why})")
+            print(f"  {key} = {s['value']:g}  ({s['provenance']})")
         if rows[0]["measured_gemms"]:
             print("\n  measured GEMMs (they replace the shape model at their shapes; m x n x k layout: TF/s):")
             for g in rows[0]["measured_gemms"]:
@@ -533,6 +534,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     search_cli.add_parsers(sub)
     search_cli.add_validate_parser(sub)
+
+    from twin.fit import cli as fit_cli
+
+    fit_cli.add_fit_parser(sub)
 
     try:  # the executor's commands (run, calibrate, compare); they import torch only when run
         from executor import cli as executor_cli

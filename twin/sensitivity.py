@@ -69,9 +69,9 @@ class Sensitivity:
 
 
 def estimated_fields(machine: Machine) -> list[str]:
-    """The machine's numbers that carry an estimate note (set with --set ones included), nonzero ones only:
-    a zero cannot be scaled."""
-    return [path for path, s in machine.sources.items() if s.estimate and s.value != 0]
+    """The machine's numbers that carry an estimate note (set with --set ones included) or were fitted, nonzero
+    ones only: a zero cannot be scaled."""
+    return [path for path, s in machine.sources.items() if (s.estimate or s.fitted) and s.value != 0]
 
 
 def _variant(machine: Machine, path: str, value: float) -> tuple[float, Machine | None, str]:
@@ -168,7 +168,7 @@ def sensitivity(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: in
         if target_step_s is not None and abs(elasticity) > 1e-3:
             needed = s.value * (target_step_s / base) ** (1 / elasticity)
             allowed = _allowed(machine, path, needed)
-        rows.append(FieldSensitivity(path, s.value, s.estimate or s.source or "", bool(s.estimate), lo_v, lo_t,
+        rows.append(FieldSensitivity(path, s.value, s.fitted or s.estimate or s.source or "", bool(s.estimate or s.fitted), lo_v, lo_t,
                                      hi_v, hi_t, elasticity, "; ".join(w for w in (lo_why, hi_why) if w), needed,
                                      allowed))
     rows.sort(key=lambda r: -abs(r.elasticity))

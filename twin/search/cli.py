@@ -168,6 +168,14 @@ def add_parsers(sub) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from twin.validate import markdown_table, update_readme, validate
 
+    if args.runs:
+        from twin.fit.cli import validate_runs
+
+        return validate_runs(args)
+    if args.machine or args.assume:
+        raise TwinError("--machine and --assume go with --runs; the published rows use the package's machine files "
+                        "(--machine-file NAME=PATH replaces one)")
+
     sections = tuple(_words(args.sections.upper()))
     for s in sections:
         if s not in ("A", "B"):
@@ -286,6 +294,11 @@ def add_validate_parser(sub) -> None:
                    help="what-if: validate with this file in place of the package's machine NAME (repeatable), e.g. "
                    "frontier=frontier-measured.toml with measured GEMMs ([[device.gemm_measured]])")
     p.add_argument("--readme", help="rewrite this README's Accuracy section (between the accuracy markers)")
+    p.add_argument("--runs", help="instead of the published rows: predict every run of this CSV of measured runs "
+                   "(twin/runs.py) on each --machine, e.g. benchmarks/data/a100-megatron-multi-node.csv")
+    p.add_argument("--machine", action="append", default=[], help="with --runs: a machine (name or .toml, e.g. a "
+                   "`twin fit` output); repeat it to compare machines side by side")
+    p.add_argument("--assume", help="with --runs: plan and model fields the CSV does not say, e.g. attention=unfused")
     p.add_argument("--jobs", type=int, help="processes for the searches (default: every core)")
     p.add_argument("--progress", action="store_true", help="report each task on stderr even when not a terminal")
     p.add_argument("--json", action="store_true", help="print the rows and the error summary as JSON")

@@ -11,6 +11,17 @@ its latency, then moves its bytes as one flow of the flow network
 flight. Which ranks are simulated, and which collective instances run as one
 flow, is twin.sim.symmetry's business.
 
+The host. A framework issues a rank's ops from one host thread, in program
+order, and on a small model the host, not the device, sets the pace (PyTorch
+eager spends tens of microseconds of Python and driver time per op). With
+the device's `launch_interval_s` > 0 each op is issued that long after the
+previous one and cannot start before it is issued; the host runs ahead of
+the device otherwise (the launch queue), except that it waits for every
+point-to-point transfer an op depends on (Megatron synchronises the device
+after its pipeline transfers), so after a pipeline receive the device waits
+for the host again. With 0 (every machine file that does not measure it)
+there is no host and nothing changes.
+
 A schedule that cannot finish (collectives nobody else issues, a dependency
 cycle that validation missed) ends the run with a TwinError naming the stuck
 ops, never a hang.
@@ -20,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
@@ -29,7 +40,7 @@ from topologies.fabric import Fabric
 from topologies.machine import Machine
 from topologies.placement import place_ranks
 from twin.errors import TwinError
-from twin.ir import Program, Schedule
+from twin.ir import P2P, Program, Schedule
 from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
 from twin.sim.flowtypes import CommCall, FlowTypes
@@ -81,16 +92,60 @@ class Rendezvous:
     expected: int
     arrived: int
     done: simpy.Event
+    members: list[tuple[int, int]]  # (class, op id) of each arrival so far
+
+
+class HostThread:
+    """The host thread of one simulated rank (module docstring): when each op of its program is issued.
+
+    `issue_s[i]` is op i's issue time once the host has reached it (NaN before);
+    `synced[i]` names the transfer the host waited for before issuing op i, where
+    that wait, not the host's own pace, set the issue time.
+    """
+
+    def __init__(self, env: simpy.Environment, program: Program, interval_s: float,
+                 done: list[simpy.Event | None], ends: np.ndarray) -> None:
+        self.env, self.program, self.interval_s, self.done, self.ends = env, program, interval_s, done, ends
+        self.issue_s = np.full(len(program.ops), np.nan)
+        self.synced: dict[int, int] = {}
+        self._progress = env.event()
+
+    def progressed(self) -> simpy.Event:
+        """An event that fires when the host has issued more ops."""
+        return self._progress
+
+    def _announce(self) -> None:
+        event, self._progress = self._progress, self.env.event()
+        event.succeed()
+
+    def run(self):
+        ops, issued = self.program.ops, 0.0
+        for op in ops:
+            syncs = [d for d in op.deps if isinstance(ops[d].work, P2P)]
+            if syncs:
+                pending = [self.done[d] for d in syncs if not self.done[d].processed]
+                if pending:
+                    self._announce()
+                    for event in pending:
+                        yield event
+                last = max(syncs, key=lambda d: self.ends[d])
+                if self.ends[last] > issued:
+                    issued = float(self.ends[last])
+                    self.synced[op.id] = last
+            issued += self.interval_s
+            self.issue_s[op.id] = issued
+        self._announce()
 
 
 @dataclass(frozen=True)
 class RankTimeline:
-    """What one simulated rank did: per op of its program, start and end times."""
+    """What one simulated rank did: per op of its program, start and end times (and issue times, with a host)."""
 
     rank: int
     program: int
     start_s: np.ndarray
     end_s: np.ndarray
+    host: HostThread | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +157,9 @@ class SimRun:
     step_time_s: float
     wall_s: float
     full: bool
+    # (class, op id) of each communication op -> the (class, op id) whose arrival started its
+    # transfer (the last member to issue it): what twin.sim.critical_path follows back.
+    started_by: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
 
 class Simulator:
@@ -125,15 +183,19 @@ class Simulator:
         network = FlowNetwork(env, flow_types.n_classes)
         units = [ComputeUnit(env, self.machine.device.comm_compute_slowdown) for _ in sym.representatives]
         rendezvous: dict[tuple, Rendezvous] = {}
+        started_by: dict[tuple[int, int], tuple[int, int]] = {}
         timelines = []
 
-        def communicate(call: CommCall):
+        def communicate(call: CommCall, member: tuple[int, int]):
             rv = rendezvous.get(call.key)
             if rv is None:
-                rv = rendezvous[call.key] = Rendezvous(call.expected, 0, env.event())
+                rv = rendezvous[call.key] = Rendezvous(call.expected, 0, env.event(), [])
             rv.arrived += 1
+            rv.members.append(member)
             if rv.arrived == rv.expected:
                 del rendezvous[call.key]
+                for m in rv.members:
+                    started_by[m] = member
                 env.process(transfer(call.members, call.type_id, call.nbytes, rv.done))
             return rv.done
 
@@ -150,33 +212,43 @@ class Simulator:
                 units[c].comm_changed(-1)
             done.succeed()
 
+        interval = self.machine.device.launch_interval_s
         for cls, rank in enumerate(sym.representatives):
             program = self.schedule.programs[sym.programs[cls]]
             starts = np.full(len(program.ops), np.nan)
             ends = np.full(len(program.ops), np.nan)
-            done = _completion_events(env, program)
-            timelines.append(RankTimeline(rank, sym.programs[cls], starts, ends))
+            done = _completion_events(env, program, host_waits=interval > 0)
+            host = HostThread(env, program, interval, done, ends) if interval > 0 else None
+            if host is not None:
+                env.process(host.run())
+            timelines.append(RankTimeline(rank, sym.programs[cls], starts, ends, host))
             calls = flow_types.per_op[cls]
             for stream_ops in _by_stream(program).values():
-                env.process(self._stream(env, stream_ops, done, starts, ends, units[cls], calls, communicate))
+                env.process(self._stream(env, cls, stream_ops, done, starts, ends, units[cls], calls, communicate,
+                                         host))
 
         env.run()
         self._check_finished(timelines)
         step = max(float(np.nanmax(t.end_s)) if len(t.end_s) else 0.0 for t in timelines)
         return SimRun(
-            self.schedule, self.machine, sym, tuple(timelines), step, time.perf_counter() - wall, self.full
+            self.schedule, self.machine, sym, tuple(timelines), step, time.perf_counter() - wall, self.full, started_by
         )
 
-    def _stream(self, env, ops, done, starts, ends, unit, calls, communicate):
+    def _stream(self, env, cls, ops, done, starts, ends, unit, calls, communicate, host):
         duration = self.compute.duration_s
         for op in ops:
             for dep in op.deps:
                 event = done[dep]
                 if event is not None and not event.processed:
                     yield event
+            if host is not None:
+                while np.isnan(host.issue_s[op.id]):
+                    yield host.progressed()
+                if host.issue_s[op.id] > env.now:
+                    yield env.timeout(host.issue_s[op.id] - env.now)
             starts[op.id] = env.now
             if op.id in calls:
-                yield communicate(calls[op.id])
+                yield communicate(calls[op.id], (cls, op.id))
             else:
                 yield from unit.run(duration(op.work))
             ends[op.id] = env.now
@@ -198,10 +270,13 @@ class Simulator:
             )
 
 
-def _completion_events(env: simpy.Environment, program: Program) -> list[simpy.Event | None]:
-    """An event per op that an op on *another* stream waits for; None where stream order suffices."""
+def _completion_events(env: simpy.Environment, program: Program, host_waits: bool = False
+                       ) -> list[simpy.Event | None]:
+    """An event per op that an op on *another* stream waits for (or, `host_waits`, that the host thread
+    waits for: every transfer an op depends on); None where stream order suffices."""
     stream = [op.stream for op in program.ops]
-    needed = {dep for op in program.ops for dep in op.deps if stream[dep] != op.stream}
+    needed = {dep for op in program.ops for dep in op.deps
+              if stream[dep] != op.stream or (host_waits and isinstance(program.ops[dep].work, P2P))}
     return [env.event() if i in needed else None for i in range(len(program.ops))]
 
 

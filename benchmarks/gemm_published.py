@@ -1,0 +1,170 @@
+"""The twin's A100 GEMM shape model beside published A100 GEMM timings.
+
+    .venv/bin/python benchmarks/gemm_published.py            # the table and the summary
+    .venv/bin/python benchmarks/gemm_published.py --json     # the same, as JSON
+
+Why: the twin times a GEMM at the empirical GEMM peak (280 TF/s on an A100,
+a 32768^3 cuBLAS GEMM) times a shape efficiency (tile quantization x wave
+quantization x k loop, twin/sim/compute.py) plus a fixed kernel overhead. The
+tile size, gemm_k_half and the overhead in topologies/dgx-a100.toml are
+estimates. Checking them needs GEMM rates measured on an A100 at the shapes
+training runs (tokens x hidden x 3*hidden, tokens x 4h x h, few tokens), not
+only the large square the peak came from. No A100 may be at hand, so this
+compares with rates other people published: benchmarks/data/
+gemm_published_a100.csv, one row per measurement with its source and how it
+was timed (docs/gemm-shape-model.md describes each set).
+
+For each row it prints the measured TFLOP/s, the twin's rate without the
+per-kernel overhead (flops / (gemm_time_s - kernel_overhead_s): the shape
+model alone) and with it (flops / gemm_time_s: what the simulator charges),
+and their ratios to the measurement (> 1: the twin is optimistic). The summary
+gives the mean absolute relative error (MARE) overall, for square GEMMs vs the
+rest ("training": non-square or batched), for small (< 1 GFLOP) vs large ones,
+for cuBLAS vs Triton kernels and for batched GEMMs (unfused attention). The
+model ignores dtype, so fp16 rows are compared as they are (the A100's fp16
+and bf16 tensor-core peaks are equal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from topologies.machine import load_machine  # noqa: E402
+from twin.ir import GEMM_LAYOUTS, Gemm  # noqa: E402
+from twin.sim.compute import ComputeModel  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CSV_PATH = ROOT / "benchmarks" / "data" / "gemm_published_a100.csv"
+COLUMNS = ("m", "n", "k", "batch", "layout", "dtype", "tflops", "gpu", "library", "source", "note")
+SMALL_FLOPS = 1e9  # below this a GEMM is "small": a few microseconds, where the fixed overhead matters
+TERA = 1e12
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One published GEMM rate (one CSV row)."""
+
+    m: int
+    n: int
+    k: int
+    batch: int  # > 1: a batched GEMM (torch.bmm), e.g. unfused attention per head
+    layout: str
+    dtype: str
+    tflops: float
+    gpu: str
+    library: str
+    source: str
+    note: str
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.m * self.n * self.k
+
+    @property
+    def shape(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}" + (f" b{self.batch}" if self.batch > 1 else "")
+
+
+def load(path: Path = CSV_PATH) -> list[Measurement]:
+    """The CSV's rows; a row with a missing source, a non-positive number or an unknown layout is an error."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if tuple(reader.fieldnames or ()) != COLUMNS:
+            raise ValueError(f"{path}: columns {reader.fieldnames}, expected {list(COLUMNS)}")
+        rows = []
+        for line, r in enumerate(reader, start=2):
+            try:
+                row = Measurement(int(r["m"]), int(r["n"]), int(r["k"]), int(r["batch"]), r["layout"].strip(),
+                                  r["dtype"].strip(),
+                                  float(r["tflops"]), r["gpu"].strip(), r["library"].strip(), r["source"].strip(),
+                                  r["note"].strip())
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{path}:{line}: {e}") from e
+            if min(row.m, row.n, row.k, row.batch) <= 0 or not row.tflops > 0:
+                raise ValueError(f"{path}:{line}: m, n, k, batch and tflops must be positive")
+            if not row.source or not row.gpu:
+                raise ValueError(f"{path}:{line}: every measurement needs its gpu and source")
+            if row.layout and row.layout not in GEMM_LAYOUTS:
+                raise ValueError(f"{path}:{line}: layout {row.layout!r} is not one of {GEMM_LAYOUTS} or empty")
+            rows.append(row)
+    return rows
+
+
+def predict(rows: list[Measurement], machine: str = "dgx-a100") -> list[dict]:
+    """The twin's rate for each row, without and with the per-kernel overhead."""
+    compute = ComputeModel(load_machine(machine).device)
+    overhead_s = compute.device.kernel_overhead_s
+    out = []
+    for r in rows:
+        gemm = Gemm(r.m, r.n, r.k, layout=r.layout or "NN", dtype=r.dtype, batch=r.batch)
+        t = compute.gemm_time_s(gemm)
+        kernel, with_overhead = r.flops / (t - overhead_s) / TERA, r.flops / t / TERA
+        out.append(dict(shape=r.shape, m=r.m, n=r.n, k=r.k, batch=r.batch, gflop=r.flops / 1e9, library=r.library, gpu=r.gpu,
+                        source=r.source, measured=r.tflops, twin=kernel, twin_with_overhead=with_overhead,
+                        ratio=kernel / r.tflops, ratio_with_overhead=with_overhead / r.tflops,
+                        efficiency=compute.gemm_efficiency(gemm), square=r.m == r.n == r.k and r.batch == 1,
+                        small=r.flops < SMALL_FLOPS, triton=r.library.lower().startswith("triton")))
+    return out
+
+
+def _mare(preds: list[dict], key: str) -> float:
+    return statistics.fmean(abs(p[key] - 1.0) for p in preds)
+
+
+def summarize(preds: list[dict]) -> list[dict]:
+    """MARE (kernel only and with overhead) and the median ratio, per group of rows."""
+    groups = {
+        "all": preds,
+        "square": [p for p in preds if p["square"]],
+        "training (the rest)": [p for p in preds if not p["square"]],
+        "small (< 1 GFLOP)": [p for p in preds if p["small"]],
+        "large (>= 1 GFLOP)": [p for p in preds if not p["small"]],
+        "cuBLAS rows": [p for p in preds if not p["triton"]],
+        "Triton rows": [p for p in preds if p["triton"]],
+        "cuBLAS, large": [p for p in preds if not p["triton"] and not p["small"]],
+        "batched (bmm)": [p for p in preds if p["batch"] > 1],
+    }
+    return [dict(group=name, rows=len(g), mare=_mare(g, "ratio"), mare_with_overhead=_mare(g, "ratio_with_overhead"),
+                 median_ratio=statistics.median(p["ratio"] for p in g),
+                 median_ratio_with_overhead=statistics.median(p["ratio_with_overhead"] for p in g))
+            for name, g in groups.items() if g]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Print the comparison; return it ({"rows": one prediction per CSV row, "summary": per group})."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--csv", type=Path, default=CSV_PATH, help="published measurements (default: %(default)s)")
+    ap.add_argument("--machine", default="dgx-a100", help="machine file of the GPU measured (default: %(default)s)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    args = ap.parse_args(argv)
+    preds = predict(load(args.csv), args.machine)
+    where = args.csv.resolve()
+    shown = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
+    report = dict(machine=args.machine, csv=str(shown), rows=preds, summary=summarize(preds))
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return report
+    print(f"{'m x n x k [batch]':<22}{'GFLOP':>8} {'kernel':<8}{'measured':>9}{'twin':>7}{'+ovh':>7}"
+          f"{'ratio':>7}{'+ovh':>7}  gpu")
+    for p in preds:
+        print(f"{p['shape']:<22}{p['gflop']:>8.2f} {'Triton' if p['triton'] else 'cuBLAS':<8}{p['measured']:>9.1f}"
+              f"{p['twin']:>7.1f}{p['twin_with_overhead']:>7.1f}{p['ratio']:>7.2f}{p['ratio_with_overhead']:>7.2f}"
+              f"  {p['gpu']}")
+    print("\nratio = twin / measured TFLOP/s; MARE = mean |ratio - 1|; +ovh includes kernel_overhead_us")
+    print(f"{'group':<24}{'rows':>5}{'MARE':>7}{'+ovh':>7}{'median ratio':>14}{'+ovh':>7}")
+    for s in report["summary"]:
+        print(f"{s['group']:<24}{s['rows']:>5}{s['mare']:>7.2f}{s['mare_with_overhead']:>7.2f}"
+              f"{s['median_ratio']:>14.2f}{s['median_ratio_with_overhead']:>7.2f}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+"""`twin fit`, `twin validate --runs` and the measured-runs reader.
+
+The fit is checked where its answer is known: runs simulated at chosen
+parameter values must give those values back, from the machine file's
+values. Its refusals (a parameter at a bound, parameters the runs cannot
+tell apart, a parameter nothing depends on, validation data) and its output
+file (loads, says `fitted`, keeps everything else) are checked too.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers import REPO
+from test_cli import assert_user_error, run
+from topologies import load_machine
+from twin.errors import TwinError
+from twin.fit.machinefile import rewrite, write_fitted
+from twin.fit.params import fit_parameters
+from twin.fit.protocol import VALIDATION_FILES, check_calibration_file
+from twin.fit.solve import _at_bound, _degeneracy, fit
+from twin.micro_batches import simulate_step
+from twin.model import ModelSpec
+from twin.plan import parse_plan
+from twin.runs import load_runs
+
+MACHINE = "dgx-a100-800g"
+TRUTH = (("device.launch_interval_us", 40.0), ("device.empirical_gemm_bf16_tflop_per_s", 200.0))
+SHAPES = [(2, 256, 4), (2, 1024, 16), (4, 2048, 16)]  # layers, hidden, heads: host-bound to GPU-bound
+PLANS = [(1, "tp=1,dp=1,mbs=1", 2), (1, "tp=1,dp=1,mbs=4", 8), (2, "tp=2,dp=1,mbs=2", 4), (2, "tp=1,pp=2,dp=1,mbs=1", 4)]
+HEADER = ["layers", "hidden", "heads", "seq", "gpus", "plan", "global_batch", "step_time_s", "source"]
+
+
+def _synthetic_runs(path: Path, truth=TRUTH) -> Path:
+    """A runs CSV whose step times the twin itself simulated at `truth`."""
+    machine = load_machine(MACHINE, truth)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(HEADER)
+        for layers, hidden, heads in SHAPES:
+            model = ModelSpec("m", layers, hidden, heads, seq=256)
+            for gpus, plan, batch in PLANS:
+                p = parse_plan(f"{plan},global_batch={batch}")
+                step = simulate_step(model, p, machine, gpus).step_time_s
+                w.writerow([layers, hidden, heads, 256, gpus, plan, batch, repr(step), "simulated at the truth"])
+    return path
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory) -> Path:
+    return _synthetic_runs(tmp_path_factory.mktemp("runs") / "synthetic.csv")
+
+
+def test_the_fit_finds_the_parameters_the_runs_were_made_with(synthetic):
+    runs = load_runs(str(synthetic))
+    params = fit_parameters(load_machine(MACHINE), tuple(p for p, _ in TRUTH))
+    result = fit(runs, MACHINE, (), params, folds=3, jobs=1)
+    for (path, truth), value in zip(TRUTH, result.values):
+        assert value == pytest.approx(truth, rel=0.01), path
+    assert np.abs(result.errors_after).max() < 0.005
+    assert np.abs(result.cv_errors).max() < 0.01
+    assert np.abs(result.errors_before).mean() > 0.05  # the file's values were off: the fit had work to do
+    assert all(s < 0.05 * v for s, v in zip(result.std, result.values))
+
+
+def test_the_cli_writes_a_fitted_machine_file_every_command_takes(synthetic, tmp_path, capsys):
+    out = tmp_path / "fitted.toml"
+    rc, text, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(synthetic), "-o", str(out),
+                        "--params", ",".join(p for p, _ in TRUTH), "--folds", "3", "--jobs", "1", "--json")
+    assert rc == 0, err
+    doc = json.loads(text)
+    assert [p["path"] for p in doc["parameters"]] == [p for p, _ in TRUTH]
+    fitted = load_machine(str(out))
+    for path, truth in TRUTH:
+        s = fitted.sources[path]
+        assert s.value == pytest.approx(truth, rel=0.01)
+        assert s.fitted and "synthetic.csv" in s.fitted and "cross-validated" in s.fitted
+        assert s.provenance.startswith("FITTED:")
+    untouched = load_machine(MACHINE)
+    assert fitted.sources["device.hbm_efficiency"] == untouched.sources["device.hbm_efficiency"]
+    rc, text, err = run(capsys, "simulate", "--machine", str(out), "--model-spec", "layers=2,hidden=256,heads=4",
+                        "--gpus", "1", "--plan", "tp=1,mbs=1", "--global-batch", "2", "--json")
+    assert rc == 0, err
+    rc, text, err = run(capsys, "validate", "--runs", str(synthetic), "--machine", MACHINE, "--machine", str(out),
+                        "--jobs", "1", "--json")
+    assert rc == 0, err
+    doc = json.loads(text)
+    assert doc["summary"][str(out)]["mean_abs_pct"] < 1.0
+    assert doc["summary"][MACHINE]["mean_abs_pct"] > 5.0
+    assert any("in-sample" in note for note in doc["notes"])
+
+
+def test_two_parameters_that_move_every_run_alike_are_refused():
+    params = fit_parameters(load_machine(MACHINE), ("device.hbm_efficiency", "device.kernel_overhead_us"))
+    J = np.array([[1.0, 2.0], [2.0, 4.0001], [0.5, 1.0]])
+    assert "cannot tell them apart" in _degeneracy(params, J)
+    assert _degeneracy(params, np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])) is None
+    assert "no effect" in _degeneracy(params, np.array([[1.0, 0.0], [2.0, 0.0]]))
+
+
+def test_a_parameter_on_its_bound_is_refused():
+    params = fit_parameters(load_machine(MACHINE), ("device.hbm_efficiency",))
+    lo, hi = np.log([0.1]), np.log([1.0])
+    assert "upper bound" in _at_bound(params, np.log([1.0]), lo, hi)
+    assert _at_bound(params, np.log([0.5]), lo, hi) is None
+
+
+def test_a_parameter_asked_for_that_no_run_depends_on_is_an_error(synthetic):
+    runs = load_runs(str(synthetic))  # flash attention: alone it cannot make up for the slow GEMMs, and says so
+    with pytest.raises(TwinError, match="lower bound"):
+        fit(runs, MACHINE, (), fit_parameters(load_machine(MACHINE), ("device.attention_efficiency",)), folds=0)
+    unfused = load_runs(str(synthetic), "attention=unfused")  # no flash kernel at all
+    with pytest.raises(TwinError, match="attention_efficiency has no effect"):
+        fit(unfused, MACHINE, (), fit_parameters(load_machine(MACHINE), ("device.attention_efficiency",)), folds=0)
+
+
+def test_validation_data_is_never_fitted(tmp_path, capsys):
+    validation = REPO / "benchmarks" / "data" / "a100-megatron-multi-node.csv"
+    rc, out, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(validation), "-o", str(tmp_path / "x.toml"))
+    assert_user_error(rc, out, err, "validation data")
+    renamed = tmp_path / "my-runs.csv"
+    renamed.write_bytes(validation.read_bytes())
+    with pytest.raises(TwinError, match="validation data"):
+        check_calibration_file(str(renamed))
+    assert not (tmp_path / "x.toml").exists()
+
+
+def test_no_fitted_machine_file_was_fitted_on_validation_data():
+    for path in sorted((REPO / "topologies").glob("*.toml")):
+        for key, s in load_machine(str(path)).sources.items():
+            for name in VALIDATION_FILES:
+                assert not (s.fitted and name in s.fitted), f"{path.name}: {key} was fitted on {name}"
+
+
+def test_fit_input_errors_name_the_row_and_field(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("layers,hidden,heads,seq,gpus,plan,global_batch,step_time_ms\n"
+                   "2,256,4,256,1,tp=1,dp=1,2,1.5\n")  # a plan with a comma must be quoted: this row has 9 cells
+    rc, out, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(bad), "-o", str(tmp_path / "o.toml"))
+    assert_user_error(rc, out, err, "bad.csv line 2")
+    bad.write_text('layers,hidden,heads,seq,gpus,plan,global_batch,step_time_ms\n2,256,4,256,1,"tp=1",2,-1\n')
+    rc, out, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(bad), "-o", str(tmp_path / "o.toml"))
+    assert_user_error(rc, out, err, "line 2", "step_time_ms", "positive")
+    bad.write_text("layers,hidden,seq,gpus,plan,global_batch,step_time_ms\n")
+    rc, out, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(bad), "-o", str(tmp_path / "o.toml"))
+    assert_user_error(rc, out, err, "heads")
+    rc, out, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(bad), "-o",
+                       str(REPO / "topologies" / "dgx-a100-800g.toml"))
+    assert_user_error(rc, out, err, "overwrite an input")
+    assert not (tmp_path / "o.toml").exists()
+
+
+def test_vtrains_columns_are_read_as_they_are():
+    runs = load_runs(str(REPO / "benchmarks" / "data" / "a100-megatron-multi-node.csv"), "attention=unfused")
+    assert len(runs) == 88
+    first = runs[0]
+    assert (first.label, first.gpus, first.model.hidden, first.model.layers, first.model.seq) == ("3.6", 64, 3072, 30,
+                                                                                                2048)
+    assert (first.plan.gx, first.plan.gdata, first.plan.pp, first.plan.mbs, first.plan.global_batch) == (1, 64, 1, 8,
+                                                                                                         512)
+    assert first.plan.attention == "unfused"
+    assert first.step_time_s == pytest.approx(3.5665)
+
+
+def test_rewrite_replaces_only_the_fitted_lines_and_adds_missing_keys():
+    text = ('# a comment\n[device]\nname = "x"\nhbm_efficiency = { value = 0.8, estimate = "guess" }  \n'
+            '[node]\ngpus = 1\n')
+    out = rewrite(text, {"device.hbm_efficiency": (0.61, 'twin fit on "a.csv"'),
+                         "device.launch_interval_us": (33.0, "twin fit")})
+    lines = out.splitlines()
+    assert lines[0] == "# a comment" and 'name = "x"' in lines
+    assert 'hbm_efficiency = { value = 0.61, fitted = "twin fit on \\"a.csv\\"" }' in lines
+    assert lines.index('launch_interval_us = { value = 33, fitted = "twin fit" }') < lines.index("[node]")
+    with pytest.raises(TwinError, match="no \\[network\\] table"):
+        rewrite(text, {"network.oversubscription": (1.0, "x")})
+
+
+def test_a_fitted_file_the_loader_rejects_is_never_written(tmp_path):
+    base = REPO / "topologies" / f"{MACHINE}.toml"
+    out = tmp_path / "f.toml"
+    with pytest.raises(TwinError):
+        write_fitted(str(base), {"device.hbm_efficiency": (1.5, "out of range")}, str(out))
+    assert not out.exists() and not list(tmp_path.iterdir())

@@ -1,0 +1,74 @@
+"""The machine-file numbers `twin fit` may learn, each physically named and bounded.
+
+Only numbers with a physical meaning that measured steps can pin down, and
+that no datasheet gives to the precision a prediction needs: the host's time
+per op issued (on small models the framework, not the GPU, sets the pace), a
+fixed device cost per kernel (launch and tail), the empirical GEMM rate and how short inner
+dimensions lower it, the HBM efficiency of element-wise work, and the fused
+attention kernel's rate. No per-row or per-model factor exists, so a fit
+cannot memorise the runs it learns from.
+
+Bounds are physical, not tuning ranges: a host issues an op in 1-500 us; a
+kernel costs between half a microsecond and 200 us of launch and tail; a GEMM cannot beat the device's
+peak nor run below a fifth of the file's empirical rate; efficiencies are
+fractions. A fit that ends on a bound is refused (twin.fit.solve): the runs
+ask for something the model cannot be, and the fit would be hiding it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topologies.machine import Machine
+from twin.errors import TwinError
+
+
+@dataclass(frozen=True)
+class FitParameter:
+    """A machine-file number (its dotted path, in the file's units) and its bounds."""
+
+    path: str
+    lower: float
+    upper: float
+    meaning: str
+
+
+def _parameters(machine: Machine) -> dict[str, FitParameter]:
+    """Every fittable number of `machine`, with bounds that may depend on the machine's own numbers."""
+    dev = machine.device
+    empirical_tf = dev.empirical_gemm_flop_per_s / 1e12
+    return {p.path: p for p in (
+        FitParameter("device.launch_interval_us", 1.0, 500.0, "host time per op the framework issues"),
+        FitParameter("device.kernel_overhead_us", 0.5, 200.0, "fixed device time per kernel: launch and tail"),
+        FitParameter("device.empirical_gemm_bf16_tflop_per_s", empirical_tf / 5, dev.peak_flop_per_s / 1e12,
+                     "GEMM rate at large shapes"),
+        FitParameter("device.gemm_k_half", 1.0, 4096.0, "inner dimension at which the k loop halves a GEMM's rate"),
+        FitParameter("device.hbm_efficiency", 0.1, 1.0, "achieved / peak HBM bandwidth of element-wise work"),
+        FitParameter("device.attention_efficiency", 0.05, 1.0, "fused attention rate / empirical GEMM rate"),
+    )}
+
+
+DEFAULT_PARAMETERS = (
+    "device.launch_interval_us", "device.kernel_overhead_us", "device.empirical_gemm_bf16_tflop_per_s", "device.gemm_k_half",
+    "device.hbm_efficiency", "device.attention_efficiency",
+)
+
+
+def fit_parameters(machine: Machine, names: tuple[str, ...] = DEFAULT_PARAMETERS) -> tuple[FitParameter, ...]:
+    """The FitParameters named, in order; a one-line error for an unknown or repeated name."""
+    known = _parameters(machine)
+    out = []
+    for name in names:
+        if name not in known:
+            raise TwinError(f"--params: {name!r} cannot be fitted; fittable: {', '.join(known)}")
+        if known[name] in out:
+            raise TwinError(f"--params: {name} is given twice; give it once")
+        out.append(known[name])
+    if not out:
+        raise TwinError("--params: name at least one parameter to fit")
+    return tuple(out)
+
+
+def file_value(machine: Machine, param: FitParameter) -> float:
+    """The parameter's value in the machine file (after any --set), in the file's units."""
+    return machine.sources[param.path].value

@@ -1,0 +1,34 @@
+"""Which measured data may never be fitted: the validation sets.
+
+A prediction is only a prediction if nothing was fitted to the runs it is
+judged on. The validation files are named here, by file name and by content
+(so that a renamed copy is refused too); `twin fit` refuses them, and a test
+fails if any fitted machine file's provenance names one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from twin.errors import TwinError
+
+# file name -> SHA-256 of its bytes
+VALIDATION_FILES = {
+    # vTrain's multi-node Megatron-DeepSpeed runs on A100s (benchmarks/data/README.md)
+    "a100-megatron-multi-node.csv": "f82509a3a0fc098ad9770bd75b2abd0b5213cee7ce5b25bedd1df809cdf38fed",
+}
+
+
+def check_calibration_file(path: str) -> None:
+    """A one-line TwinError when `path` is, by name or by content, a validation file."""
+    name = Path(path).name
+    try:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        digest = ""
+    for validation, sha in VALIDATION_FILES.items():
+        if name == validation or digest == sha:
+            raise TwinError(f"--runs {path} is validation data ({validation}): nothing may be fitted to it; fit on "
+                            "calibration runs (e.g. benchmarks/data/a100-megatron-single-node.csv) and predict it "
+                            "with twin validate --runs")

@@ -1,0 +1,358 @@
+"""Fit a machine's remaining costs to measured runs: passes of simulation and least squares.
+
+A pass simulates the runs once at the current parameters and keeps each
+one's critical-path costs (twin.fit.paths); bounded least squares (Levenberg-
+Marquardt on log-parameters, projected on the bounds) then moves the
+parameters to minimise the squared relative step errors of that surrogate,
+which is exact until the critical path itself moves. So a pass may move no
+parameter by more than a factor of TRUST, and the next pass re-simulates
+where it ended. Passes stop at a fixed point: when the least squares on a
+pass's simulations moves no parameter by CONVERGED, that pass's parameters
+are the fit, and its simulated errors are the ones reported. On a large file
+the first passes simulate every SUBSET_STRIDE-th run; the last ones all.
+
+The fit is refused, with one line saying why, when it is degenerate: a
+parameter ends on its bound, a parameter has no effect on any run, or two
+parameters move the runs alike (their columns of the Jacobian are nearly
+parallel), so the runs cannot tell them apart. Each value comes with a
+standard error from the Jacobian at the solution, and the fit with a k-fold
+cross-validated error: each fold's parameters are fitted without its runs,
+on the final pass's surrogate, and predict them there (the surrogate matches
+simulation to a fraction of a percent near the fit; tests check it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from typing import Callable
+
+import numpy as np
+
+from topologies.fabric import Fabric
+from topologies.machine import Machine, load_machine
+from topologies.overrides import Override
+from twin.errors import TwinError
+from twin.fit.params import FitParameter, file_value
+from twin.fit.paths import PathCosts, combined, simulate_plan, step_plans
+from twin.ir import Work
+from twin.runs import MeasuredRun
+from twin.sim.collectives import CollectiveModel
+from twin.sim.compute import ComputeModel
+
+CONVERGED = 0.005  # relative parameter change below which another pass would not move the path
+MAX_PASSES = 8
+PARALLEL_COLUMNS = 0.995  # |cosine| between two Jacobian columns above which the runs cannot tell them apart
+_JACOBIAN_STEP = 1e-4  # in log-parameter space: a 0.01% move
+
+
+@dataclass
+class FitResult:
+    """What a fit found, and how well it predicts."""
+
+    machine: str
+    params: tuple[FitParameter, ...]
+    start: tuple[float, ...]  # the machine file's values
+    values: tuple[float, ...]
+    std: tuple[float, ...]  # standard errors, in the file's units
+    runs: list[MeasuredRun]
+    errors_before: np.ndarray  # simulated relative step errors at the file's values, of the first pass's runs
+    errors_after: np.ndarray  # at the fitted values
+    cv_errors: np.ndarray | None  # each run simulated at the parameters of the fold that left it out
+    folds: int
+    passes: int
+    wall_s: float
+    dropped: tuple[str, ...] = ()  # default parameters left out: no run depends on them
+    notes: list[str] = field(default_factory=list)
+
+    def overrides(self) -> tuple[Override, ...]:
+        return tuple((p.path, v) for p, v in zip(self.params, self.values))
+
+
+# ---------------------------------------------------------------- simulation passes
+
+_MACHINES: dict[tuple, Machine] = {}
+_COLLECTIVES: dict[tuple, CollectiveModel] = {}
+
+
+def _machine(name: str, overrides: tuple[Override, ...]) -> Machine:
+    key = (name, overrides)
+    if key not in _MACHINES:
+        _MACHINES[key] = load_machine(name, overrides)
+    return _MACHINES[key]
+
+
+def _collectives(name: str, overrides: tuple[Override, ...], gpus: int) -> CollectiveModel:
+    """One CollectiveModel per machine and size in this process: its ring packings are reused across plans."""
+    key = (name, overrides, gpus)
+    if key not in _COLLECTIVES:
+        _COLLECTIVES[key] = CollectiveModel(Fabric(_machine(name, overrides), gpus))
+    return _COLLECTIVES[key]
+
+
+def _simulate_task(task: tuple) -> PathCosts | str:
+    """One plan simulated (in a worker process): its PathCosts, or the TwinError's text."""
+    machine_name, overrides, model, plan, gpus = task
+    try:
+        return simulate_plan(model, plan, _machine(machine_name, overrides), gpus,
+                             _collectives(machine_name, overrides, gpus))
+    except TwinError as e:
+        return str(e)
+
+
+def simulate_runs(runs: list[MeasuredRun], machine_name: str, overrides: list[tuple[Override, ...]], jobs: int,
+                  progress: Callable | None = None) -> list[PathCosts]:
+    """Every run simulated at its own overrides, in `jobs` processes; a TwinError naming the first run that fails.
+
+    Runs that differ only in their number of micro-batches share their short simulations (twin.fit.paths), so
+    each distinct simulation runs once."""
+    wanted: list[tuple[tuple, ...]] = []
+    extras = []
+    for run, o in zip(runs, overrides):
+        try:
+            plans, extra = step_plans(run.model, run.plan, _machine(machine_name, o), run.gpus)
+        except TwinError as e:
+            raise TwinError(f"{run.where}: {e}") from None
+        wanted.append(tuple((machine_name, o, run.model, p, run.gpus) for p in plans))
+        extras.append(extra)
+    tasks = list(dict.fromkeys(t for ts in wanted for t in ts))
+    if jobs > 1 and len(tasks) > 1:
+        with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=get_context("fork")) as pool:
+            results = pool.map(_simulate_task, tasks, chunksize=max(1, len(tasks) // (8 * jobs)))
+            results = list(progress(results, total=len(tasks)) if progress else results)
+    else:
+        results = [_simulate_task(t) for t in (progress(tasks) if progress else tasks)]
+    done = dict(zip(tasks, results))
+    out = []
+    for run, ts, extra in zip(runs, wanted, extras):
+        costs = tuple(done[t] for t in ts)
+        failed = next((c for c in costs if isinstance(c, str)), None)
+        if failed is not None:
+            raise TwinError(f"{run.where}: {failed}")
+        out.append(combined(costs, extra))  # type: ignore[arg-type]
+    return out
+
+
+# ---------------------------------------------------------------- the surrogate
+
+class Surrogate:
+    """Step times of many runs as functions of the fitted parameters, from one pass's PathCosts."""
+
+    def __init__(self, paths: list[PathCosts], machine_name: str, base: tuple[Override, ...],
+                 params: tuple[FitParameter, ...]) -> None:
+        self.machine_name, self.base, self.params = machine_name, base, params
+        index: dict[Work, int] = {}
+        rows, works, stretch = [], [], []
+        for i, p in enumerate(paths):
+            for w, s in zip(p.works, p.stretch):
+                rows.append(i)
+                works.append(index.setdefault(w, len(index)))
+                stretch.append(s)
+        self.works = list(index)
+        self.rows, self.work_of, self.stretch = np.array(rows, int), np.array(works, int), np.array(stretch)
+        self.constant = np.array([p.constant_s for p in paths])
+        self.launches = np.array([p.launches for p in paths])
+
+    def steps(self, log_values: np.ndarray) -> np.ndarray:
+        """Every run's step at parameters exp(log_values)."""
+        overrides = self.base + _overrides(self.params, log_values)
+        compute = ComputeModel(load_machine(self.machine_name, overrides).device)
+        durations = np.array([compute.duration_s(w) for w in self.works])
+        return (self.constant + self.launches * compute.device.launch_interval_s
+                + np.bincount(self.rows, self.stretch * durations[self.work_of], minlength=len(self.constant)))
+
+
+# ---------------------------------------------------------------- bounded least squares
+
+def _jacobian(residuals: Callable[[np.ndarray], np.ndarray], x: np.ndarray, r: np.ndarray,
+              hi: np.ndarray) -> np.ndarray:
+    """Forward differences (backward at an upper bound) of the residuals in log-parameter space."""
+    J = np.empty((len(r), len(x)))
+    for j in range(len(x)):
+        h = -_JACOBIAN_STEP if x[j] + _JACOBIAN_STEP > hi[j] else _JACOBIAN_STEP
+        moved = x.copy()
+        moved[j] += h
+        J[:, j] = (residuals(moved) - r) / h
+    return J
+
+
+def least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo: np.ndarray,
+                  hi: np.ndarray, max_iterations: int = 60) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Levenberg-Marquardt projected on [lo, hi]: (x, residuals at x, Jacobian at x)."""
+    x = np.clip(x0, lo, hi)
+    r = residuals(x)
+    cost = float(r @ r)
+    damping = 1e-3
+    J = _jacobian(residuals, x, r, hi)
+    for _ in range(max_iterations):
+        A, g = J.T @ J, J.T @ r
+        for _ in range(12):
+            step = np.linalg.solve(A + damping * np.diag(np.diag(A) + 1e-12), -g)
+            x_new = np.clip(x + step, lo, hi)
+            r_new = residuals(x_new)
+            cost_new = float(r_new @ r_new)
+            if cost_new < cost:
+                break
+            damping *= 4
+        else:
+            break  # no step lowers the cost: a minimum within the bounds
+        gain = cost - cost_new
+        x, r, cost = x_new, r_new, cost_new
+        damping = max(damping / 3, 1e-9)
+        J = _jacobian(residuals, x, r, hi)
+        if gain < 1e-10 * max(cost, 1e-30):
+            break
+    return x, r, J
+
+
+def _degeneracy(params: tuple[FitParameter, ...], J: np.ndarray) -> str | None:
+    """Why the runs cannot determine these parameters, or None."""
+    norms = np.linalg.norm(J, axis=0)
+    for p, n in zip(params, norms):
+        if n < 1e-9 * max(norms.max(), 1e-30):
+            return f"{p.path} has no effect on any run; leave it out of --params"
+    cos = (J.T @ J) / np.outer(norms, norms)
+    for a in range(len(params)):
+        for b in range(a + 1, len(params)):
+            if abs(cos[a, b]) > PARALLEL_COLUMNS:
+                return (f"{params[a].path} and {params[b].path} move every run alike (|cos| = {abs(cos[a, b]):.4f}), "
+                        "so these runs cannot tell them apart; fit one of them (--params) or add runs that separate them")
+    return None
+
+
+def _at_bound(params: tuple[FitParameter, ...], x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> str | None:
+    for p, v, a, b in zip(params, x, lo, hi):
+        if v <= a + 1e-6 or v >= b - 1e-6:
+            side, bound = ("lower", p.lower) if v <= a + 1e-6 else ("upper", p.upper)
+            return (f"{p.path} ends on its {side} bound {bound:g}: the runs ask for more than the model allows; "
+                    "leave it out (--params), or look for work the twin does not model")
+    return None
+
+
+# ---------------------------------------------------------------- the fit
+
+def _relative_errors(paths: list[PathCosts], runs: list[MeasuredRun]) -> np.ndarray:
+    return np.array([p.step_s / r.step_time_s - 1 for p, r in zip(paths, runs)])
+
+
+def fit(runs: list[MeasuredRun], machine_name: str, base: tuple[Override, ...], params: tuple[FitParameter, ...],
+        *, folds: int = 5, jobs: int = 1, explicit: bool = True, progress: Callable | None = None,
+        say: Callable[[str], None] = lambda line: None) -> FitResult:
+    """Fit `params` of machine `machine_name` (with `base` what-ifs) to `runs` (module docstring)."""
+    wall = time.perf_counter()
+    machine = load_machine(machine_name, base)
+    if len(runs) < len(params):
+        raise TwinError(f"--runs: {len(runs)} runs cannot determine {len(params)} parameters; give at least "
+                        f"{len(params)} runs (more, to see how well they agree) or fewer --params")
+    if folds == 1 or folds < 0 or folds > len(runs):
+        raise TwinError(f"--folds must be 0 (no cross-validation) or 2..{len(runs)}, got {folds}")
+    everything = np.arange(len(runs))
+    subset = everything[::SUBSET_STRIDE] if len(runs) >= SUBSET_MIN * SUBSET_STRIDE else everything
+    passes = _Passes(runs, machine_name, base, jobs, progress, say)
+    start = np.log([file_value(machine, p) for p in params])
+    at_start = passes.simulate(subset, params, start, "at the machine file's values")
+    params, dropped = _drop_idle(params, Surrogate(at_start, machine_name, base, params), start, runs, subset,
+                                 explicit)
+    if dropped:
+        say(f"left out (no run depends on them): {', '.join(dropped)}")
+        start = np.log([file_value(machine, p) for p in params])
+    lo, hi = np.log([p.lower for p in params]), np.log([p.upper for p in params])
+    x = np.clip(start, lo, hi)
+    first: list[PathCosts] | None = at_start
+    if len(subset) < len(runs):
+        x, _, _ = passes.converge(subset, params, x, lo, hi, first=at_start)
+        first = None
+    x, paths, J = passes.converge(everything, params, x, lo, hi, first=first)
+    reason = _at_bound(params, x, lo, hi) or _degeneracy(params, J)
+    if reason:
+        raise TwinError(f"fit refused: {reason}")
+    after = _relative_errors(paths, runs)
+    dof = max(len(runs) - len(params), 1)
+    covariance = float(after @ after) / dof * np.linalg.pinv(J.T @ J)
+    std = np.exp(x) * np.sqrt(np.clip(np.diag(covariance), 0, None))
+    before = _relative_errors(at_start, [runs[i] for i in subset])
+    cv = None
+    if folds:
+        say(f"cross-validation: {folds} folds, each fitted without its runs and predicting them")
+        cv = _cross_validate(runs, paths, machine_name, base, params, start, lo, hi, folds)
+    return FitResult(machine.name, params, tuple(np.exp(start)), tuple(np.exp(x)), tuple(std), runs, before, after,
+                     cv, folds, passes.count, time.perf_counter() - wall, dropped)
+
+
+SUBSET_STRIDE = 4  # early passes simulate every 4th run...
+SUBSET_MIN = 100  # ...when that leaves at least this many
+TRUST = np.log(2.0)  # one pass moves no parameter by more than a factor of 2: the path may move beyond that
+
+
+class _Passes:
+    """Simulation passes over (some of) the runs, and least squares between them."""
+
+    def __init__(self, runs, machine_name, base, jobs, progress, say) -> None:
+        self.runs, self.machine_name, self.base = runs, machine_name, base
+        self.jobs, self.progress, self.say = jobs, progress, say
+        self.measured = np.array([r.step_time_s for r in runs])
+        self.count = 0
+
+    def simulate(self, rows: np.ndarray, params, x: np.ndarray, what: str) -> list[PathCosts]:
+        self.count += 1
+        self.say(f"pass {self.count}: simulating {len(rows)} runs {what}")
+        chosen = [self.runs[i] for i in rows]
+        return simulate_runs(chosen, self.machine_name, [self.base + _overrides(params, x)] * len(chosen), self.jobs,
+                             self.progress)
+
+    def converge(self, rows: np.ndarray, params, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                 first: list[PathCosts] | None) -> tuple[np.ndarray, list[PathCosts], np.ndarray]:
+        """Passes over `rows` until one moves no parameter by CONVERGED; (that pass's x, its paths, Jacobian)."""
+        measured = self.measured[rows]
+        for attempt in range(MAX_PASSES):
+            at = ", ".join(f"{path.split('.')[-1]}={v:.4g}" for path, v in _overrides(params, x))
+            paths = first if (attempt == 0 and first is not None) else self.simulate(rows, params, x, f"at {at}")
+            surrogate = Surrogate(paths, self.machine_name, self.base, params)
+            x_new, _, J = least_squares(lambda v: surrogate.steps(v) / measured - 1, x,
+                                        np.maximum(lo, x - TRUST), np.minimum(hi, x + TRUST))
+            if float(np.max(np.abs(np.expm1(x_new - x)))) < CONVERGED:
+                return x, paths, J
+            x = x_new
+        raise TwinError(f"fit did not settle in {MAX_PASSES} simulation passes (the critical paths keep moving); "
+                        "fit fewer --params, or check the runs")
+
+
+def _drop_idle(params, surrogate: Surrogate, start: np.ndarray, runs, rows: np.ndarray, explicit: bool):
+    """The parameters some run depends on, and the names of those none does (an error if they were asked for)."""
+    measured = np.array([runs[i].step_time_s for i in rows])
+    J = _jacobian(lambda x: surrogate.steps(x) / measured - 1, start, surrogate.steps(start) / measured - 1,
+                  np.full(len(params), np.inf))
+    idle = tuple(p.path for p, n in zip(params, np.linalg.norm(J, axis=0)) if n == 0.0)
+    if idle and explicit:
+        raise TwinError(f"{idle[0]} has no effect on any of these runs; leave it out of --params")
+    return tuple(p for p in params if p.path not in idle), idle
+
+
+def _overrides(params: tuple[FitParameter, ...], x: np.ndarray) -> tuple[Override, ...]:
+    """(path, value) per parameter at log-values x, kept inside the bounds exp/log round-off may leave."""
+    return tuple((p.path, min(max(float(np.exp(v)), p.lower), p.upper)) for p, v in zip(params, x))
+
+
+def fold_of(n: int, folds: int) -> np.ndarray:
+    """Each run's fold: a fixed shuffle (seed 0), so that folds mix the file's orderings."""
+    return np.random.default_rng(0).permutation(n) % folds
+
+
+def _cross_validate(runs, paths, machine_name, base, params, start, lo, hi, folds) -> np.ndarray:
+    """Each run predicted by parameters fitted without its fold (on the surrogate of the final pass)."""
+    measured = np.array([r.step_time_s for r in runs])
+    fold = fold_of(len(runs), folds)
+    surrogate = Surrogate(paths, machine_name, base, params)
+    errors = np.empty(len(runs))
+    for k in range(folds):
+        train = fold != k
+        x_k, _, _ = least_squares(lambda v: (surrogate.steps(v) / measured - 1)[train], start, lo, hi)
+        errors[~train] = (surrogate.steps(x_k) / measured - 1)[~train]
+    return errors
+
+
+def default_jobs() -> int:
+    return max(1, min(len(os.sched_getaffinity(0)), 8))

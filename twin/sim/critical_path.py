@@ -1,0 +1,96 @@
+"""The chain of ops that sets a simulated step's length.
+
+Every op of a simulated rank starts when the last of its predecessors ends:
+the ops it depends on and the previous op on its stream. A communication op
+ends a transfer time after the last member of its group issued it (the
+engine records that member, `SimRun.started_by`). Following, from the op that
+ends last, the predecessor that ended last (and, for a communication op, the
+member that started it) walks back to time zero along ops whose elapsed times
+add up to the step: the critical path. Where the host thread (twin.sim.engine)
+issued an op later than its predecessors ended, the path runs along the host:
+that many issue intervals back to the transfer the host last waited for, or
+to time zero.
+
+Why it is worth having: to first order, the step changes by exactly the
+change of the durations on this path. `twin fit` uses that to fit machine
+parameters from many measured runs with one simulation per run and pass,
+instead of one per parameter and function evaluation.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+
+from twin.ir import Program
+from twin.sim.engine import SimRun
+
+# Times on the path are sums and maxima of the same floats, so a predecessor that
+# set an op's start ends exactly then; the tolerance only absorbs round-off.
+_TOLERANCE_S = 1e-12
+
+
+@dataclass(frozen=True)
+class PathStep:
+    """One op on the critical path of simulated class `cls` and the time it adds."""
+
+    cls: int
+    op_id: int
+    elapsed_s: float  # compute: end - start; communication: end - the start of the member that started it
+    kind: str  # "compute", "comm" or "host" (issue intervals up to op_id's issue)
+    launches: int = 0  # host: how many ops the host issued in elapsed_s
+
+
+def _predecessors(program: Program) -> list[tuple[int, ...]]:
+    """Per op: the ops whose ends gate its start (its deps and the previous op on its stream)."""
+    last_on_stream: dict[str, int] = {}
+    out = []
+    for op in program.ops:
+        prev = last_on_stream.get(op.stream)
+        out.append(tuple(op.deps) + ((prev,) if prev is not None else ()))
+        last_on_stream[op.stream] = op.id
+    return out
+
+
+def critical_path(run: SimRun) -> list[PathStep]:
+    """The critical path of `run`, first op first; its elapsed times add up to the step (plus any idle gaps)."""
+    timelines = run.timelines
+    if not any(len(t.end_s) for t in timelines):
+        return []
+    preds = {t.program: _predecessors(run.schedule.programs[t.program]) for t in timelines}
+    cls, op_id = max(((c, int(t.end_s.argmax())) for c, t in enumerate(timelines) if len(t.end_s)),
+                     key=lambda co: timelines[co[0]].end_s[co[1]])
+    syncs = {c: sorted(t.host.synced) for c, t in enumerate(timelines) if t.host is not None}
+    steps: list[PathStep] = []
+    while True:
+        end = float(timelines[cls].end_s[op_id])
+        starter = run.started_by.get((cls, op_id))
+        at = starter or (cls, op_id)  # whose start began this op's elapsed time
+        start = float(timelines[at[0]].start_s[at[1]])
+        steps.append(PathStep(cls, op_id, end - start, "comm" if starter else "compute"))
+        cls, op_id = at
+        timeline = timelines[cls]
+        before = preds[timeline.program][op_id]
+        ready = max((timeline.end_s[p] for p in before), default=0.0)
+        if timeline.host is not None and timeline.host.issue_s[op_id] > ready:
+            step, op_id = _host_steps(timeline.host, syncs[cls], cls, op_id)
+            steps.append(step)
+            if op_id is None:
+                break
+            continue
+        if start <= _TOLERANCE_S or not before:
+            break
+        op_id = max(before, key=lambda p: timeline.end_s[p])
+    steps.reverse()
+    return steps
+
+
+def _host_steps(host, synced_ops: list[int], cls: int, op_id: int) -> tuple[PathStep, int | None]:
+    """The host's issue intervals up to op `op_id`, back to the transfer it last waited for (returned) or to 0."""
+    i = bisect_right(synced_ops, op_id)
+    if i == 0:
+        return PathStep(cls, op_id, float(host.issue_s[op_id]), "host", op_id + 1), None
+    first = synced_ops[i - 1]
+    waited = host.synced[first]
+    elapsed = float(host.issue_s[op_id] - host.ends[waited])
+    return PathStep(cls, op_id, elapsed, "host", op_id - first + 1), waited
