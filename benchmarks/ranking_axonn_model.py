@@ -29,12 +29,10 @@ from twin.micro_batches import simulate_step  # noqa: E402
 from twin.model import get_model  # noqa: E402
 from twin.plan import parse_plan  # noqa: E402
 from twin.published import AXONN_BATCH_SEQUENCES, AXONN_TABLE_III  # noqa: E402
-from twin.search.axonn_model import Grid, comm_time_s  # noqa: E402
+from twin.search.axonn_model import MIN_TP, Grid, comm_time_s  # noqa: E402
 from twin.search.rank import search  # noqa: E402
 from twin.search.space import AXONN_AXES, SearchSpace, enumerate_space  # noqa: E402
 
-# Minimum tensor-parallel size (G_x G_y G_z) per model in AxoNN's launcher (algorithms.md section 3).
-MIN_TP = {"GPT-5B": 4, "GPT-10B": 8, "GPT-20B": 16, "GPT-40B": 32, "GPT-60B": 64, "GPT-80B": 64, "GPT-160B": 128}
 VALIDATION_CASES = [("perlmutter", "GPT-20B", 32), ("perlmutter", "GPT-40B", 64)]
 
 

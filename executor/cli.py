@@ -123,7 +123,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         shutil.copyfile(os.path.join(out, "trace.json"), args.trace)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        # the schedule it measured, so that `twin fit --runs` can take this output as a measured run
+        print(json.dumps({**summary, "schedule": os.path.abspath(args.schedule)}, indent=2))
         return 0
     from twin.report import Summary, format_summary
 

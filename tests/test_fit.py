@@ -186,3 +186,42 @@ def test_a_fitted_file_the_loader_rejects_is_never_written(tmp_path):
     with pytest.raises(TwinError):
         write_fitted(str(base), {"device.hbm_efficiency": (1.5, "out of range")}, str(out))
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_twin_run_summaries_are_measured_runs_too(tmp_path, capsys):
+    """`twin run --json` prints the schedule it executed beside the step: the fit simulates that schedule."""
+    ir = tmp_path / "step.json"
+    rc, _, err = run(capsys, "export", "--machine", MACHINE, "--model-spec", "layers=2,hidden=256,heads=4,seq=128",
+                     "--gpus", "2", "--plan", "tp=2,mbs=1", "--global-batch", "2", "-o", str(ir))
+    assert rc == 0, err
+    summaries = tmp_path / "measured.json"
+    summaries.write_text(json.dumps([{"schedule": "step.json", "step_time_s": 0.01, "gpus": 2, "model": "tiny"},
+                                     {"schedule": str(ir), "step_time_s": 0.02, "gpus": 2}]))
+    runs = load_runs(str(summaries))
+    assert [r.schedule for r in runs] == [str(ir), str(ir)] and runs[1].step_time_s == 0.02
+    rc, out, err = run(capsys, "validate", "--runs", str(summaries), "--machine", MACHINE, "--jobs", "1", "--json")
+    assert rc == 0, err
+    rows = json.loads(out)["rows"]
+    assert rows[0]["predicted_s"][MACHINE] == rows[1]["predicted_s"][MACHINE] > 0
+    summaries.write_text(json.dumps({"schedule": "gone.json", "step_time_s": 0.01, "gpus": 2}))
+    rc, out, err = run(capsys, "validate", "--runs", str(summaries), "--machine", MACHINE)
+    assert_user_error(rc, out, err, "measured.json entry 1", "schedule")
+
+
+def test_carrying_a_fit_to_another_machine_says_where_it_came_from(synthetic, tmp_path, capsys):
+    donor = tmp_path / "donor.toml"
+    rc, _, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(synthetic), "-o", str(donor), "--params",
+                     "device.empirical_gemm_bf16_tflop_per_s", "--folds", "0", "--jobs", "1")
+    assert rc == 0, err
+    out = tmp_path / "perlmutter.toml"
+    rc, text, err = run(capsys, "fit", "--machine", "perlmutter", "--from", str(donor), "-o", str(out), "--params",
+                        "device.empirical_gemm_bf16_tflop_per_s")
+    assert rc == 0, err
+    carried = load_machine(str(out))
+    assert carried.name == "perlmutter"
+    s = carried.sources["device.empirical_gemm_bf16_tflop_per_s"]
+    assert s.value == pytest.approx(load_machine(str(donor)).device.empirical_gemm_flop_per_s / 1e12)
+    assert "carried from donor.toml" in s.fitted and "synthetic.csv" in s.fitted
+    rc, text, err = run(capsys, "fit", "--machine", "perlmutter", "--from", str(donor), "-o", str(out), "--params",
+                        "device.hbm_efficiency")
+    assert_user_error(rc, text, err, "was not fitted there")

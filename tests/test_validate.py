@@ -19,7 +19,8 @@ def stubbed(monkeypatch):
 
     def best_plan(machine, model, gpus, batch, space, jobs):
         pub = published.get((machine, gpus))
-        pflops = 1.1 * pub.pflops_total if pub and pub.model == model else 100.0
+        factor = 1.0 if "fitted" in v.machine_for(machine).path else 1.1  # the calibrated column is exact
+        pflops = factor * pub.pflops_total if pub and pub.model == model else 100.0
         step = 10.0 * (1.2 if space.min_gx > 1 else 1.0)  # the Fig. 7 baseline 20% slower
         return {"plan": f"gx=8,gy=1,gz=1,gdata={gpus // 8},mbs=1,ga=1,recompute=full,oar=1,ors=1,oag=1,tune=1",
                 "step_time_s": step, "pflops_total": pflops, "tflops_per_gpu": 1e3 * pflops / gpus, "candidates": 7}
@@ -32,7 +33,11 @@ def stubbed(monkeypatch):
     def scaling_points(model, plan, batch, counts, mode):
         return [{"gpus": g, "global_batch": batch, "efficiency": 1.0 if i == 0 else 0.9} for i, g in enumerate(counts)]
 
+    def axonn_plan(machine, model, gpus, batch):
+        return best_plan(machine, model, gpus, batch, v.SearchSpace(), None)
+
     monkeypatch.setattr(v, "best_plan", best_plan)
+    monkeypatch.setattr(v, "axonn_plan", axonn_plan)
     monkeypatch.setattr(v, "simulate_plan", simulate_plan)
     monkeypatch.setattr(v, "scaling_points", scaling_points)
 
@@ -139,3 +144,30 @@ def test_what_if_user_errors(capsys, args, mentions):
     assert rc == 2 and out == "" and len(err.splitlines()) == 1
     for text in mentions:
         assert text in err
+
+
+def test_the_calibrated_column_runs_on_the_fitted_files_and_leaves_out_rows_fitted_on(stubbed, monkeypatch, capsys,
+                                                                                     tmp_path):
+    from helpers import REPO
+
+    fitted = tmp_path / "fitted"
+    fitted.mkdir()
+    for name in ("frontier", "perlmutter"):
+        (fitted / f"{name}.toml").write_text((REPO / "topologies" / f"{name}.toml").read_text())
+    monkeypatch.setattr(v, "FITTED_DIR", fitted)
+    result = v.validate(calibrated=True)
+    assert set(result.calibrated_files) == {"frontier", "perlmutter"}
+    table = [r for r in result.rows if r.section == "A" and r.kind == "value"]
+    assert all(r.error == pytest.approx(0.1) and r.calibrated_error == pytest.approx(0.0) for r in table)
+    fitted_on = [r for r in result.rows if r.fitted_on]
+    assert [r.quantity for r in fitted_on] == ["Frontier paper 22B@16: TF/s per GCD"]
+    assert fitted_on[0].calibrated_error is None and fitted_on[0].error is not None
+    n = sum(r.calibrated_error is not None for r in result.rows)
+    assert n == sum(r.error is not None for r in result.rows) - 1
+    text = v.markdown_table(result)
+    assert "| calibrated |" in text and "| fit |" in text and "over 9" not in text
+    assert "not fitted on" in text
+    rc, out, err = run(capsys, "validate", "--first-principles-only")
+    assert rc == 0 and "calibrated" not in out
+    rc, out, err = run(capsys, "validate", "--set", "device.hbm_efficiency=0.7")
+    assert rc == 0 and "| calibrated |" not in out  # a what-if is of the package's files only

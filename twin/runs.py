@@ -20,6 +20,11 @@ spacing ignored, under our names or the names of the vTrain data set
 | label          | label, parameters (billion)                 | optional: groups rows (e.g. by model size) |
 | source         | source                                      | optional: where the measurement comes from |
 
+A `.json` file is one summary (or a list of them) that `twin run --json`
+printed for a schedule it executed: its "step_time_s" is the measurement and
+its "schedule" the IR file that ran, which the fit simulates as it is (the
+schedule already says everything the plan would).
+
 What a row does not say (the attention kernel, the recompute mode, the
 vocabulary) comes from `assume`: plan fields and model fields applied to
 every row, stated once on the command line (`--assume attention=unfused`)
@@ -66,13 +71,14 @@ class MeasuredRun:
     """One measured training step: what ran, on how many GPUs, and how long it took."""
 
     origin: str  # the file it came from
-    line: int  # its line in that file (the header is line 1)
+    line: int  # its line in that file (the header is line 1; a JSON list's entry, from 1)
     label: str  # groups rows, e.g. a model size
-    model: ModelSpec
-    plan: ParallelPlan  # global_batch set; mbs as measured
+    model: ModelSpec | None  # None for an executed schedule
+    plan: ParallelPlan | None  # global_batch set; mbs as measured
     gpus: int
     step_time_s: float
     source: str
+    schedule: str | None = None  # the IR file a `twin run` executed, simulated as it is
 
     @property
     def where(self) -> str:
@@ -170,7 +176,10 @@ def _plan(cells: dict[str, str], assumed_plan: str, where: str) -> ParallelPlan:
 
 
 def load_runs(path: str, assume: str = "") -> list[MeasuredRun]:
-    """Every row of the CSV at `path`, as MeasuredRuns; `assume` as in the module docstring."""
+    """Every row of the CSV at `path` (or every summary of a `twin run --json` file), as MeasuredRuns; `assume` as
+    in the module docstring."""
+    if path.endswith(".json"):
+        return _load_summaries(path)
     origin = Path(path).name
     assumed_model, assumed_plan = parse_assumptions(assume)
     try:
@@ -201,4 +210,43 @@ def load_runs(path: str, assume: str = "") -> list[MeasuredRun]:
         ))
     if not runs:
         raise TwinError(f"--runs: '{path}' has a header but no rows; add one row per measured run")
+    return runs
+
+
+def _load_summaries(path: str) -> list[MeasuredRun]:
+    """`twin run --json` output: one summary or a list; each names the schedule it measured."""
+    import json
+
+    origin = Path(path).name
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise TwinError(f"--runs: cannot read '{path}': {e.strerror}; check the path") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TwinError(f"--runs: '{path}' is not JSON ({e.__class__.__name__}); pass `twin run --json` output or a "
+                        "CSV") from None
+    entries = doc if isinstance(doc, list) else [doc]
+    runs = []
+    for i, entry in enumerate(entries, start=1):
+        where = f"{origin} entry {i}"
+        if not isinstance(entry, dict):
+            raise TwinError(f"{where}: not a `twin run --json` summary (an object); fix the file")
+        for field in ("schedule", "step_time_s", "gpus"):
+            if field not in entry:
+                raise TwinError(f"{where}: field '{field}' is missing; use the JSON `twin run --json` prints")
+        step = entry["step_time_s"]
+        if not isinstance(step, (int, float)) or not math.isfinite(step) or step <= 0:
+            raise TwinError(f"{where}: field 'step_time_s' must be a positive time, got {step!r}")
+        schedule = Path(entry["schedule"])
+        if not schedule.is_absolute():
+            schedule = Path(path).resolve().parent / schedule
+        if not schedule.is_file():
+            raise TwinError(f"{where}: field 'schedule' names {schedule}, which does not exist; keep the IR file the "
+                            "run executed")
+        runs.append(MeasuredRun(origin=origin, line=i, label=str(entry.get("model", "")), model=None, plan=None,
+                                gpus=int(entry["gpus"]), step_time_s=float(step),
+                                source=f"twin run on {entry.get('machine', '?')}", schedule=str(schedule)))
+    if not runs:
+        raise TwinError(f"--runs: '{path}' holds no summaries")
     return runs

@@ -43,6 +43,8 @@ def _overrides(args: argparse.Namespace):
 
 def describe_run(run) -> str:
     """One line naming a run: where it is, its size and its plan."""
+    if run.schedule:
+        return f"{run.where}: {Path(run.schedule).name} on {run.gpus} ranks"
     p = run.plan
     plan = f"tp={p.gx},pp={p.pp},dp={p.gdata},mbs={p.mbs}"
     return (f"{run.where}: {run.label + ' ' if run.label else ''}h={run.model.hidden} L={run.model.layers} "

@@ -32,3 +32,11 @@ def check_calibration_file(path: str) -> None:
             raise TwinError(f"--runs {path} is validation data ({validation}): nothing may be fitted to it; fit on "
                             "calibration runs (e.g. benchmarks/data/a100-megatron-single-node.csv) and predict it "
                             "with twin validate --runs")
+
+
+# Published rows (twin validate's quantity) that a calibrated machine file was fitted on, and the file holding
+# the measurement as a run: the calibrated column marks them "fit" and leaves them out of its error.
+CALIBRATION_ROWS = {
+    # the Frontier paper's one run on two nodes or fewer: 22B on 16 GCDs
+    "Frontier paper 22B@16: TF/s per GCD": "frontier-22b-16gcd.csv",
+}

@@ -37,11 +37,13 @@ from topologies.machine import Machine, load_machine
 from topologies.overrides import Override
 from twin.errors import TwinError
 from twin.fit.params import FitParameter, file_value
-from twin.fit.paths import PathCosts, combined, simulate_plan, step_plans
+from twin.fit.paths import PathCosts, combined, path_costs, simulate_plan, step_plans
+from twin.ir_io import load_schedule
 from twin.ir import Work
 from twin.runs import MeasuredRun
 from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
+from twin.sim.engine import simulate
 
 CONVERGED = 0.005  # relative parameter change below which another pass would not move the path
 MAX_PASSES = 8
@@ -94,11 +96,15 @@ def _collectives(name: str, overrides: tuple[Override, ...], gpus: int) -> Colle
 
 
 def _simulate_task(task: tuple) -> PathCosts | str:
-    """One plan simulated (in a worker process): its PathCosts, or the TwinError's text."""
+    """One plan (or executed schedule file) simulated, in a worker process: its PathCosts, or the TwinError's text."""
     machine_name, overrides, model, plan, gpus = task
+    machine = _machine(machine_name, overrides)
     try:
-        return simulate_plan(model, plan, _machine(machine_name, overrides), gpus,
-                             _collectives(machine_name, overrides, gpus))
+        if isinstance(plan, str):
+            schedule = load_schedule(plan)
+            return path_costs(simulate(schedule, machine, collectives=_collectives(machine_name, overrides,
+                                                                                  schedule.world_size)))
+        return simulate_plan(model, plan, machine, gpus, _collectives(machine_name, overrides, gpus))
     except TwinError as e:
         return str(e)
 
@@ -113,7 +119,8 @@ def simulate_runs(runs: list[MeasuredRun], machine_name: str, overrides: list[tu
     extras = []
     for run, o in zip(runs, overrides):
         try:
-            plans, extra = step_plans(run.model, run.plan, _machine(machine_name, o), run.gpus)
+            plans, extra = ((run.schedule,), 0) if run.schedule else step_plans(run.model, run.plan,
+                                                                                 _machine(machine_name, o), run.gpus)
         except TwinError as e:
             raise TwinError(f"{run.where}: {e}") from None
         wanted.append(tuple((machine_name, o, run.model, p, run.gpus) for p in plans))

@@ -192,7 +192,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
                         "package's machine files' own")
     show = not args.json and (args.progress or sys.stderr.isatty())
     v = validate(jobs=args.jobs, progress=(lambda what: print(f"  {what} ...", file=sys.stderr)) if show else None,
-                 sections=sections, overrides=overrides, files=files)
+                 sections=sections, overrides=overrides, files=files,
+                 calibrated=not (what_if or args.first_principles_only))
     figures = []
     if args.figures:
         figures = _validation_figures(v, args.figures_dir)
@@ -280,8 +281,11 @@ def add_validate_parser(sub) -> None:
     p = sub.add_parser(
         "validate", help="predict every published measurement (reference/published.md) and print the errors",
         description="Every row of reference/published.md sections A (AxoNN SC'24) and B (the Frontier paper), "
-        "predicted from the machine files: plans the papers did not publish are searched (twin search) under the "
-        "published constraints. Prints published, predicted and error per row, then the mean and max error. "
+        "predicted from the machine files (first principles) and from the fitted ones in topologies/fitted/ "
+        "(calibrated; rows fitted on are marked 'fit'): AxoNN's unpublished plans are chosen as AxoNN chose them "
+        "(the fastest of its communication model's top 10), the Frontier paper's are its launch scripts'. Prints "
+        "published, predicted and error per row, then the mean and max error. With --runs: measured runs of a "
+        "CSV instead, predicted on each --machine. "
         "Searches and simulations are cached (~/.cache/exatwin), so only the first run is slow.",
     )
     p.add_argument("--sections", default="A,B", help="A (AxoNN), B (the Frontier paper) or A,B (default)")
@@ -294,6 +298,8 @@ def add_validate_parser(sub) -> None:
                    help="what-if: validate with this file in place of the package's machine NAME (repeatable), e.g. "
                    "frontier=frontier-measured.toml with measured GEMMs ([[device.gemm_measured]])")
     p.add_argument("--readme", help="rewrite this README's Accuracy section (between the accuracy markers)")
+    p.add_argument("--first-principles-only", action="store_true",
+                   help="leave out the calibrated column (the fitted files in topologies/fitted/; what-ifs always do)")
     p.add_argument("--runs", help="instead of the published rows: predict every run of this CSV of measured runs "
                    "(twin/runs.py) on each --machine, e.g. benchmarks/data/a100-megatron-multi-node.csv")
     p.add_argument("--machine", action="append", default=[], help="with --runs: a machine (name or .toml, e.g. a "
