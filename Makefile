@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-all bench bench-search bench-executor validate clean
+.PHONY: demo test test-all bench bench-search bench-executor bench-fit fit validate clean
 
 $(BIN)/twin: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,28 @@ bench: $(BIN)/twin
 # twin search and twin validate, cold (an empty cache): wall time against the targets (minutes).
 bench-search: $(BIN)/twin
 	$(BIN)/python benchmarks/search_speed.py
+
+# The calibrated machine files of `twin validate`'s second column (topologies/fitted/), each by `twin fit` on
+# calibration runs only (benchmarks/data/README.md), minutes:
+# - vTrain's A100 cluster, fitted on its 1,440 single-node runs: the host's time per op and the HBM efficiency
+#   of element-wise work (the other fittable numbers end on their bounds on these runs: docs/fit.md);
+# - Perlmutter's A100s: those two numbers carried from that fit (same GPU and software generation; AxoNN is
+#   another code on another host, so this is a transfer, not a measurement);
+# - Frontier: its GEMM rate fitted on the Frontier paper's one run on two nodes (22B on 16 GCDs).
+A100_ASSUME := attention=unfused,recompute=full,dtype=fp16
+fit: $(BIN)/twin
+	mkdir -p topologies/fitted
+	$(BIN)/twin fit --machine dgx-a100-800g --runs benchmarks/data/a100-megatron-single-node.csv \
+		--assume $(A100_ASSUME) --params device.launch_interval_us,device.hbm_efficiency \
+		-o topologies/fitted/dgx-a100-800g.toml
+	$(BIN)/twin fit --machine perlmutter --from topologies/fitted/dgx-a100-800g.toml \
+		--params device.launch_interval_us,device.hbm_efficiency -o topologies/fitted/perlmutter.toml
+	$(BIN)/twin fit --machine frontier --runs benchmarks/data/frontier-22b-16gcd.csv \
+		--params device.empirical_gemm_bf16_tflop_per_s --folds 0 -o topologies/fitted/frontier.toml
+
+# Fit on one node, predict the cluster: the A100 protocol in one table (minutes).
+bench-fit: $(BIN)/twin
+	$(BIN)/python benchmarks/fit_accuracy.py
 
 # Every published measurement predicted; rewrites the README's Accuracy table and the validation figures.
 validate: $(BIN)/twin

@@ -32,7 +32,7 @@ from twin.plan import parse_plan  # noqa: E402
 from twin.presets import PRESETS  # noqa: E402
 from twin.published import AXONN_BATCH_SEQUENCES, AXONN_TABLE_III, FRONTIER_PAPER_TFLOPS_PER_GCD  # noqa: E402
 from twin.sensitivity import needed_text, estimated_fields, sensitivity  # noqa: E402
-from twin.validate import AXONN_SPACE, best_plan  # noqa: E402
+from twin.validate import axonn_plan  # noqa: E402
 
 GEMM_PEAK = "device.empirical_gemm_bf16_tflop_per_s"
 # The estimates that move a step at all in a first full run (`--all-estimates` takes every one), and the
@@ -47,7 +47,7 @@ def runs(with_1t: bool, jobs: int | None) -> list[dict]:
     with a plan: AxoNN's rows are total PF/s, the Frontier paper's TF/s per GCD."""
     out = []
     for pub in AXONN_TABLE_III:
-        b = best_plan(pub.machine, pub.model, pub.gpus, AXONN_BATCH_SEQUENCES, AXONN_SPACE, jobs)
+        b = axonn_plan(pub.machine, pub.model, pub.gpus, AXONN_BATCH_SEQUENCES)
         out.append(dict(label=f"{pub.machine} {pub.gpus} {pub.model}", machine=pub.machine, model=pub.model,
                         gpus=pub.gpus, plan=b["plan"], batch=AXONN_BATCH_SEQUENCES, published=pub.pflops_total,
                         unit=1e15))

@@ -57,14 +57,14 @@ def validated_runs(quick: bool) -> list[dict]:
     """(label, machine, model, gpus, plan, batch) of the runs twin validate predicts with a plan."""
     from twin.presets import PRESETS
     from twin.published import AXONN_BATCH_SEQUENCES, AXONN_TABLE_III
-    from twin.validate import AXONN_SPACE, best_plan
+    from twin.validate import axonn_plan
 
     runs = []
     for name in ("frontier-22b", "frontier-175b") + (() if quick else ("frontier-1t",)):
         p = PRESETS[name]
         runs.append(dict(label=name, machine=p.machine, model=p.model, gpus=p.gpus, plan=p.plan, batch=p.global_batch))
     for pub in ([] if quick else AXONN_TABLE_III):
-        b = best_plan(pub.machine, pub.model, pub.gpus, AXONN_BATCH_SEQUENCES, AXONN_SPACE, None)
+        b = axonn_plan(pub.machine, pub.model, pub.gpus, AXONN_BATCH_SEQUENCES)
         runs.append(dict(label=f"{pub.machine} {pub.gpus} {pub.model}", machine=pub.machine, model=pub.model,
                          gpus=pub.gpus, plan=b["plan"], batch=AXONN_BATCH_SEQUENCES))
     return runs

@@ -329,13 +329,15 @@ def test_oar_overlaps_the_dw_gemm_with_the_di_all_reduce(frontier, plan_text, oa
         (dI,) = got["bwd.dI"]
         assert dI.id in before[ar.id]  # the all-reduce reduces dI
         assert (ar.id in before[dW.id]) == (not oar), key
-        # either way the all-reduce is waited before the layer's backward returns
-        following = next(o for o in b.program.ops[dW.id + 1:] if not o.is_comm)
+        # either way the all-reduce is waited before the linear's backward returns (its bias gradient, the QKV
+        # linear's dbias, is computed before the wait, as in LinearWithGradAccumulationAndAsyncCommunication)
+        following = next(o for o in b.program.ops[dW.id + 1:] if not o.is_comm and not o.name.endswith(".dbias"))
         assert ar.id in before[following.id]
 
 
 def _last_backward_op(program, mb: int) -> int:
-    return op_by_name(program)[f"mb{mb}.embed_bwd"].id
+    """The last op of the micro-batch's backward: the last of its embedding's backward kernels."""
+    return max(op.id for op in program.ops if op.name.startswith(f"mb{mb}.embed_bwd."))
 
 
 @pytest.mark.parametrize("plan_text", ["gx=2,gy=2,gz=2,gdata=2", "gx=4,gy=1,gz=2,gdata=1", "gx=1,gy=1,gz=4,gdata=1"])
@@ -429,22 +431,45 @@ def test_overlap_switches_change_only_dependencies(frontier):
 # ---- attention: flash, or Megatron's unfused core attention --------------------------------------------------
 
 HEADS, HEAD_DIM = 8, H // 8
-# One layer's unfused attention kernels per direction, written out independently of the builder: (name, the
-# batched GEMM's (m, n, k, layout), or the bytes per score element of an element-wise kernel: 2 per bf16 element
-# read or written, 1 per dropout-mask element).
+# One layer's attention kernels per direction, written out independently of the builder from Megatron-DeepSpeed's
+# ParallelAttention, CoreAttention and FlashSelfAttention (transformer.py): (name, the batched GEMM's (m, n, k,
+# layout), or (what it walks, bytes per element) for an element-wise kernel: 2 per bf16 element read or written, 1
+# per dropout-mask element; "scores" are the MBS x HEADS/gx x SEQ x SEQ score elements, "heads" the MBS x SEQ x H/gx
+# elements of q, k, v or the context, "bounds" the MBS + 1 int32 sequence boundaries).
 UNFUSED_FORWARD = [
-    ("attn_scores", (SEQ, SEQ, HEAD_DIM, "NT")),  # Q K^T
-    ("attn_softmax", 2 + 2),  # read the scores, write the probabilities
-    ("attn_dropout", 2 + 2 + 1),  # read the probabilities, write the dropped ones and the mask
+    ("attn_scores", (SEQ, SEQ, HEAD_DIM, "NT")),  # Q K^T (baddbmm)
+    ("attn_softmax", ("scores", 2 + 2)),  # read the scores, write the probabilities
+    ("attn_dropout", ("scores", 2 + 2 + 1)),  # read the probabilities, write the dropped ones and the mask
     ("attn_context", (SEQ, HEAD_DIM, SEQ, "NN")),  # probs V
+    ("attn_context_copy", ("heads", 2 + 2)),  # permute(2, 0, 1, 3).contiguous()
 ]
 UNFUSED_BACKWARD = [
     ("attn_context_dV", (SEQ, HEAD_DIM, SEQ, "TN")),  # probs^T dO
     ("attn_context_dP", (SEQ, SEQ, HEAD_DIM, "NT")),  # dO V^T
-    ("attn_dropout_bwd", 2 + 1 + 2),  # read the gradient and the mask, write the gradient
-    ("attn_softmax_bwd", 2 + 2 + 2),  # read the probabilities and the gradient, write the gradient
+    ("attn_dropout_bwd", ("scores", 2 + 1 + 2)),  # read the gradient and the mask, write the gradient
+    ("attn_softmax_bwd", ("scores", 2 + 2 + 2)),  # read the probabilities and the gradient, write the gradient
     ("attn_scores_dQ", (SEQ, HEAD_DIM, SEQ, "NN")),  # dS K
+    ("attn_scores_dQ_scale", ("heads", 2 + 2)),  # baddbmm's backward multiplies by alpha = 1/sqrt(d)
     ("attn_scores_dK", (SEQ, HEAD_DIM, SEQ, "TN")),  # dS^T Q
+    ("attn_scores_dK_scale", ("heads", 2 + 2)),
+    ("attn_q_grad", ("heads", 2 + 2)),  # the split's backward: torch.cat of strided gradients, a copy each
+    ("attn_k_grad", ("heads", 2 + 2)),
+    ("attn_v_grad", ("heads", 2 + 2)),
+]
+FLASH_FORWARD = [  # MBS = 2 sequences: the context's rearrange is a copy too
+    ("attn_q_copy", ("heads", 2 + 2)),  # rearrange(x, 's b ... -> b s ...').contiguous()
+    ("attn_k_copy", ("heads", 2 + 2)),
+    ("attn_v_copy", ("heads", 2 + 2)),
+    ("attn_seqlens", ("bounds", 4)),  # torch.arange(...) of the cu_seqlens
+    ("attn", "flash"),
+    ("attn_context_copy", ("heads", 2 + 2)),
+]
+FLASH_BACKWARD = [
+    ("attn_bwd_copy", ("heads", 2 + 2)),  # the output gradient, made contiguous
+    ("attn_bwd", "flash"),
+    ("attn_q_grad", ("heads", 2 + 2)),
+    ("attn_k_grad", ("heads", 2 + 2)),
+    ("attn_v_grad", ("heads", 2 + 2)),
 ]
 ATTENTION_PLANS = ["gx=2,gy=2,gz=2,gdata=2", "gx=8,gy=1,gz=1,gdata=2", "gx=1,gy=4,gz=1,gdata=2"]
 ATTENTION_OP = re.compile(r"^mb(\d+)(?:\.c\d+)?\.(fwd|rc|bwd)\.(L\d+)\.(attn\w*)$")  # not attn_out's: they have a role
@@ -454,44 +479,60 @@ def attention_ops(program, mb: int, phase: str, layer: int) -> list:
     return [op for op in program.ops if (m := ATTENTION_OP.match(op.name)) and m.groups()[:3] == (str(mb), phase, f"L{layer}")]
 
 
-def assert_unfused_kernels(ops: list, expected: list, gx: int) -> None:
+def assert_attention_kernels(ops: list, expected: list, gx: int) -> None:
     """`ops` are `expected`'s kernels, in order, on MBS sequences x HEADS/gx heads of SEQ x SEQ scores."""
     batch = MBS * HEADS // gx
+    elements = {"scores": batch * SEQ * SEQ, "heads": MBS * SEQ * H / gx, "bounds": MBS + 1}
     assert [op.name.rsplit(".", 1)[1] for op in ops] == [name for name, _ in expected]
     for op, (name, want) in zip(ops, expected):
-        if isinstance(want, tuple):
+        if want == "flash":
+            assert isinstance(op.work, Attention), name
+        elif isinstance(want[0], int):
             m, n, k, layout = want
             assert op.work == Gemm(m, n, k, layout, "bf16", batch=batch), name  # not layout-tuned, like torch.bmm
         else:
             assert isinstance(op.work, Elementwise), name
-            assert op.work.nbytes == pytest.approx(want * batch * SEQ * SEQ, rel=1e-12), name
+            what, nbytes = want
+            assert op.work.nbytes == pytest.approx(nbytes * elements[what], rel=1e-12), name
 
 
 def as_unfused(names: list[str]) -> list[str]:
-    """A flash schedule's op names with each attention kernel replaced by the unfused ones, in place."""
-    out = []
+    """A flash schedule's op names with each layer's attention kernels replaced by the unfused ones, in place."""
+    out: list[str] = []
+    previous = None
     for name in names:
-        prefix, _, last = name.rpartition(".")
-        kernels = {"attn": UNFUSED_FORWARD, "attn_bwd": UNFUSED_BACKWARD}.get(last) if ATTENTION_OP.match(name) else None
-        out += [f"{prefix}.{k}" for k, _ in kernels] if kernels else [name]
+        found = ATTENTION_OP.match(name)
+        if not found:
+            out.append(name)
+            previous = None
+            continue
+        key = found.groups()[:3]
+        if key != previous:  # the first of this layer's pass's attention kernels
+            prefix = name.rpartition(".")[0]
+            out += [f"{prefix}.{k}" for k, _ in (UNFUSED_BACKWARD if found.group(2) == "bwd" else UNFUSED_FORWARD)]
+        previous = key
     return out
 
 
 @pytest.mark.parametrize("plan_text", ATTENTION_PLANS)
 @pytest.mark.parametrize("recompute", ["none", "full"])
-def test_unfused_attention_replaces_each_flash_kernel_by_megatrons_core_attention(frontier, plan_text, recompute):
-    """Per layer, forward: 2 batched GEMMs + softmax + dropout; backward: 4 batched GEMMs + 2 element-wise kernels,
-    where the flash kernels were (full recompute reruns the unfused forward); nothing else changes."""
+def test_unfused_attention_replaces_the_flash_kernels_by_megatrons_core_attention(frontier, plan_text, recompute):
+    """Per layer, flash forward: 3 q/k/v copies, the cu_seqlens arange, the kernel, the context copy; backward: the
+    output-gradient copy, the kernel, 3 q/k/v gradient copies. Unfused forward: 2 batched GEMMs + softmax + dropout
+    + the context copy; backward: 4 batched GEMMs, 2 element-wise kernels on the scores, 2 scalings, 3 q/k/v
+    gradient copies. Full recompute reruns the forward; nothing else changes."""
     flash = build(frontier, plan_text, f"recompute={recompute}")
     unfused = build(frontier, plan_text, f"attention=unfused,recompute={recompute}")
     assert unfused.plan.attention == "unfused"
     assert not [op for op in unfused.program.ops if isinstance(op.work, Attention)]
     assert [op.name for op in unfused.program.ops] == as_unfused([op.name for op in flash.program.ops])
     for mb, layer in itertools.product(range(GA), range(LAYERS)):
-        assert_unfused_kernels(attention_ops(unfused.program, mb, "fwd", layer), UNFUSED_FORWARD, unfused.gx)
-        assert_unfused_kernels(attention_ops(unfused.program, mb, "bwd", layer), UNFUSED_BACKWARD, unfused.gx)
+        assert_attention_kernels(attention_ops(unfused.program, mb, "fwd", layer), UNFUSED_FORWARD, unfused.gx)
+        assert_attention_kernels(attention_ops(unfused.program, mb, "bwd", layer), UNFUSED_BACKWARD, unfused.gx)
         rc = attention_ops(unfused.program, mb, "rc", layer)
-        assert_unfused_kernels(rc, UNFUSED_FORWARD if recompute == "full" else [], unfused.gx)
+        assert_attention_kernels(rc, UNFUSED_FORWARD if recompute == "full" else [], unfused.gx)
+        assert_attention_kernels(attention_ops(flash.program, mb, "fwd", layer), FLASH_FORWARD, flash.gx)
+        assert_attention_kernels(attention_ops(flash.program, mb, "bwd", layer), FLASH_BACKWARD, flash.gx)
 
 
 def _selective_expected(none_program) -> list[tuple]:
@@ -513,7 +554,7 @@ def test_selective_recompute_with_unfused_attention_reruns_only_the_core_attenti
     none = build(frontier, plan_text, "attention=unfused,recompute=none")
     assert [(op.name, op.stream, op.work) for op in selective.program.ops] == _selective_expected(none.program)
     for mb, layer in itertools.product(range(GA), range(LAYERS)):
-        assert_unfused_kernels(attention_ops(selective.program, mb, "rc", layer), UNFUSED_FORWARD, selective.gx)
+        assert_attention_kernels(attention_ops(selective.program, mb, "rc", layer), UNFUSED_FORWARD, selective.gx)
 
 
 @pytest.mark.parametrize("text, gpus", [("tp=2,pp=2,mbs=1,ga=4", 4), ("tp=2,pp=2,vpp=2,sp=1,mbs=1,ga=4", 4)])
@@ -526,7 +567,7 @@ def test_selective_recompute_with_unfused_attention_in_a_pipeline(frontier, text
     assert len(selective.programs) == len(none.programs) == 2
     for sel, base in zip(selective.programs, none.programs):
         assert [(op.name, op.stream, op.work) for op in sel.ops] == _selective_expected(base)
-        assert len(sel.ops) == len(base.ops) + 4 * 4 * 4 // 2  # 4 kernels x 4 micro-batches x 2 layers a stage
+        assert len(sel.ops) == len(base.ops) + 5 * 4 * 4 // 2  # 5 kernels x 4 micro-batches x 2 layers a stage
 
 
 @pytest.mark.parametrize("plan_text", ATTENTION_PLANS)

@@ -110,7 +110,8 @@ def test_needed_value_reaches_the_target_to_first_order():
     moved = load_machine("frontier", ((GEMM_PEAK, gemm.needed_value),))
     assert simulate_step(MODEL, PLAN, moved, 8).step_time_s == pytest.approx(1.1 * base, rel=0.02)
     attention = next(f for f in result.fields if f.path == "device.attention_efficiency")
-    assert attention.needed_value is not None
+    # a number only where the step moves with the field at all (|elasticity| > 1e-3: twin.sensitivity)
+    assert (attention.needed_value is not None) == (abs(attention.elasticity) > 1e-3)
 
 
 def test_default_fields_are_the_estimates_and_sides_the_file_rejects_are_skipped():

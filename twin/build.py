@@ -26,18 +26,19 @@ class BuiltStep:
     memory: MemoryBreakdown
 
 
-def resolve_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int
+def resolve_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, measured: bool = False
                  ) -> tuple[ParallelPlan, MemoryBreakdown]:
-    """The checked plan with mbs and ga resolved, and its memory per GPU; no schedule built."""
+    """The checked plan with mbs and ga resolved, and its memory per GPU; no schedule built. `measured`: the plan
+    of a measured run, which did fit, so it is checked against the whole HBM, not the usable part."""
     if gpus > machine.max_gpus:
         raise TwinError(f"--gpus {gpus} exceeds {machine.name}'s {machine.max_gpus} GPUs; use at most that many")
     validate_plan(plan, model, gpus)
     resolved = resolve_micro_batch(model, plan, machine.device.hbm_bytes)
-    return resolved, check_fit(model, resolved, machine.device.hbm_bytes)
+    return resolved, check_fit(model, resolved, machine.device.hbm_bytes, reserve=not measured)
 
 
 def build_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
-               stages: tuple[int, ...] | None = None) -> BuiltStep:
-    """`stages`: only those pipeline stages' programs (for bounds; see build_axonn)."""
-    resolved, memory = resolve_step(model, plan, machine, gpus)
+               stages: tuple[int, ...] | None = None, measured: bool = False) -> BuiltStep:
+    """`stages`: only those pipeline stages' programs (for bounds; see build_axonn); `measured` as resolve_step."""
+    resolved, memory = resolve_step(model, plan, machine, gpus, measured)
     return BuiltStep(build_axonn(model, resolved, stages), resolved, memory)

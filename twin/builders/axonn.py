@@ -44,9 +44,6 @@ Megatron-DeepSpeed on top (algorithms.md section 5):
 - with pp > 1 the embedding and the LM head (tied) all-reduce their gradient
   between the first and last stage.
 
-Memory-bound work (layer norms, GeLU, residual adds, dropout, loss, the
-embedding and the optimizer) is counted in bytes moved.
-
 Attention (plan.attention), on the heads / gx local heads of each of the mbs
 sequences (replicated over gy, like every op between the QKV and attention
 output linears):
@@ -66,11 +63,83 @@ attention's forward, under the recompute tag, right before that layer's
 attention backward. Flash attention keeps nothing of size s^2 and already
 recomputes its scores inside its backward kernel, so with flash selective
 recomputes nothing: the schedule is the one without recompute.
+
+Everything that is not a GEMM, attention or communication: one op per kernel
+that Megatron-DeepSpeed launches for it (the simulator issues ops one host
+launch apart, so their number matters as well as their bytes), each counted
+in bytes moved (reads + writes) and flops. The kernels are those of
+microsoft/Megatron-DeepSpeed, the code line of the Frontier paper's fork and
+of vTrain's A100 measurements, at commit c08e2cc2 (August 2023), for a GPT in
+bf16 or fp16 with its defaults: apex's fused layer norm (apex.contrib's
+persistent kernel for the hidden sizes it supports), TorchScript-fused
+bias-GeLU and bias-dropout-add, FusedScaleMaskSoftmax, gradient accumulation
+into DistributedDataParallel's main_grad buffers (gradient_accumulation_fusion
+is commented out in its layers.py) and Megatron's mixed-precision optimizer
+with apex's FusedAdam. Megatron-LM differs in two places: dense_4h_to_h's bias
+goes to the dropout-add (one forward kernel fewer) and its weights' gradients
+accumulate inside the dW GEMM (8 accumulation kernels a layer, not 12); with
+--deepspeed, DeepSpeed's engine replaces the accumulation and optimizer with
+passes of the same kind. Each module-level constant below names the code it
+counts. Per layer and micro-batch (c = 1 when mbs > 1, else 0; LN = a layer
+norm's backward kernels: 2 persistent, 3 apex's):
+
+  forward (and each full recompute): 16 + c flash, 16 unfused
+    ln1 | qkv GEMM, qkv bias add | attention | attn_out GEMM |
+    bias-dropout-add | ln2 | mlp_up GEMM, bias-GeLU | mlp_down GEMM,
+    mlp_down bias add | dropout-add
+    attention, flash:   3 q/k/v copies (rearrange + contiguous), the
+                        cu_seqlens arange, the kernel, c context copy
+    attention, unfused: Q K^T, softmax, dropout, probs V, the context's
+                        permute + contiguous copy (selective recompute
+                        reruns these 5)
+  backward: 29 + 2 LN + attention's (35 flash at mbs = 1, 44 unfused)
+    dropout-add bwd | mlp_down: dbias, bias acc, dI, dW, weight acc |
+    bias-GeLU bwd | mlp_up: dbias, bias acc, dI, dW, weight acc |
+    ln2 bwd (LN), residual-gradient add, 2 parameter accs |
+    bias-dropout-add bwd | attn_out: dbias, bias acc, dI, dW, weight acc |
+    attention bwd | qkv: dI, dW, dbias, weight acc, bias acc |
+    ln1 bwd (LN), residual-gradient add, 2 parameter accs
+    attention, flash:   c dO copy, the kernel, the q/k/v gradient
+                        concatenation (1 kernel; 3 copies when mbs > 1)
+    attention, unfused: dV, d(probs), dropout bwd, softmax bwd, dQ and its
+                        1/sqrt(d) scale, dK and its scale, the q/k/v
+                        gradient concatenation (3 copies)
+
+"acc" is main_grad.add_(grad), one per parameter tensor and micro-batch,
+named mb<i>[.c<j>].bwd.acc.<parameter> (e.g. mb0.bwd.acc.L3.qkv.weight):
+outside the layer passes' mb<i>[.c<j>].<pass>.L<n>.<role> names, because
+its size follows the parameters' sharding (gz, and gdata under ZeRO-3),
+which the search's screening bound, built on the tensor-parallel grid alone,
+does not see (twin.search.screen). Every other op of a layer keeps that
+grammar.
+
+The loss, per micro-batch on the last stage: 6 kernels over the logits (38
+bytes per logit element: fp32 cast, max, subtract, exp, sum, divide), 3
+all-reduces of one fp32 per token over X, and LOSS_TOKEN_KERNELS small
+per-token kernels (masks, gathers, the loss function); backward 2 kernels (14
+bytes per logit) and LOSS_BACKWARD_TOKEN_KERNELS per-token ones. The
+embedding: lookups, add, dropout forward (with gx > 1 the vocabulary masking
+and the all-reduce over X); backward, its dropout, the dense gradient of
+each table (zeroed, then scattered into), the tied LM head's gradient added,
+and the tables' accumulations. The step: the main_grad buffer zeroed, scaled
+by 1 / data-parallel size, then the optimizer's multi-tensor passes
+(OPTIMIZER_PASSES): 58 bytes per parameter in bf16, 66 in fp16.
+
+Not counted (each under 1% of a step in the cases checked, or not expressible
+in the IR): the data loader's per-micro-batch mask and position kernels, the
+loss's logging all-reduce over the data-parallel group, the model-parallel
+all-reduces of the gradient norm and the fp16 inf flag and the host syncs of
+their .item(), the host syncs of ParallelTransformerLayer.forward's two
+torch.tensor(0.0, device=...) per layer (the IR has no host synchronisation),
+flash attention's internal extra backward kernels (the IR's Attention is one
+kernel per direction), and sequence parallelism's all-reduce of layer-norm
+gradients.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import ceil
 
 from twin.builders.pipeline import pipeline_order
 from twin.builders.program import ProgramWriter
@@ -80,24 +149,168 @@ from twin.mesh import axonn_mesh
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 
-# Adam step per local parameter: read fp32 master, two moments and the bf16
-# gradient, write master, moments and the bf16 weight: 4*3+2 + 4*3+2 bytes.
-OPTIMIZER_BYTES_PER_PARAM = 28
-OPTIMIZER_FLOPS_PER_PARAM = 12
-# Forward bytes per element of simple element-wise kernels (read + write, bf16).
-LAYERNORM_BYTES = 2 * 2
-RESIDUAL_DROPOUT_BYTES = 3 * 2 + 1  # two inputs, one output, a 1-byte mask
-GELU_BYTES = 2 * 2
-LOSS_BYTES = 2 + 4 + 4  # bf16 logits, fp32 copy, fp32 softmax
-BACKWARD_ELEMENTWISE_FACTOR = 2.0  # backward reads the saved input and the incoming gradient
-# Unfused attention's kernels on the mbs x heads/gx x s x s score tensor, bytes
-# per score element (bf16 2 bytes, the dropout mask 1 byte):
+# ---- Megatron-DeepSpeed's kernels (module docstring), as data ----------------------------------------------
+# Bytes are per element of the tensor a kernel walks, reads + writes: 2 per bf16/fp16 activation, 4 per fp32
+# value, 1 per dropout-mask element. Files and functions are microsoft/Megatron-DeepSpeed's at c08e2cc2.
+
+# Layer norm: megatron/model/fused_layer_norm.py, MixedFusedLayerNorm.forward. Forward: one kernel reading x and
+# writing y (the per-token mean and 1/std are fp32 scalars).
+LAYERNORM_BYTES = 2 + 2
+# It takes apex.contrib's persistent FastLayerNormFN for these hidden sizes (unless --no-persist-layer-norm),
+# apex's FusedLayerNormAffineFunction otherwise.
+PERSISTENT_LAYERNORM_HIDDEN = frozenset({
+    1024, 1536, 2048, 2304, 3072, 3840, 4096, 5120, 6144, 8192, 10240, 12288, 12800, 15360, 16384, 18432, 20480,
+    24576, 25600, 30720, 32768, 40960, 49152, 65536,
+})
+# Backward, persistent (apex/contrib/csrc/layer_norm, ln_bwd then ln_bwd_finalize): the first kernel reads x and
+# dy, writes dx and per-block partial sums of dgamma and dbeta; the second reduces the partial sums.
+# Apex's (csrc/layer_norm_cuda_kernel.cu, HostLayerNormGradient): cuComputePartGradGammaBeta (reads x and dy),
+# cuComputeGradGammaBeta (reduces the partial sums), cuComputeGradInput (reads x and dy, writes dx).
+LAYERNORM_BACKWARD_BYTES = 2 + 2 + 2  # the input-gradient kernel
+LAYERNORM_PARTIAL_BYTES = 2 + 2  # apex's separate partial-sum kernel
+# The partial-sum reduction, per hidden element: LAYERNORM_PARTIAL_ROWS fp32 partials of dgamma and of dbeta
+# read, dgamma and dbeta written (apex's part_size is 16; the persistent kernel's ctas_per_col is similar).
+LAYERNORM_PARTIAL_ROWS = 16
+LAYERNORM_PARTIAL_SUM_BYTES = 2 * LAYERNORM_PARTIAL_ROWS * 4 + 2 * 2
+
+# Residual connections (transformer.py ParallelTransformerLayer.forward, bias_dropout_add_fused_train, TorchScript
+# fused): read x and the residual, write the sum and the 1-byte mask (a bias, when fused in, is a vector).
+RESIDUAL_DROPOUT_BYTES = 2 + 2 + 2 + 1
+# Its backward (TorchScript's autodiff of dropout): read the gradient and the mask, write dx. The residual's
+# gradient passes through without a kernel; the bias's is a reduction (BIAS_GRAD_BYTES).
+DROPOUT_BACKWARD_BYTES = 2 + 1 + 2
+# The residual stream feeds a layer norm and a residual add: autograd sums its two gradients (one add per layer
+# norm: the layer's input, and the first residual add's output).
+GRAD_ADD_BYTES = 2 + 2 + 2
+# MLP (transformer.py ParallelMLP, fused_bias_gelu.py GeLUFunction): bias_gelu reads the GEMM output and writes
+# GeLU(x + b); bias_gelu_back reads the saved GEMM output and the gradient and writes the gradient.
+GELU_BYTES = 2 + 2
+GELU_BACKWARD_BYTES = 2 + 2 + 2
+# Biases (megatron/core/tensor_parallel/layers.py). Forward: the QKV linear (ColumnParallelLinear, skip_bias_add
+# False) adds its bias after the GEMM in LinearWithGradAccumulationAndAsyncCommunication.forward, and so does
+# ParallelMLP's dense_4h_to_h (RowParallelLinear, skip_bias_add False in Megatron-DeepSpeed; Megatron-LM passes it
+# to the dropout-add instead); attention's dense and dense_h_to_4h pass theirs to the fused dropout-add and
+# bias-GeLU. Backward: every bias's gradient is a reduction over tokens of its output gradient (grad_output.sum(0)
+# in the linear's backward, or autograd's sum_to_size of the expanded bias), one kernel each.
+BIAS_ADD_BYTES = 2 + 2
+BIAS_GRAD_BYTES = 2
+COPY_BYTES = 2 + 2  # a .contiguous() copy: read and write each element
+
+# Gradient accumulation (megatron/model/distributed.py, DistributedDataParallel._make_param_hook): after each
+# micro-batch's backward every parameter tensor's gradient is added into its main_grad, one kernel per tensor:
+# read main_grad and the 16-bit gradient, write main_grad. main_grad is fp32 in bf16 (arguments.py forces
+# accumulate_allreduce_grads_in_fp32), 16-bit in fp16. Per layer 12 tensors: 4 weights, 4 biases, 2 x 2
+# layer-norm parameters.
+
+
+def main_grad_bytes(dtype: str) -> int:
+    """Bytes per element of Megatron's main_grad buffer (module constants above)."""
+    return 2 if dtype == "fp16" else 4
+
+
+def grad_accumulation_bytes(dtype: str) -> int:
+    """main_grad.add_(grad) per element: read and write main_grad, read the 16-bit gradient."""
+    return 2 * main_grad_bytes(dtype) + 2
+
+
+# Flash attention (transformer.py ParallelAttention.forward, FlashSelfAttention.forward): q, k and v, chunks of the
+# QKV output (split_tensor_along_last_dim: never contiguous), are copied by rearrange(...).contiguous(); one
+# torch.arange builds cu_seqlens; the context's rearrange back is a copy only when mbs > 1. Backward: the output
+# gradient is copied (reshape of a permuted tensor) when mbs > 1; the q, k, v gradients are concatenated by the
+# split's backward (torch.cat: one kernel when its inputs are contiguous, mbs = 1, else one copy per input).
+FLASH_COPIED = ("q", "k", "v")  # forward: each rearranged and copied; backward (mbs > 1): each gradient copied
+SEQLENS_BYTES = 4  # per sequence boundary: one int32 written
+# Unfused attention's kernels on the mbs x heads/gx x s x s score tensor, bytes per score element (transformer.py
+# CoreAttention.forward):
 SOFTMAX_BYTES = 2 + 2  # fused scale + mask + softmax: read the scores, write the probabilities
 SOFTMAX_BACKWARD_BYTES = 2 + 2 + 2  # read the probabilities and their gradient, write the scores' gradient
 ATTENTION_DROPOUT_BYTES = 2 + 2 + 1  # read the probabilities, write the dropped ones and the mask
 ATTENTION_DROPOUT_BACKWARD_BYTES = 2 + 1 + 2  # read the gradient and the mask, write the gradient
 SOFTMAX_FLOPS = 5  # per element: scale, mask, max, exp, normalise (forward); y (dy - sum y dy) (backward)
 DROPOUT_FLOPS = 2  # per element: compare with the random draw, scale
+# fused_softmax.py FusedScaleMaskSoftmax.is_kernel_available: the fused kernel takes 16 < s <= 4096; beyond it
+# forward_torch_softmax masks in place (masked_fill_) and runs torch's softmax: two kernels each way.
+FUSED_SOFTMAX_MAX_SEQ = 4096
+MASK_FILL_BYTES = 2 + 2  # masked_fill_ (forward) or grad.masked_fill (backward): read and write the scores
+# The context's permute(2, 0, 1, 3).contiguous() is one copy of the tokens x h/gx context (COPY_BYTES); its
+# backward is a view. torch.baddbmm's backward multiplies each of dQ and dK by alpha = 1/sqrt(d) (one kernel each,
+# COPY_BYTES); the q, k, v gradients reach the split's backward strided, so torch.cat copies each (3 kernels).
+
+# The loss (megatron/core/tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy, gpt_model.py
+# post_language_model_processing), per logit element (tokens x vocab/gx on this rank), in issue order:
+LOSS_KERNELS = (  # (name, bytes, flops)
+    ("cast", 2 + 4, 0),  # output.float(): bf16 logits to fp32
+    ("max", 4, 1),  # torch.max(logits, dim=-1); then an all-reduce (MAX) of one fp32 per token over X
+    ("sub", 4 + 4, 1),  # logits - max
+    ("exp", 4 + 4, 1),  # torch.exp(out=): in place; the target logit was all-reduced (SUM) before it
+    ("sum", 4, 1),  # exp.sum(dim=-1); then an all-reduce (SUM) over X
+    ("div", 4 + 4, 1),  # exp.div_(sum): the softmax kept for backward
+)
+LOSS_BACKWARD_KERNELS = (
+    ("scale", 4 + 4, 1),  # grad_input.mul_(grad_output): in place on the kept softmax (after the one-hot subtract)
+    ("cast", 4 + 2, 0),  # the backward of .float(): the gradient back to bf16
+)
+# Per-token kernels (a few bytes per token each): the vocabulary-range masks and the target gather of the cross
+# entropy (target < start, >= end, |, clone, - start, masked fill, arange, gather, clone, masked fill: 10), log and
+# subtract (2); pretrain_gpt.py loss_func (the masked mean: mul, sum, mask sum, divide; its logging copy: clone,
+# cat, divide by the data-parallel size: 7); schedules.py forward_step's / num_microbatches and backward_step's
+# grad_scale_func (2). Backward: autograd's seed, the two scalings, the masked mean's divide and mul (5), the one-hot
+# subtract (1 - mask, float, arange, index, subtract, index_put: 6).
+LOSS_TOKEN_KERNELS = 21
+LOSS_BACKWARD_TOKEN_KERNELS = 11
+TOKEN_KERNEL_BYTES = 8  # [estimate] per token: an int64 or two fp32 read or written
+
+# The embedding (language_model.py Embedding.forward, layers.py VocabParallelEmbedding.forward), over the tokens x
+# hidden/gy embedding output: word and position lookups (F.embedding: read a row, write it), their sum, the
+# [b s h] -> [s b h] transpose (a copy when mbs > 1), dropout on the residual stream's share.
+EMBEDDING_LOOKUP_BYTES = 2 + 2
+EMBEDDING_ADD_BYTES = 2 + 2 + 2
+EMBEDDING_DROPOUT_BYTES = 2 + 2 + 1
+# With gx > 1 the word table is split over the vocabulary: 6 per-token kernels build and apply the range mask
+# ((input < start) | (input >= end), clone, - start, masked fill), the rows of other ranks' tokens are zeroed
+# (a masked fill of the output, EMBEDDING_MASK_BYTES) and the partial embeddings are all-reduced over X.
+EMBEDDING_VOCAB_TOKEN_KERNELS = 6
+EMBEDDING_MASK_BYTES = 2 + 2
+# Backward of each lookup (ATen's embedding_dense_backward_cuda): the output gradient is made contiguous (a copy
+# when mbs > 1), the table's gradient is zeroed (2 bytes per table element), then up to
+# EMBEDDING_DIRECT_MAX_INDICES tokens one kernel adds the rows in (EMBEDDING_SCATTER_BYTES per output element);
+# beyond, the indices are sorted and segmented first: EMBEDDING_SORTED_KERNELS more small kernels [estimate: cub
+# radix sort and ATen's segment offsets and partial sums].
+EMBEDDING_DIRECT_MAX_INDICES = 3072
+EMBEDDING_SORTED_KERNELS = 8
+EMBEDDING_SCATTER_BYTES = 2 + 2
+# With the LM head tied to the word table on one stage (pp = 1), autograd sums the table's two gradients (the
+# LM head's dW and the lookup's): one add over the table, GRAD_ADD_BYTES per element.
+
+# The step (megatron/training.py train_step, megatron/model/distributed.py, megatron/optimizer/optimizer.py
+# MixedPrecisionOptimizer.step, clip_grads.py clip_grad_norm_fp32), bytes per parameter:
+# - zero_grad_buffer: main_grad zeroed at the start of the step (main_grad_bytes);
+# - DistributedDataParallel.allreduce_gradients: main_grad /= data-parallel size (read and write), then reduced;
+# - in fp16 only: _copy_model_grads_to_main_grads casts each 16-bit main_grad to fp32 (.float(), one kernel per
+#   parameter tensor: FP16_GRAD_CAST_BYTES), and _unscale_main_grads_and_check_for_nan unscales the fp32 grads
+#   (torch._amp_foreach_non_finite_check_and_unscale_); bf16 has no grad scaler and fp32 main grads already;
+# - then OPTIMIZER_PASSES, each apex multi_tensor_applier call (amp_C): ceil(chunks / 320) launches of 65,536-
+#   element chunks, each streaming tens of MB, so one op per pass stands for them.
+FP16_GRAD_CAST_BYTES = 2 + 4
+FP16_UNSCALE_PASS = ("unscale", 4 + 4, 2)
+OPTIMIZER_PASSES = (  # (name, bytes per parameter, flops per parameter), in MixedPrecisionOptimizer.step order
+    ("grad_norm", 4, 2),  # multi_tensor_l2norm over the fp32 main grads
+    ("clip", 4 + 4, 1),  # multi_tensor_scale of the grads by clip_grad / norm [taken: it is, whenever the norm
+    #                      exceeds --clip-grad (1.0 by default), as early in training]
+    ("adam", 4 * 4 + 3 * 4, 12),  # FusedAdam (multi_tensor_adam): read grad, master, m, v; write master, m, v
+    ("copy_params", 4 + 2, 0),  # _copy_main_params_to_model_params: multi_tensor_scale fp32 master -> 16-bit weight
+)
+
+
+def optimizer_bytes_per_param(dtype: str) -> float:
+    """Bytes the step's gradient scaling and optimizer move per local parameter without ZeRO (module constants)."""
+    main = main_grad_bytes(dtype)
+    fp16 = FP16_GRAD_CAST_BYTES + FP16_UNSCALE_PASS[1] if dtype == "fp16" else 0
+    return main + 2 * main + fp16 + sum(nbytes for _, nbytes, _ in OPTIMIZER_PASSES)
+
+
+LOSS_BYTES = sum(nbytes for _, nbytes, _ in LOSS_KERNELS)  # per logit element, forward: 38
+LOSS_BACKWARD_BYTES = sum(nbytes for _, nbytes, _ in LOSS_BACKWARD_KERNELS)  # 14
 
 
 @dataclass(frozen=True)
@@ -132,6 +345,7 @@ class _StageWriter:
         self.residual_split = plan.gy * (plan.gx if plan.sp else 1)  # of the residual stream's hidden/tokens
         self.dtype = model.dtype
         self.b = model.dtype_bytes
+        self.acc_bytes = grad_accumulation_bytes(model.dtype)
         self.w = ProgramWriter()
         self.n_virtual = plan.pp * plan.vpp
         per_chunk = model.layers // self.n_virtual
@@ -159,6 +373,14 @@ class _StageWriter:
         """Elements of the residual stream (tokens x hidden) this rank holds."""
         return self.tokens * self.model.hidden / self.residual_split
 
+    def head_elements(self) -> float:
+        """Elements of q, k, v or the attention context (tokens x hidden/gx: the local heads) on this rank."""
+        return self.tokens * self.model.hidden / self.sizes["x"]
+
+    def norm_params(self) -> float:
+        """Elements of one layer-norm parameter (gamma or beta) on this rank: the hidden split over gy."""
+        return self.model.hidden / self.sizes["y"]
+
     def weight_block_bytes(self, lin: Linear) -> float:
         """The gathered (x, y) block of W: what the weight all-gather returns."""
         return self.b * lin.k * lin.n / (self.sizes["x"] * self.sizes["y"])
@@ -166,6 +388,11 @@ class _StageWriter:
     def gemm_dims(self, lin: Linear) -> tuple[int, int, int]:
         """(rows, k_local, n_local) of this rank's forward GEMM."""
         return (self.tokens, lin.k // self.sizes[lin.forward_axis], lin.n // self.sizes[lin.backward_axis])
+
+    def output_elements(self, lin: Linear) -> float:
+        """Elements of the linear's output where its bias is added: the residual stream's share after a
+        transposed (row-parallel) linear, tokens x n_local after the others."""
+        return self.residual_elements() if lin.transposed else self.tokens * self.gemm_dims(lin)[2]
 
     def elementwise(self, name: str, elements: float, bytes_per_element: float, flops_per_element: float = 1.0) -> int:
         return self.w.compute(name, Elementwise(nbytes=elements * bytes_per_element, flops=elements * flops_per_element))
@@ -175,6 +402,13 @@ class _StageWriter:
         op = self.w.collective(name, axis, Collective(kind, axis, nbytes, dtype or self.dtype))
         self.w.wait(op)
         return op
+
+    def accumulate(self, tag: str, parameter: str, elements: float) -> int:
+        """main_grad.add_(grad) of one parameter tensor (DistributedDataParallel's hook), named
+        `tag`.acc.`parameter` (`tag` ends in .bwd): outside the layer passes' mb.<pass>.L<n>.<role> names, as its
+        size follows the parameters' sharding (gz, ZeRO-3's gdata), which the search's screening bound, built on the
+        tensor-parallel grid alone, does not see (twin.search.screen)."""
+        return self.elementwise(f"{tag}.acc.{parameter}", elements, self.acc_bytes, 1)
 
     # ---- one linear --------------------------------------------------------
     def gather_weight(self, tag: str, lin: Linear) -> int | None:
@@ -204,7 +438,13 @@ class _StageWriter:
                 self.blocking(f"{tag}.{lin.name}.ar_{axis}", "all_reduce", axis, self.b * rows * n_loc)
         return next_gather
 
-    def linear_backward(self, tag: str, lin: Linear) -> None:
+    def linear_backward(self, tag: str, lin: Linear, bias: bool = False, accumulate: bool = True) -> None:
+        """dI, dW (and, for a linear that adds its bias itself, dbias: LinearWithGradAccumulationAndAsyncCommunication
+        .backward), then the accumulation of its weight (and that bias) into main_grad.
+
+        A z-sharded weight accumulates its reduce-scattered shard, after the reduce-scatter's wait without ors;
+        with ors the reduce-scatter is waited only at the end of the backward (AxoNN), and the add is issued in
+        its place here all the same: its wait on the shard is not modelled."""
         w, plan = self.w, self.plan
         sp = plan.sp and self.sizes["x"] > 1
         rows, k_loc, n_loc = self.gemm_dims(lin)
@@ -225,6 +465,8 @@ class _StageWriter:
         if regather is not None:
             w.wait(regather)
         w.compute(f"{tag}.{lin.name}.dW", Gemm(n_loc, k_loc, rows, "TN", self.dtype, tunable=tune))
+        if bias:  # grad_output.sum(dim=0), before the handle's wait
+            self.elementwise(f"{tag}.{lin.name}.dbias", rows * n_loc, BIAS_GRAD_BYTES, 1)
         if reduce_dI is not None and plan.oar:
             w.wait(reduce_dI)
         axis = self.shard_axis
@@ -235,62 +477,113 @@ class _StageWriter:
                 self.deferred_waits.append(scatter)
             else:
                 w.wait(scatter)
+        if accumulate:
+            self.accumulate(tag, f"{lin.name}.weight", k_loc * n_loc / self.sizes[axis])
+            if bias:
+                self.accumulate(tag, f"{lin.name}.bias", n_loc)
+
+    def bias_backward(self, tag: str, lin: Linear) -> None:
+        """The gradient of a bias added outside the linear's GEMM (a reduction over tokens), and its accumulation."""
+        self.elementwise(f"{tag}.{lin.name}.dbias", self.output_elements(lin), BIAS_GRAD_BYTES, 1)
+        self.accumulate(tag, f"{lin.name}.bias", self.gemm_dims(lin)[2])
+
+    # ---- layer norms ---------------------------------------------------------
+    def layernorm_backward(self, tag: str, layer: str | None, name: str, grad_add: bool) -> None:
+        """A layer norm's backward kernels (LAYERNORM_* constants) under `tag` (.bwd), autograd's sum of the residual
+        stream's two gradients when it has two consumers (`grad_add`), then the accumulation of gamma and beta."""
+        acc_tag, param = tag, f"{layer}.{name}" if layer else name
+        tag = f"{tag}.{layer}" if layer else tag.removesuffix(".bwd")
+        res, hidden = self.residual_elements(), self.norm_params()
+        partial_flops = 2 * LAYERNORM_PARTIAL_ROWS
+        if self.model.hidden in PERSISTENT_LAYERNORM_HIDDEN:
+            self.elementwise(f"{tag}.{name}_bwd", res, LAYERNORM_BACKWARD_BYTES, 8)
+            self.elementwise(f"{tag}.{name}_bwd_params_sum", hidden, LAYERNORM_PARTIAL_SUM_BYTES, partial_flops)
+        else:
+            self.elementwise(f"{tag}.{name}_bwd_params", res, LAYERNORM_PARTIAL_BYTES, 4)
+            self.elementwise(f"{tag}.{name}_bwd_params_sum", hidden, LAYERNORM_PARTIAL_SUM_BYTES, partial_flops)
+            self.elementwise(f"{tag}.{name}_bwd", res, LAYERNORM_BACKWARD_BYTES, 8)
+        if grad_add:
+            self.elementwise(f"{tag}.{name}_grad_add", res, GRAD_ADD_BYTES, 1)
+        self.accumulate(acc_tag, f"{param}.weight", hidden)
+        self.accumulate(acc_tag, f"{param}.bias", hidden)
 
     # ---- blocks ------------------------------------------------------------
     def block_forward(self, tag: str, linears: list[Linear], gathered: int | None, after: Linear | None) -> int | None:
-        """One transformer block; `after` is the next linear in module order (for oag)."""
+        """One transformer block (ParallelTransformerLayer.forward); `after`: the next linear in module order (oag)."""
         res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
         m = self.tokens
         qkv, attn_out, up, down = linears
         layer = qkv.name.split(".")[0]
         self.elementwise(f"{tag}.{layer}.ln1", res, LAYERNORM_BYTES, 5)
         gathered = self.linear_forward(tag, qkv, gathered, attn_out)
+        self.elementwise(f"{tag}.{qkv.name}.bias", self.output_elements(qkv), BIAS_ADD_BYTES, 1)
         self.attention_forward(tag, layer)
         gathered = self.linear_forward(tag, attn_out, gathered, up)
-        self.elementwise(f"{tag}.{layer}.resid1", res, RESIDUAL_DROPOUT_BYTES, 2)
+        self.elementwise(f"{tag}.{layer}.resid1", res, RESIDUAL_DROPOUT_BYTES, 3)
         self.elementwise(f"{tag}.{layer}.ln2", res, LAYERNORM_BYTES, 5)
         gathered = self.linear_forward(tag, up, gathered, down)
         self.elementwise(f"{tag}.{layer}.gelu", m * f / gx, GELU_BYTES, 8)
         gathered = self.linear_forward(tag, down, gathered, after)
+        self.elementwise(f"{tag}.{down.name}.bias", self.output_elements(down), BIAS_ADD_BYTES, 1)
         self.elementwise(f"{tag}.{layer}.resid2", res, RESIDUAL_DROPOUT_BYTES, 2)
         return gathered
 
     def block_backward(self, mb_tag: str, linears: list[Linear]) -> None:
-        """One block's backward under `mb_tag`.bwd (selective recompute adds `mb_tag`.rc ops)."""
+        """One block's backward under `mb_tag`.bwd (selective recompute adds `mb_tag`.rc ops), in autograd's order."""
         res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
         m = self.tokens
         qkv, attn_out, up, down = linears
         layer = qkv.name.split(".")[0]
-        k = BACKWARD_ELEMENTWISE_FACTOR
         tag = f"{mb_tag}.bwd"
-        self.elementwise(f"{tag}.{layer}.resid2_bwd", res, k * RESIDUAL_DROPOUT_BYTES, 2)
+        self.elementwise(f"{tag}.{layer}.resid2_bwd", res, DROPOUT_BACKWARD_BYTES, 2)
+        self.bias_backward(tag, down)
         self.linear_backward(tag, down)
-        self.elementwise(f"{tag}.{layer}.gelu_bwd", m * f / gx, k * GELU_BYTES, 8)
+        self.elementwise(f"{tag}.{layer}.gelu_bwd", m * f / gx, GELU_BACKWARD_BYTES, 8)
+        self.bias_backward(tag, up)
         self.linear_backward(tag, up)
-        self.elementwise(f"{tag}.{layer}.ln2_bwd", res, k * LAYERNORM_BYTES, 8)
-        self.elementwise(f"{tag}.{layer}.resid1_bwd", res, k * RESIDUAL_DROPOUT_BYTES, 2)
+        self.layernorm_backward(tag, layer, "ln2", grad_add=True)
+        self.elementwise(f"{tag}.{layer}.resid1_bwd", res, DROPOUT_BACKWARD_BYTES, 2)
+        self.bias_backward(tag, attn_out)
         self.linear_backward(tag, attn_out)
         self.attention_backward(mb_tag, layer)
-        self.linear_backward(tag, qkv)
-        self.elementwise(f"{tag}.{layer}.ln1_bwd", res, k * LAYERNORM_BYTES, 8)
+        self.linear_backward(tag, qkv, bias=True)
+        self.layernorm_backward(tag, layer, "ln1", grad_add=True)
 
     # ---- attention (module docstring) ----------------------------------------
     def attention_forward(self, tag: str, layer: str) -> None:
         """The attention core's forward, in the forward pass and in either recompute."""
+        heads = self.head_elements()
         if self.plan.attention == "flash":
+            for which in FLASH_COPIED:
+                self.elementwise(f"{tag}.{layer}.attn_{which}_copy", heads, COPY_BYTES, 0)
+            self.elementwise(f"{tag}.{layer}.attn_seqlens", self.plan.mbs + 1, SEQLENS_BYTES, 1)
             self.w.compute(f"{tag}.{layer}.attn", self.flash_attention(backward=False))
+            if self.plan.mbs > 1:
+                self.elementwise(f"{tag}.{layer}.attn_context_copy", heads, COPY_BYTES, 0)
             return
         s, d = self.model.seq, self.model.head_dim
         self.batched_gemm(f"{tag}.{layer}.attn_scores", s, s, d, "NT")  # Q K^T
-        self.score_elementwise(f"{tag}.{layer}.attn_softmax", SOFTMAX_BYTES, SOFTMAX_FLOPS)
+        if s <= FUSED_SOFTMAX_MAX_SEQ:
+            self.score_elementwise(f"{tag}.{layer}.attn_softmax", SOFTMAX_BYTES, SOFTMAX_FLOPS)
+        else:
+            self.score_elementwise(f"{tag}.{layer}.attn_mask", MASK_FILL_BYTES, 1)
+            self.score_elementwise(f"{tag}.{layer}.attn_softmax", SOFTMAX_BYTES, SOFTMAX_FLOPS)
         self.score_elementwise(f"{tag}.{layer}.attn_dropout", ATTENTION_DROPOUT_BYTES, DROPOUT_FLOPS)
         self.batched_gemm(f"{tag}.{layer}.attn_context", s, d, s, "NN")  # probs V
+        self.elementwise(f"{tag}.{layer}.attn_context_copy", heads, COPY_BYTES, 0)
 
     def attention_backward(self, mb_tag: str, layer: str) -> None:
         """The attention core's backward; selective recompute first reruns the unfused forward (`mb_tag`.rc)."""
         tag = f"{mb_tag}.bwd"
+        heads = self.head_elements()
         if self.plan.attention == "flash":  # nothing to recompute: the kernel rebuilds its scores itself
+            if self.plan.mbs > 1:
+                self.elementwise(f"{tag}.{layer}.attn_bwd_copy", heads, COPY_BYTES, 0)
             self.w.compute(f"{tag}.{layer}.attn_bwd", self.flash_attention(backward=True))
+            if self.plan.mbs == 1:
+                self.elementwise(f"{tag}.{layer}.attn_qkv_grad", 3 * heads, COPY_BYTES, 0)
+            else:
+                self.qkv_gradient_copies(tag, layer)
             return
         if self.plan.recompute == "selective":
             self.attention_forward(f"{mb_tag}.rc", layer)
@@ -299,8 +592,18 @@ class _StageWriter:
         self.batched_gemm(f"{tag}.{layer}.attn_context_dP", s, s, d, "NT")  # dO V^T
         self.score_elementwise(f"{tag}.{layer}.attn_dropout_bwd", ATTENTION_DROPOUT_BACKWARD_BYTES, DROPOUT_FLOPS)
         self.score_elementwise(f"{tag}.{layer}.attn_softmax_bwd", SOFTMAX_BACKWARD_BYTES, SOFTMAX_FLOPS)
+        if s > FUSED_SOFTMAX_MAX_SEQ:
+            self.score_elementwise(f"{tag}.{layer}.attn_mask_bwd", MASK_FILL_BYTES, 1)
         self.batched_gemm(f"{tag}.{layer}.attn_scores_dQ", s, d, s, "NN")  # dS K
+        self.elementwise(f"{tag}.{layer}.attn_scores_dQ_scale", heads, COPY_BYTES, 1)
         self.batched_gemm(f"{tag}.{layer}.attn_scores_dK", s, d, s, "TN")  # dS^T Q
+        self.elementwise(f"{tag}.{layer}.attn_scores_dK_scale", heads, COPY_BYTES, 1)
+        self.qkv_gradient_copies(tag, layer)
+
+    def qkv_gradient_copies(self, tag: str, layer: str) -> None:
+        """torch.cat of strided q, k, v gradients into the QKV output's gradient: one copy each."""
+        for which in FLASH_COPIED:
+            self.elementwise(f"{tag}.{layer}.attn_{which}_grad", self.head_elements(), COPY_BYTES, 0)
 
     def attention_heads(self) -> int:
         """Independent (sequence, local head) pairs: the batch of every unfused attention GEMM."""
@@ -323,12 +626,87 @@ class _StageWriter:
 
     # ---- the loss ----------------------------------------------------------
     def loss(self, tag: str) -> None:
-        """Vocabulary-parallel cross entropy: logits split over X, max and sum all-reduced over X."""
+        """Vocabulary-parallel cross entropy (LOSS_* constants): logits split over X; the max, the target logit and
+        the sum of exponentials all-reduced over X, one fp32 per token each."""
         logits = self.tokens * self.model.vocab / self.sizes["x"]
-        self.elementwise(f"{tag}.loss", logits, LOSS_BYTES, 6)
+        kernels = dict((name, (nbytes, flops)) for name, nbytes, flops in LOSS_KERNELS)
+        tokens = 0
+
+        def token_kernels(count: int, prefix: str = "loss") -> None:
+            nonlocal tokens
+            for _ in range(count):
+                self.elementwise(f"{tag}.{prefix}.token{tokens}", self.tokens, TOKEN_KERNEL_BYTES, 1)
+                tokens += 1
+
+        def kernel(name: str) -> None:
+            nbytes, flops = kernels[name]
+            self.elementwise(f"{tag}.loss.{name}", logits, nbytes, flops)
+
+        def all_reduce(what: str) -> None:
+            if self.sizes["x"] > 1:
+                self.blocking(f"{tag}.loss.{what}.ar_x", "all_reduce", "x", 4 * self.tokens, "fp32")
+
+        kernel("cast")
+        kernel("max")
+        all_reduce("max")
+        kernel("sub")
+        token_kernels(10)  # the vocabulary-range masks and the target gather
+        all_reduce("target")
+        kernel("exp")
+        kernel("sum")
+        all_reduce("sum")
+        kernel("div")
+        token_kernels(LOSS_TOKEN_KERNELS - 10)  # log, subtract; the loss function; the scalings
+        tokens = 0
+        token_kernels(LOSS_BACKWARD_TOKEN_KERNELS, "loss_bwd")
+        for name, nbytes, flops in LOSS_BACKWARD_KERNELS:
+            self.elementwise(f"{tag}.loss_bwd.{name}", logits, nbytes, flops)
+
+    # ---- the embedding -------------------------------------------------------
+    def embedding_elements(self) -> float:
+        """Elements of the embedding's output before the residual stream's split over X (sp): tokens x hidden/gy."""
+        return self.tokens * self.model.hidden / self.sizes["y"]
+
+    def word_table_elements(self) -> float:
+        """The word table (and tied LM head) on this rank: split over vocabulary (X) and hidden (Y), sharded over Z."""
+        return self.model.vocab * self.model.hidden / self.plan.tensor_parallel_size
+
+    def position_table_elements(self) -> float:
+        """The position table on this rank: replicated over X (Megatron's Embedding), split like the word table else."""
+        return self.model.seq * self.model.hidden / (self.sizes["y"] * self.sizes["z"])
+
+    def embedding_forward(self, tag: str) -> None:
+        """Embedding.forward (EMBEDDING_* constants): lookups, sum, transpose, dropout."""
+        out = self.embedding_elements()
         if self.sizes["x"] > 1:
-            self.blocking(f"{tag}.loss.ar_x", "all_reduce", "x", 2 * 4 * self.tokens, "fp32")
-        self.elementwise(f"{tag}.loss_bwd", logits, LOSS_BYTES, 4)
+            for i in range(EMBEDDING_VOCAB_TOKEN_KERNELS):
+                self.elementwise(f"{tag}.embed.token{i}", self.tokens, TOKEN_KERNEL_BYTES, 1)
+        self.elementwise(f"{tag}.embed.word", out, EMBEDDING_LOOKUP_BYTES, 0)
+        if self.sizes["x"] > 1:
+            self.elementwise(f"{tag}.embed.mask", out, EMBEDDING_MASK_BYTES, 1)
+            self.blocking(f"{tag}.embed.ar_x", "all_reduce", "x", self.b * out)
+        self.elementwise(f"{tag}.embed.pos", out, EMBEDDING_LOOKUP_BYTES, 0)
+        self.elementwise(f"{tag}.embed.add", out, EMBEDDING_ADD_BYTES, 1)
+        if self.plan.mbs > 1:
+            self.elementwise(f"{tag}.embed.transpose", out, COPY_BYTES, 0)
+        self.elementwise(f"{tag}.embed.dropout", self.residual_elements(), EMBEDDING_DROPOUT_BYTES, DROPOUT_FLOPS)
+
+    def embedding_backward(self, tag: str) -> None:
+        """The embedding's backward: dropout, each table's dense gradient, the tied head's, the accumulations."""
+        out = self.embedding_elements()
+        self.elementwise(f"{tag}.embed_bwd.dropout", self.residual_elements(), DROPOUT_BACKWARD_BYTES, 2)
+        for table, elements in (("pos", self.position_table_elements()), ("word", self.word_table_elements())):
+            if self.plan.mbs > 1:
+                self.elementwise(f"{tag}.embed_bwd.{table}_copy", out, COPY_BYTES, 0)
+            self.elementwise(f"{tag}.embed_bwd.{table}_zero", elements, 2, 0)
+            if self.tokens > EMBEDDING_DIRECT_MAX_INDICES:
+                for i in range(EMBEDDING_SORTED_KERNELS):
+                    self.elementwise(f"{tag}.embed_bwd.{table}_sort{i}", self.tokens, TOKEN_KERNEL_BYTES, 1)
+            self.elementwise(f"{tag}.embed_bwd.{table}", out, EMBEDDING_SCATTER_BYTES, 1)
+        if self.plan.pp == 1:  # the LM head's gradient of the same (tied) table
+            self.elementwise(f"{tag}.embed_bwd.tied_grad_add", self.word_table_elements(), GRAD_ADD_BYTES, 1)
+        self.accumulate(f"{tag}.bwd", "embed.word", self.word_table_elements())
+        self.accumulate(f"{tag}.bwd", "embed.pos", self.position_table_elements())
 
     # ---- pipeline transfers ------------------------------------------------
     def p2p_bytes(self) -> float:
@@ -354,7 +732,7 @@ class _StageWriter:
         tag = self.tag(mb, chunk)
         blocks = self.chunks[chunk]
         if self.is_first(chunk):
-            self.elementwise(f"{tag}.embed", self.residual_elements(), 2 * self.b, 1)
+            self.embedding_forward(tag)
         else:
             self.receive(tag, "act", self.neighbour(chunk, -1))
         order = [lin for block in blocks for lin in block] + ([self.lm_head] if self.is_last(chunk) else [])
@@ -372,8 +750,9 @@ class _StageWriter:
     def backward_chunk(self, mb: int, chunk: int) -> None:
         tag = self.tag(mb, chunk)
         if self.is_last(chunk):
-            self.linear_backward(f"{tag}.bwd", self.lm_head)
-            self.elementwise(f"{tag}.ln_f_bwd", self.residual_elements(), BACKWARD_ELEMENTWISE_FACTOR * LAYERNORM_BYTES, 8)
+            # Tied to the word table on one stage: its gradient is summed with the lookup's and accumulated there.
+            self.linear_backward(f"{tag}.bwd", self.lm_head, accumulate=self.plan.pp > 1)
+            self.layernorm_backward(f"{tag}.bwd", None, "ln_f", grad_add=False)
         else:
             self.receive(tag, "grad", self.neighbour(chunk, +1))
         for block in reversed(self.chunks[chunk]):
@@ -381,7 +760,7 @@ class _StageWriter:
                 self.block_forward(f"{tag}.rc", block, None, None)
             self.block_backward(tag, block)
         if self.is_first(chunk):
-            self.elementwise(f"{tag}.embed_bwd", self.residual_elements(), 2 * self.b, 1)
+            self.embedding_backward(tag)
         else:
             self.send(tag, "grad", self.neighbour(chunk, -1))
         self.w.wait(*self.deferred_waits)
@@ -402,11 +781,27 @@ class _StageWriter:
             buckets.append(("embed", float(self.model.embedding_params)))
         return buckets
 
+    def parameter_tensors(self) -> int:
+        """Parameter tensors of this stage: 12 a layer, word and position tables, final norm, an untied LM head."""
+        tensors = 12 * sum(len(chunk) for chunk in self.chunks)
+        if self.stage == 0:
+            tensors += 2
+        if self.stage == self.plan.pp - 1:
+            tensors += 2 + (1 if self.plan.pp > 1 else 0)
+        return tensors
+
+    def zero_grad(self) -> None:
+        """train_step's zero_grad_buffer: main_grad zeroed before the first micro-batch."""
+        local_params = sum(params for _, params in self.gradient_buckets()) / self.plan.tensor_parallel_size
+        self.elementwise("zero_grad", local_params, main_grad_bytes(self.dtype), 0)
+
     def data_parallel_and_optimizer(self) -> None:
-        """Gradient sync over data (by ZeRO stage), the tied-embedding sync, then Adam."""
+        """Gradient scaling and sync over data (by ZeRO stage), the tied-embedding sync, then the optimizer's passes."""
         plan, tp = self.plan, self.plan.tensor_parallel_size
         buckets = self.gradient_buckets()
         local_params = sum(params for _, params in buckets) / tp
+        main = main_grad_bytes(self.dtype)
+        self.elementwise("dp.grad_scale", local_params, 2 * main, 1)  # main_grad /= data-parallel size
         if plan.pp > 1 and self.stage in (0, plan.pp - 1):
             self.blocking("tied.embed.ar", "all_reduce", "tied", self.b * self.model.vocab * self.model.hidden / tp)
         gathers = []
@@ -416,15 +811,21 @@ class _StageWriter:
                    for name, params in buckets]
             self.w.wait(*ops)
             gathers = buckets if plan.zero in (1, 2) else []
-        optimizer_params = local_params / (plan.gdata if plan.zero else 1)
-        self.w.compute(
-            "optimizer",
-            Elementwise(nbytes=OPTIMIZER_BYTES_PER_PARAM * optimizer_params, flops=OPTIMIZER_FLOPS_PER_PARAM * optimizer_params),
-        )
+        shards = plan.gdata if plan.zero else 1
+        optimizer_params = local_params / shards
+        passes = list(OPTIMIZER_PASSES)
+        if self.dtype == "fp16":
+            casts = ceil(self.parameter_tensors() / shards)  # one .float() per parameter tensor (of the shard)
+            for i in range(casts):
+                self.elementwise(f"optimizer.grad_cast{i}", optimizer_params / casts, FP16_GRAD_CAST_BYTES, 0)
+            passes.insert(0, FP16_UNSCALE_PASS)
+        for name, nbytes, flops in passes:
+            self.elementwise(f"optimizer.{name}", optimizer_params, nbytes, flops)
         for name, params in gathers:  # ZeRO-1/2: every rank needs the updated weights back
             self.blocking(f"dp.{name}.ag_data", "all_gather", "data", self.b * params / tp)
 
     def write(self) -> list:
+        self.zero_grad()
         for step in pipeline_order(self.plan.pp, self.plan.vpp, self.plan.ga, self.stage):
             if step.kind == "F":
                 self.forward_chunk(step.micro_batch, step.chunk)

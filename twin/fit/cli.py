@@ -51,6 +51,12 @@ def describe_run(run) -> str:
             f"on {run.gpus} GPUs {plan} gb={p.global_batch}")
 
 
+def _finite(x: float) -> float | None:
+    """x, or None where it is not a number (a spread from as many runs as parameters; a rank correlation of a
+    constant): JSON has no NaN."""
+    return float(x) if np.isfinite(x) else None
+
+
 def _error_stats(e: np.ndarray) -> dict[str, float]:
     return {"mean_abs_pct": 100 * float(np.abs(e).mean()), "mean_pct": 100 * float(e.mean()),
             "max_abs_pct": 100 * float(np.abs(e).max())}
@@ -90,9 +96,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     today = datetime.date.today().isoformat()
     values = {}
     for p, start, value in zip(result.params, result.start, result.values):
+        here = machine.sources.get(p.path)
+        was = f"was {here.value:.4g} ({here.provenance})" if here is not None else f"absent from the file, started at {start:.4g}"
         note = (f"twin fit on {Path(args.runs).name} ({len(runs)} runs{assumed}), {today}: mean step error "
-                f"{100 * np.abs(result.errors_after).mean():.1f}%{cv}; was {start:.4g} "
-                f"({machine.sources[p.path].provenance})")
+                f"{100 * np.abs(result.errors_after).mean():.1f}%{cv}; {was}")
         values[p.path] = (value, note)
     for path, value in base:  # what-ifs of the base file become part of the fitted one, marked as such
         values.setdefault(path, (value, f"set with --set for twin fit on {Path(args.runs).name}, {today}"))
@@ -117,8 +124,10 @@ def _carry(args: argparse.Namespace, machine, params) -> int:
         if s is None or not s.fitted:
             raise TwinError(f"--from {args.carry_from}: {p.path} was not fitted there; carry only fitted numbers "
                             "(--params)")
+        here = machine.sources.get(p.path)
+        was = f"{here.value:.4g}" if here is not None else "absent"
         values[p.path] = (s.value, f"carried from {Path(args.carry_from).name} ({donor.name}), where it was fitted: "
-                                   f"{s.fitted}; was {machine.sources[p.path].value:.4g} here")
+                                   f"{s.fitted}; was {was} here")
     write_fitted(machine.path, values, args.output)
     doc = {"machine": machine.name, "from": args.carry_from, "output": args.output,
            "carried": {path: value for path, (value, _) in values.items()}}
@@ -135,8 +144,8 @@ def _fit_json(result, args: argparse.Namespace) -> dict:
     return {
         "machine": result.machine, "runs_file": args.runs, "runs": len(result.runs), "assume": args.assume or "",
         "output": args.output, "passes": result.passes, "wall_s": result.wall_s, "folds": result.folds,
-        "parameters": [{"path": p.path, "meaning": p.meaning, "file_value": s, "fitted": v, "std": e,
-                        "lower": p.lower, "upper": p.upper}
+        "parameters": [{"path": p.path, "meaning": p.meaning, "file_value": s, "fitted": v,
+                        "std": _finite(e), "lower": p.lower, "upper": p.upper}
                        for p, s, v, e in zip(result.params, result.start, result.values, result.std)],
         "left_out": list(result.dropped),
         "errors": {"machine_file": _error_stats(result.errors_before), "fitted": _error_stats(result.errors_after),
@@ -152,7 +161,8 @@ def _print_fit(result, doc: dict, args: argparse.Namespace) -> None:
           + (f"; assumed {args.assume}" if args.assume else "") + ")")
     print(f"  {'parameter':<42}{'file':>10}{'fitted':>11}{'± std':>10}  meaning")
     for p in doc["parameters"]:
-        print(f"  {p['path']:<42}{p['file_value']:>10.4g}{p['fitted']:>11.4g}{p['std']:>10.2g}  {p['meaning']}")
+        std = "n/a" if p["std"] is None else f"{p['std']:.2g}"
+        print(f"  {p['path']:<42}{p['file_value']:>10.4g}{p['fitted']:>11.4g}{std:>10}  {p['meaning']}")
     if result.dropped:
         print(f"  left out (no run depends on them): {', '.join(result.dropped)}")
     print(f"\n  {'simulated step error':<28}{'mean |e|':>10}{'mean e':>10}{'max |e|':>10}")
@@ -245,7 +255,7 @@ def validate_runs(args: argparse.Namespace) -> int:
          "error_pct": {n: 100 * float(c[i] / r.step_time_s - 1) for n, c in columns.items()}}
         for i, r in enumerate(runs)],
         "summary": {n: {**_error_stats(c / measured - 1), "spearman_by_label": {
-            label: _spearman(measured[sel], c[sel]) for label in labels
+            label: _finite(_spearman(measured[sel], c[sel])) for label in labels
             if (sel := np.array([r.label == label for r in runs])).sum() > 2}} for n, c in columns.items()}}
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -257,7 +267,7 @@ def validate_runs(args: argparse.Namespace) -> int:
         print(f"{row['run'][-70:]:<70}{1e3 * row['measured_s']:>8.1f}ms{cells}")
     for n in names:
         s = doc["summary"][n]
-        order = ", ".join(f"{k or 'all'} {v:.2f}" for k, v in s["spearman_by_label"].items())
+        order = ", ".join(f"{k or 'all'} {'n/a' if v is None else f'{v:.2f}'}" for k, v in s["spearman_by_label"].items())
         print(f"\n{n}: mean |error| {s['mean_abs_pct']:.1f}%, mean {s['mean_pct']:+.1f}%, max {s['max_abs_pct']:.1f}%"
               f" over {len(runs)} runs; Spearman (measured vs predicted order) by label: {order}")
     for note in notes:

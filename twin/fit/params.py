@@ -31,6 +31,7 @@ class FitParameter:
     lower: float
     upper: float
     meaning: str
+    start: float = 0.0  # where a fit starts when the machine file lacks the number (an optional key) or has 0
 
 
 def _parameters(machine: Machine) -> dict[str, FitParameter]:
@@ -38,7 +39,7 @@ def _parameters(machine: Machine) -> dict[str, FitParameter]:
     dev = machine.device
     empirical_tf = dev.empirical_gemm_flop_per_s / 1e12
     return {p.path: p for p in (
-        FitParameter("device.launch_interval_us", 1.0, 500.0, "host time per op the framework issues"),
+        FitParameter("device.launch_interval_us", 1.0, 500.0, "host time per op the framework issues", start=10.0),
         FitParameter("device.kernel_overhead_us", 0.5, 200.0, "fixed device time per kernel: launch and tail"),
         FitParameter("device.empirical_gemm_bf16_tflop_per_s", empirical_tf / 5, dev.peak_flop_per_s / 1e12,
                      "GEMM rate at large shapes"),
@@ -70,5 +71,7 @@ def fit_parameters(machine: Machine, names: tuple[str, ...] = DEFAULT_PARAMETERS
 
 
 def file_value(machine: Machine, param: FitParameter) -> float:
-    """The parameter's value in the machine file (after any --set), in the file's units."""
-    return machine.sources[param.path].value
+    """The parameter's value in the machine file (after any --set), in the file's units; its `start` where the
+    file lacks it or has 0 (a log-parameter fit cannot start at 0)."""
+    s = machine.sources.get(param.path)
+    return s.value if s is not None and s.value > 0 else param.start

@@ -90,8 +90,9 @@ def _continued(a: PathCosts, b: PathCosts, extra: int) -> PathCosts:
 
 def step_plans(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int
                ) -> tuple[tuple[ParallelPlan, ...], int]:
-    """The plans to simulate for `plan`'s step (itself, or two short ones) and how far to continue the second."""
-    resolved, _ = resolve_step(model, plan, machine, gpus)
+    """The plans to simulate for a measured run's step (itself, or two short ones) and how far to continue the
+    second. It ran, so its memory is checked against the whole HBM (twin.build.resolve_step)."""
+    resolved, _ = resolve_step(model, plan, machine, gpus, measured=True)
     points = evaluation_points(resolved)
     if points is None:
         return (resolved,), 0
@@ -100,8 +101,10 @@ def step_plans(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int
 
 def simulate_plan(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
                   collectives: CollectiveModel | None = None) -> PathCosts:
-    """PathCosts of exactly this plan's step (mbs and ga resolved); `collectives` as twin.sim.engine.simulate."""
-    return path_costs(simulate(build_step(model, plan, machine, gpus).schedule, machine, collectives=collectives))
+    """PathCosts of exactly this measured run's plan (mbs and ga resolved); `collectives` as
+    twin.sim.engine.simulate."""
+    schedule = build_step(model, plan, machine, gpus, measured=True).schedule
+    return path_costs(simulate(schedule, machine, collectives=collectives))
 
 
 def combined(costs: tuple[PathCosts, ...], extra: int) -> PathCosts:
@@ -110,6 +113,6 @@ def combined(costs: tuple[PathCosts, ...], extra: int) -> PathCosts:
 
 
 def simulate_path_costs(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> PathCosts:
-    """Simulate one step of `plan` (from two short steps when it has many micro-batches) and reduce it to PathCosts."""
+    """Simulate one measured run's step (from two short steps when it has many micro-batches), as PathCosts."""
     plans, extra = step_plans(model, plan, machine, gpus)
     return combined(tuple(simulate_plan(model, p, machine, gpus) for p in plans), extra)

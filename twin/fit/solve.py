@@ -46,6 +46,7 @@ from twin.sim.compute import ComputeModel
 from twin.sim.engine import simulate
 
 CONVERGED = 0.005  # relative parameter change below which another pass would not move the path
+IMPROVED = 1e-3  # a pass must lower the simulated squared error by this fraction to go on
 MAX_PASSES = 8
 PARALLEL_COLUMNS = 0.995  # |cosine| between two Jacobian columns above which the runs cannot tell them apart
 _JACOBIAN_STEP = 1e-4  # in log-parameter space: a 0.01% move
@@ -146,30 +147,39 @@ def simulate_runs(runs: list[MeasuredRun], machine_name: str, overrides: list[tu
 # ---------------------------------------------------------------- the surrogate
 
 class Surrogate:
-    """Step times of many runs as functions of the fitted parameters, from one pass's PathCosts."""
+    """Step times of many runs as functions of the fitted parameters, from the PathCosts of one or more passes.
 
-    def __init__(self, paths: list[PathCosts], machine_name: str, base: tuple[Override, ...],
+    A critical path found at some parameters is still a chain of dependent ops at any others, so its cost
+    there is a lower bound on the step: with the paths of several passes, each run's step is the largest of its
+    paths' costs. Exact at every simulated point, it lets the fit see where another path takes over instead of
+    overshooting past it and coming back a pass later.
+    """
+
+    def __init__(self, passes: list[list[PathCosts]], machine_name: str, base: tuple[Override, ...],
                  params: tuple[FitParameter, ...]) -> None:
         self.machine_name, self.base, self.params = machine_name, base, params
+        self.n = len(passes[0])
         index: dict[Work, int] = {}
         rows, works, stretch = [], [], []
-        for i, p in enumerate(paths):
-            for w, s in zip(p.works, p.stretch):
+        flat = [p for paths in passes for p in paths]  # pass k's run i is entry k * n + i
+        for i, p in enumerate(flat):
+            for w, st in zip(p.works, p.stretch):
                 rows.append(i)
                 works.append(index.setdefault(w, len(index)))
-                stretch.append(s)
+                stretch.append(st)
         self.works = list(index)
         self.rows, self.work_of, self.stretch = np.array(rows, int), np.array(works, int), np.array(stretch)
-        self.constant = np.array([p.constant_s for p in paths])
-        self.launches = np.array([p.launches for p in paths])
+        self.constant = np.array([p.constant_s for p in flat])
+        self.launches = np.array([p.launches for p in flat])
 
     def steps(self, log_values: np.ndarray) -> np.ndarray:
         """Every run's step at parameters exp(log_values)."""
         overrides = self.base + _overrides(self.params, log_values)
         compute = ComputeModel(load_machine(self.machine_name, overrides).device)
         durations = np.array([compute.duration_s(w) for w in self.works])
-        return (self.constant + self.launches * compute.device.launch_interval_s
-                + np.bincount(self.rows, self.stretch * durations[self.work_of], minlength=len(self.constant)))
+        per_path = (self.constant + self.launches * compute.device.launch_interval_s
+                    + np.bincount(self.rows, self.stretch * durations[self.work_of], minlength=len(self.constant)))
+        return per_path.reshape(-1, self.n).max(axis=0)
 
 
 # ---------------------------------------------------------------- bounded least squares
@@ -247,8 +257,11 @@ def _relative_errors(paths: list[PathCosts], runs: list[MeasuredRun]) -> np.ndar
 
 def fit(runs: list[MeasuredRun], machine_name: str, base: tuple[Override, ...], params: tuple[FitParameter, ...],
         *, folds: int = 5, jobs: int = 1, explicit: bool = True, progress: Callable | None = None,
-        say: Callable[[str], None] = lambda line: None) -> FitResult:
-    """Fit `params` of machine `machine_name` (with `base` what-ifs) to `runs` (module docstring)."""
+        say: Callable[[str], None] = lambda line: None, refuse: bool = True) -> FitResult:
+    """Fit `params` of machine `machine_name` (with `base` what-ifs) to `runs` (module docstring).
+
+    `refuse=False` returns a degenerate fit instead of refusing it: for investigating the model, never for
+    writing a machine file."""
     wall = time.perf_counter()
     machine = load_machine(machine_name, base)
     if len(runs) < len(params):
@@ -261,7 +274,7 @@ def fit(runs: list[MeasuredRun], machine_name: str, base: tuple[Override, ...], 
     passes = _Passes(runs, machine_name, base, jobs, progress, say)
     start = np.log([file_value(machine, p) for p in params])
     at_start = passes.simulate(subset, params, start, "at the machine file's values")
-    params, dropped = _drop_idle(params, Surrogate(at_start, machine_name, base, params), start, runs, subset,
+    params, dropped = _drop_idle(params, Surrogate([at_start], machine_name, base, params), start, runs, subset,
                                  explicit)
     if dropped:
         say(f"left out (no run depends on them): {', '.join(dropped)}")
@@ -270,27 +283,27 @@ def fit(runs: list[MeasuredRun], machine_name: str, base: tuple[Override, ...], 
     x = np.clip(start, lo, hi)
     first: list[PathCosts] | None = at_start
     if len(subset) < len(runs):
-        x, _, _ = passes.converge(subset, params, x, lo, hi, first=at_start)
+        x, _, _, _ = passes.converge(subset, params, x, lo, hi, first=at_start)
         first = None
-    x, paths, J = passes.converge(everything, params, x, lo, hi, first=first)
+    x, paths, J, history = passes.converge(everything, params, x, lo, hi, first=first)
     reason = _at_bound(params, x, lo, hi) or _degeneracy(params, J)
-    if reason:
+    if reason and refuse:
         raise TwinError(f"fit refused: {reason}")
     after = _relative_errors(paths, runs)
-    dof = max(len(runs) - len(params), 1)
-    covariance = float(after @ after) / dof * np.linalg.pinv(J.T @ J)
+    dof = len(runs) - len(params)  # none: as many runs as parameters, an exact solve with no spread to measure
+    covariance = float(after @ after) / dof * np.linalg.pinv(J.T @ J) if dof else np.full((len(x), len(x)), np.nan)
     std = np.exp(x) * np.sqrt(np.clip(np.diag(covariance), 0, None))
     before = _relative_errors(at_start, [runs[i] for i in subset])
     cv = None
     if folds:
         say(f"cross-validation: {folds} folds, each fitted without its runs and predicting them")
-        cv = _cross_validate(runs, paths, machine_name, base, params, start, lo, hi, folds)
+        cv = _cross_validate(runs, history, machine_name, base, params, start, lo, hi, folds)
     return FitResult(machine.name, params, tuple(np.exp(start)), tuple(np.exp(x)), tuple(std), runs, before, after,
                      cv, folds, passes.count, time.perf_counter() - wall, dropped)
 
 
-SUBSET_STRIDE = 4  # early passes simulate every 4th run...
-SUBSET_MIN = 100  # ...when that leaves at least this many
+SUBSET_STRIDE = 8  # early passes simulate every 8th run...
+SUBSET_MIN = 60  # ...when that leaves at least this many
 TRUST = np.log(2.0)  # one pass moves no parameter by more than a factor of 2: the path may move beyond that
 
 
@@ -311,20 +324,32 @@ class _Passes:
                              self.progress)
 
     def converge(self, rows: np.ndarray, params, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                 first: list[PathCosts] | None) -> tuple[np.ndarray, list[PathCosts], np.ndarray]:
-        """Passes over `rows` until one moves no parameter by CONVERGED; (that pass's x, its paths, Jacobian)."""
+                 first: list[PathCosts] | None) -> tuple[np.ndarray, list[PathCosts], np.ndarray, list]:
+        """Passes over `rows` until one moves no parameter by CONVERGED, or its simulated error is no better than
+        the best pass's (by IMPROVED): (the best pass's x, its paths, the Jacobian there, every pass's paths)."""
         measured = self.measured[rows]
+        history: list[list[PathCosts]] = []
+        best: tuple[float, np.ndarray, list[PathCosts]] | None = None
         for attempt in range(MAX_PASSES):
             at = ", ".join(f"{path.split('.')[-1]}={v:.4g}" for path, v in _overrides(params, x))
             paths = first if (attempt == 0 and first is not None) else self.simulate(rows, params, x, f"at {at}")
-            surrogate = Surrogate(paths, self.machine_name, self.base, params)
-            x_new, _, J = least_squares(lambda v: surrogate.steps(v) / measured - 1, x,
-                                        np.maximum(lo, x - TRUST), np.minimum(hi, x + TRUST))
-            if float(np.max(np.abs(np.expm1(x_new - x)))) < CONVERGED:
-                return x, paths, J
+            history.append(paths)
+            errors = np.array([p.step_s for p in paths]) / measured - 1
+            cost = float(errors @ errors)
+            if best is not None and cost > best[0] * (1 - IMPROVED):
+                break  # the last move did not pay off in simulation: the best pass is the fit
+            best = (cost, x, paths)
+            surrogate = Surrogate(history, self.machine_name, self.base, params)
+            x_new, predicted, _ = least_squares(lambda v: surrogate.steps(v) / measured - 1, x,
+                                                np.maximum(lo, x - TRUST), np.minimum(hi, x + TRUST))
+            if float(np.max(np.abs(np.expm1(x_new - x)))) < CONVERGED or cost - predicted @ predicted < IMPROVED * cost:
+                break  # another pass could not move the path, or not gain enough to be worth simulating
             x = x_new
-        raise TwinError(f"fit did not settle in {MAX_PASSES} simulation passes (the critical paths keep moving); "
-                        "fit fewer --params, or check the runs")
+        _, x, paths = best
+        surrogate = Surrogate(history, self.machine_name, self.base, params)
+        residuals = surrogate.steps(x) / measured - 1
+        J = _jacobian(lambda v: surrogate.steps(v) / measured - 1, x, residuals, hi)
+        return x, paths, J, history
 
 
 def _drop_idle(params, surrogate: Surrogate, start: np.ndarray, runs, rows: np.ndarray, explicit: bool):
@@ -348,11 +373,11 @@ def fold_of(n: int, folds: int) -> np.ndarray:
     return np.random.default_rng(0).permutation(n) % folds
 
 
-def _cross_validate(runs, paths, machine_name, base, params, start, lo, hi, folds) -> np.ndarray:
-    """Each run predicted by parameters fitted without its fold (on the surrogate of the final pass)."""
+def _cross_validate(runs, history, machine_name, base, params, start, lo, hi, folds) -> np.ndarray:
+    """Each run predicted by parameters fitted without its fold (on the surrogate of the full passes)."""
     measured = np.array([r.step_time_s for r in runs])
     fold = fold_of(len(runs), folds)
-    surrogate = Surrogate(paths, machine_name, base, params)
+    surrogate = Surrogate(history, machine_name, base, params)
     errors = np.empty(len(runs))
     for k in range(folds):
         train = fold != k

@@ -1,0 +1,239 @@
+"""The kernels a training step launches besides its GEMMs, attention and communication (twin.builders.axonn).
+
+The inventory is written out here, independently of the builder, from Megatron-DeepSpeed's code
+(microsoft/Megatron-DeepSpeed c08e2cc2: megatron/model/transformer.py, fused_layer_norm.py, fused_bias_gelu.py,
+megatron/core/tensor_parallel/layers.py and cross_entropy.py, megatron/model/distributed.py,
+megatron/optimizer/optimizer.py and clip_grads.py), one kernel per entry, with the bytes it moves per element of
+the tensor it walks (2 per bf16 value read or written, 4 per fp32 value, 1 per dropout-mask element). Since the
+simulator issues ops one host launch apart, the number of kernels is checked as well as the bytes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import SMALL_SPEC
+from twin.build import build_step
+from twin.ir import Attention, Collective, Elementwise, Gemm
+from twin.model import parse_model_spec
+from twin.plan import ParallelPlan, parse_plan
+from twin.search.passes import pass_of
+
+H, F, SEQ, VOCAB, HEADS, LAYERS = 512, 2048, 128, 1024, 8, 2
+SMALL = parse_model_spec(SMALL_SPEC)  # hidden 512: apex's layer norm (not a persistent-kernel size)
+WIDE = parse_model_spec(SMALL_SPEC.replace("hidden=512", "hidden=1024"))  # hidden 1024: the persistent kernel
+
+
+def build(frontier, model, text: str, global_batch: int):
+    plan = parse_plan(text, ParallelPlan(global_batch=global_batch))
+    gpus = plan.gx * plan.gy * plan.gz * plan.gdata * plan.pp
+    return build_step(model, plan, frontier, gpus)
+
+
+def layer_inventory(h: int, gx: int, mbs: int, attention: str, persistent_ln: bool, acc: int = 10):
+    """(forward, backward): each a list of (name, elements, bytes per element) for one layer and micro-batch on a
+    Megatron tensor-parallel rank (gx = TP, gy = gz = 1, no sequence parallelism); a GEMM or attention kernel has
+    elements None. `acc`: bytes per element of main_grad.add_(grad) (fp32 main_grad in bf16: 4 + 2 + 4)."""
+    f, T = 4 * h, mbs * SEQ
+    res, heads, ffn, qkv_out = T * h, T * h / gx, T * f / gx, T * 3 * h / gx
+    scores = mbs * HEADS // gx * SEQ * SEQ
+    gemm = None
+    fwd = [("ln1", res, 4), ("qkv.gemm", gemm, 0), ("qkv.bias", qkv_out, 4)]
+    if attention == "flash":
+        fwd += [("attn_q_copy", heads, 4), ("attn_k_copy", heads, 4), ("attn_v_copy", heads, 4),
+                ("attn_seqlens", mbs + 1, 4), ("attn", gemm, 0)]
+        fwd += [("attn_context_copy", heads, 4)] if mbs > 1 else []
+    else:
+        fwd += [("attn_scores", gemm, 0), ("attn_softmax", scores, 4), ("attn_dropout", scores, 5),
+                ("attn_context", gemm, 0), ("attn_context_copy", heads, 4)]
+    fwd += [("attn_out.gemm", gemm, 0), ("resid1", res, 7), ("ln2", res, 4), ("mlp_up.gemm", gemm, 0),
+            ("gelu", ffn, 4), ("mlp_down.gemm", gemm, 0), ("mlp_down.bias", res, 4), ("resid2", res, 7)]
+
+    def ln_bwd(name):
+        partial_sum = (f"{name}_bwd_params_sum", h, 2 * 16 * 4 + 2 * 2)  # 16 fp32 partial rows of dgamma and dbeta
+        if persistent_ln:
+            kernels = [(f"{name}_bwd", res, 6), partial_sum]
+        else:
+            kernels = [(f"{name}_bwd_params", res, 4), partial_sum, (f"{name}_bwd", res, 6)]
+        return kernels + [(f"{name}_grad_add", res, 6), (f"acc.{name}.weight", h, acc), (f"acc.{name}.bias", h, acc)]
+
+    def linear_bwd(name, k, n):
+        return [(f"{name}.dI", gemm, 0), (f"{name}.dW", gemm, 0), (f"acc.{name}.weight", k * n / gx, acc)]
+
+    bwd = [("resid2_bwd", res, 5), ("mlp_down.dbias", res, 2), ("acc.mlp_down.bias", h, acc)]
+    bwd += linear_bwd("mlp_down", f, h)
+    bwd += [("gelu_bwd", ffn, 6), ("mlp_up.dbias", ffn, 2), ("acc.mlp_up.bias", f / gx, acc)]
+    bwd += linear_bwd("mlp_up", h, f)
+    bwd += ln_bwd("ln2")
+    bwd += [("resid1_bwd", res, 5), ("attn_out.dbias", res, 2), ("acc.attn_out.bias", h, acc)]
+    bwd += linear_bwd("attn_out", h, h)
+    grads = [("attn_q_grad", heads, 4), ("attn_k_grad", heads, 4), ("attn_v_grad", heads, 4)]
+    if attention == "flash":
+        bwd += ([("attn_bwd_copy", heads, 4)] if mbs > 1 else []) + [("attn_bwd", gemm, 0)]
+        bwd += grads if mbs > 1 else [("attn_qkv_grad", 3 * heads, 4)]
+    else:
+        bwd += [("attn_context_dV", gemm, 0), ("attn_context_dP", gemm, 0), ("attn_dropout_bwd", scores, 5),
+                ("attn_softmax_bwd", scores, 6), ("attn_scores_dQ", gemm, 0), ("attn_scores_dQ_scale", heads, 4),
+                ("attn_scores_dK", gemm, 0), ("attn_scores_dK_scale", heads, 4)] + grads
+    bwd += [("qkv.dI", gemm, 0), ("qkv.dW", gemm, 0), ("qkv.dbias", qkv_out, 2),
+            ("acc.qkv.weight", h * 3 * h / gx, acc), ("acc.qkv.bias", 3 * h / gx, acc)]
+    bwd += ln_bwd("ln1")
+    return fwd, bwd
+
+
+def layer_ops(program, mb: int, phase: str, layer: int) -> list[tuple[str, object]]:
+    """(name without the mb/pass/layer prefix, work) of one layer pass's compute ops, accumulations included."""
+    out = []
+    for op in program.ops:
+        if op.is_comm:
+            continue
+        for prefix, keep in ((f"mb{mb}.{phase}.L{layer}.", ""), (f"mb{mb}.{phase}.acc.L{layer}.", "acc.")):
+            if op.name.startswith(prefix):
+                out.append((keep + op.name[len(prefix):], op.work))
+    return out
+
+
+def assert_inventory(got: list, want: list) -> None:
+    assert [name for name, _ in got] == [name for name, _, _ in want]
+    for (name, work), (_, elements, nbytes) in zip(got, want):
+        if elements is None:
+            assert isinstance(work, (Gemm, Attention)), name
+        else:
+            assert isinstance(work, Elementwise), name
+            assert work.nbytes == pytest.approx(elements * nbytes, rel=1e-12), name
+
+
+# Kernels per layer and micro-batch (forward; backward with its accumulations), counted by hand from the lists
+# above: the report's inventory table.
+COUNTS = [  # (model, plan, attention, mbs, forward, backward)
+    (WIDE, "flash", 1, 16, 35),
+    (WIDE, "flash", 2, 17, 38),
+    (WIDE, "unfused", 1, 16, 44),
+    (SMALL, "flash", 2, 17, 40),  # apex's layer norm: one more backward kernel per layer norm
+    (SMALL, "unfused", 2, 16, 46),
+]
+
+
+@pytest.mark.parametrize("model, attention, mbs, n_fwd, n_bwd", COUNTS)
+@pytest.mark.parametrize("gx", [1, 2])
+def test_layer_kernels_per_pass(frontier, model, attention, mbs, n_fwd, n_bwd, gx):
+    b = build(frontier, model, f"tp={gx},dp=2,mbs={mbs},attention={attention},recompute=full", 2 * 2 * mbs)
+    program = b.schedule.programs[0]
+    fwd, bwd = layer_inventory(model.hidden, gx, mbs, attention, persistent_ln=model.hidden == 1024)
+    assert (len(fwd), len(bwd)) == (n_fwd, n_bwd)
+    for mb in range(b.plan.ga):
+        for layer in range(LAYERS):
+            assert_inventory(layer_ops(program, mb, "fwd", layer), fwd)
+            assert_inventory(layer_ops(program, mb, "rc", layer), fwd)  # full recompute reruns the forward
+            assert_inventory(layer_ops(program, mb, "bwd", layer), bwd)
+
+
+def test_unfused_layer_of_the_dgx_example(frontier):
+    """Per layer and micro-batch, unfused attention at mbs = 1 (13 forward and 18 backward kernels before this
+    inventory): 16 and 44, accumulations included."""
+    b = build(frontier, WIDE, "tp=1,dp=2,mbs=1,attention=unfused,recompute=full", 4)
+    program = b.schedule.programs[0]
+    assert len(layer_ops(program, 0, "fwd", 1)) == 16
+    assert len(layer_ops(program, 0, "bwd", 1)) == 44
+
+
+def test_accumulations_stay_outside_the_layer_passes(frontier):
+    """main_grad adds follow the parameters' sharding (ZeRO-3 over gz x gdata), which the search's screening bound
+    (built on the tensor-parallel grid alone) does not see: they are no layer pass's ops."""
+    b = build(frontier, SMALL, "gz=2,gdata=2,zero=3,mbs=1", 8)
+    accs = [op for op in b.schedule.programs[0].ops if ".acc." in op.name]
+    assert len(accs) == b.plan.ga * (12 * LAYERS + 2 + 2)  # the layers', ln_f's, the word and position tables'
+    assert all(pass_of(op.name) is None for op in accs)
+    weight = next(op for op in accs if op.name == "mb0.bwd.acc.L0.mlp_up.weight")
+    assert weight.work.nbytes == pytest.approx(10 * H * F / 4)  # the z+data shard of the weight
+
+
+@pytest.mark.parametrize("dtype, acc", [("bf16", 4 + 2 + 4), ("fp16", 2 + 2 + 2)])
+def test_every_parameter_is_accumulated_once_per_micro_batch(frontier, dtype, acc):
+    model = parse_model_spec(SMALL_SPEC + f",dtype={dtype}")
+    b = build(frontier, model, "tp=2,dp=2,mbs=1", 2 * 3)
+    program = b.schedule.programs[0]
+    # On each of the 2 tensor-parallel ranks: the weights, the QKV and h->4h biases and the word table (tied to the
+    # LM head) split in two; the other biases, the layer norms and the position table whole (Megatron's
+    # RowParallelLinear, LayerNorm and Embedding replicate them).
+    layer = (12 * H * H + 3 * H + F) / 2 + H + H + 4 * H
+    local = LAYERS * layer + VOCAB * H / 2 + SEQ * H + 2 * H
+    for mb in range(3):
+        total = sum(op.work.nbytes for op in program.ops if op.name.startswith(f"mb{mb}.bwd.acc."))
+        assert total == pytest.approx(acc * local)
+
+
+# ---- the step: main_grad zeroed and scaled, the optimizer's passes ---------------------------------------------
+
+def step_bytes_per_param(program, local_params: float) -> float:
+    step = [op for op in program.ops if op.name in ("zero_grad", "dp.grad_scale") or op.name.startswith("optimizer.")]
+    return sum(op.work.nbytes for op in step) / local_params
+
+
+@pytest.mark.parametrize("dtype, want", [
+    # zero_grad 4 + main_grad /= dp 4 + 4 + l2 norm 4 + clip 4 + 4 + Adam (4 reads, 3 writes of fp32) 28
+    # + fp32 master to bf16 weight 4 + 2
+    ("bf16", 4 + 8 + 4 + 8 + 28 + 6),
+    # fp16 main_grad: zero 2, scale 2 + 2, then .float() 2 + 4 and unscale 4 + 4 before the same passes
+    ("fp16", 2 + 4 + 6 + 8 + 4 + 8 + 28 + 6),
+])
+def test_optimizer_bytes_per_parameter(frontier, dtype, want):
+    model = parse_model_spec(SMALL_SPEC + f",dtype={dtype}")
+    b = build(frontier, model, "tp=2,dp=2,mbs=1", 4)
+    program = b.schedule.programs[0]
+    params = LAYERS * (12 * H * H + 13 * H) + VOCAB * H + SEQ * H + 2 * H
+    assert step_bytes_per_param(program, params / 2) == pytest.approx(want)
+    assert want == (58 if dtype == "bf16" else 66)
+    passes = [op.name for op in program.ops if op.name.startswith("optimizer.")]
+    tensors = 12 * LAYERS + 4  # per layer 4 weights, 4 biases, 2 x 2 norm parameters; word, position, ln_f x 2
+    casts = [f"optimizer.grad_cast{i}" for i in range(tensors)] if dtype == "fp16" else []
+    unscale = ["optimizer.unscale"] if dtype == "fp16" else []
+    assert passes == casts + unscale + ["optimizer.grad_norm", "optimizer.clip", "optimizer.adam", "optimizer.copy_params"]
+    assert program.ops[0].name == "zero_grad"
+
+
+def test_zero_shards_only_the_optimizer_passes(frontier):
+    """ZeRO-1: main_grad is zeroed and scaled whole (12 bytes a parameter), the passes run on 1/gdata of it."""
+    b = build(frontier, SMALL, "tp=2,dp=4,zero=1,mbs=1", 8)
+    params = LAYERS * (12 * H * H + 13 * H) + VOCAB * H + SEQ * H + 2 * H
+    assert step_bytes_per_param(b.schedule.programs[0], params / 2) == pytest.approx(12 + 46 / 4)
+
+
+# ---- the loss ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gx", [1, 2, 4])
+def test_loss_bytes_per_logit(frontier, gx):
+    b = build(frontier, SMALL, f"tp={gx},dp=2,mbs=2", 8)
+    program = b.schedule.programs[0]
+    logits = 2 * SEQ * VOCAB / gx  # tokens of the micro-batch x this rank's share of the vocabulary
+    fwd = [op for op in program.ops if op.name.startswith("mb0.loss.") and "token" not in op.name and not op.is_comm]
+    bwd = [op for op in program.ops if op.name.startswith("mb0.loss_bwd.") and "token" not in op.name]
+    # cast to fp32 2 + 4, max 4, subtract 4 + 4, exp 4 + 4, sum 4, divide 4 + 4
+    assert [op.name.rsplit(".", 1)[1] for op in fwd] == ["cast", "max", "sub", "exp", "sum", "div"]
+    assert sum(op.work.nbytes for op in fwd) / logits == pytest.approx(6 + 4 + 8 + 8 + 4 + 8)
+    # multiply by the incoming gradient 4 + 4 (in place, fp32), cast back 4 + 2
+    assert [op.name.rsplit(".", 1)[1] for op in bwd] == ["scale", "cast"]
+    assert sum(op.work.nbytes for op in bwd) / logits == pytest.approx(8 + 6)
+    tokens = [op for op in program.ops if op.name.startswith(("mb0.loss.token", "mb0.loss_bwd.token"))]
+    assert len(tokens) == 21 + 11
+    reduces = [op for op in program.ops if op.name.startswith("mb0.loss.") and op.is_comm]
+    if gx == 1:
+        assert reduces == []
+    else:  # max, target logit, sum of exponentials: one fp32 per token each
+        assert [op.name for op in reduces] == ["mb0.loss.max.ar_x", "mb0.loss.target.ar_x", "mb0.loss.sum.ar_x"]
+        assert all(op.work == Collective("all_reduce", "x", 4 * 2 * SEQ, "fp32") for op in reduces)
+
+
+# ---- the embedding -------------------------------------------------------------------------------------------------
+
+def test_embedding_kernels(frontier):
+    b = build(frontier, SMALL, "tp=2,dp=2,mbs=2", 8)
+    program = b.schedule.programs[0]
+    fwd = [op.name.split(".", 2)[2] for op in program.ops if op.name.startswith("mb0.embed.")]
+    assert fwd == [f"token{i}" for i in range(6)] + ["word", "mask", "ar_x", "pos", "add", "transpose", "dropout"]
+    bwd = [op.name.split(".", 2)[2] for op in program.ops if op.name.startswith("mb0.embed_bwd.")]
+    assert bwd == ["dropout", "pos_copy", "pos_zero", "pos", "word_copy", "word_zero", "word", "tied_grad_add"]
+    named = {op.name: op for op in program.ops}
+    assert named["mb0.embed.ar_x"].work == Collective("all_reduce", "x", 2 * 2 * SEQ * H, "bf16")
+    assert named["mb0.embed_bwd.word_zero"].work.nbytes == pytest.approx(2 * VOCAB * H / 2)
+    assert named["mb0.embed_bwd.tied_grad_add"].work.nbytes == pytest.approx(6 * VOCAB * H / 2)
