@@ -97,7 +97,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     values = {}
     for p, start, value in zip(result.params, result.start, result.values):
         here = machine.sources.get(p.path)
-        was = f"was {here.value:.4g} ({here.provenance})" if here is not None else f"absent from the file, started at {start:.4g}"
+        was = (f"was {here.value:.4g} ({here.provenance})" if here is not None
+               else f"absent from the file, started at {start:.4g}")
         note = (f"twin fit on {Path(args.runs).name} ({len(runs)} runs{assumed}), {today}: mean step error "
                 f"{100 * np.abs(result.errors_after).mean():.1f}%{cv}; {was}")
         values[p.path] = (value, note)
@@ -188,8 +189,9 @@ def add_fit_parser(sub) -> None:
         "fused attention rate) to measured runs, by simulation and bounded least squares, and write the machine "
         "file with those numbers marked `fitted` (which runs, when, the cross-validated error). A fit that ends on a "
         "bound, or whose parameters the runs cannot tell apart, is refused. Fit only on calibration runs (e.g. one "
-        "node); validation files are refused. --from carries fitted numbers to another machine file. Example: twin fit --machine dgx-a100-800g --runs "
-        "benchmarks/data/a100-megatron-single-node.csv --assume attention=unfused,dtype=fp16 -o a100-fitted.toml",
+        "node); validation files are refused. --from carries fitted numbers to another machine file. Example: "
+        "twin fit --machine dgx-a100-800g --runs benchmarks/data/a100-megatron-single-node.csv --assume "
+        "attention=unfused,dtype=fp16 --params device.launch_interval_us,device.hbm_efficiency -o a100-fitted.toml",
     )
     p.add_argument("--machine", required=True, help="the machine file to start from (a name or a .toml path)")
     p.add_argument("--runs", help="a CSV of measured runs, one per row (columns: twin/runs.py)")
@@ -245,7 +247,8 @@ def validate_runs(args: argparse.Namespace) -> int:
         machine = load_machine(name)
         fitted_on = {s.fitted for s in machine.sources.values() if s.fitted and Path(args.runs).name in s.fitted}
         if fitted_on:
-            notes.append(f"note: {name} was fitted on {Path(args.runs).name}: its column is in-sample, not a prediction")
+            notes.append(f"note: {name} was fitted on {Path(args.runs).name}: its column is in-sample, "
+                         "not a prediction")
         paths = simulate_runs(runs, name, [()] * len(runs), _jobs(args), _progress(args))
         columns[name] = np.array([p.step_s for p in paths])
     labels = sorted({r.label for r in runs})
@@ -267,7 +270,8 @@ def validate_runs(args: argparse.Namespace) -> int:
         print(f"{row['run'][-70:]:<70}{1e3 * row['measured_s']:>8.1f}ms{cells}")
     for n in names:
         s = doc["summary"][n]
-        order = ", ".join(f"{k or 'all'} {'n/a' if v is None else f'{v:.2f}'}" for k, v in s["spearman_by_label"].items())
+        order = ", ".join(f"{k or 'all'} {'n/a' if v is None else f'{v:.2f}'}"
+                          for k, v in s["spearman_by_label"].items())
         print(f"\n{n}: mean |error| {s['mean_abs_pct']:.1f}%, mean {s['mean_pct']:+.1f}%, max {s['max_abs_pct']:.1f}%"
               f" over {len(runs)} runs; Spearman (measured vs predicted order) by label: {order}")
     for note in notes:
