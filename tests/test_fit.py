@@ -225,3 +225,10 @@ def test_carrying_a_fit_to_another_machine_says_where_it_came_from(synthetic, tm
     rc, text, err = run(capsys, "fit", "--machine", "perlmutter", "--from", str(donor), "-o", str(out), "--params",
                         "device.hbm_efficiency")
     assert_user_error(rc, text, err, "was not fitted there")
+
+
+def test_validate_runs_needs_a_machine_and_the_published_rows_take_none(synthetic, capsys):
+    rc, out, err = run(capsys, "validate", "--runs", str(synthetic))
+    assert_user_error(rc, out, err, "--machine")
+    rc, out, err = run(capsys, "validate", "--machine", MACHINE)
+    assert_user_error(rc, out, err, "--runs")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Callable
 
@@ -69,10 +69,6 @@ class FitResult:
     passes: int
     wall_s: float
     dropped: tuple[str, ...] = ()  # default parameters left out: no run depends on them
-    notes: list[str] = field(default_factory=list)
-
-    def overrides(self) -> tuple[Override, ...]:
-        return tuple((p.path, v) for p, v in zip(self.params, self.values))
 
 
 # ---------------------------------------------------------------- simulation passes
@@ -81,9 +77,14 @@ _MACHINES: dict[tuple, Machine] = {}
 _COLLECTIVES: dict[tuple, CollectiveModel] = {}
 
 
+_CACHED = 32  # machines (each pass has its own overrides) and collective models kept per process
+
+
 def _machine(name: str, overrides: tuple[Override, ...]) -> Machine:
     key = (name, overrides)
     if key not in _MACHINES:
+        if len(_MACHINES) >= _CACHED:
+            _MACHINES.clear()
         _MACHINES[key] = load_machine(name, overrides)
     return _MACHINES[key]
 
@@ -92,6 +93,8 @@ def _collectives(name: str, overrides: tuple[Override, ...], gpus: int) -> Colle
     """One CollectiveModel per machine and size in this process: its ring packings are reused across plans."""
     key = (name, overrides, gpus)
     if key not in _COLLECTIVES:
+        if len(_COLLECTIVES) >= _CACHED:
+            _COLLECTIVES.clear()
         _COLLECTIVES[key] = CollectiveModel(Fabric(_machine(name, overrides), gpus))
     return _COLLECTIVES[key]
 
