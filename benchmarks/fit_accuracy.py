@@ -1,6 +1,6 @@
 """Measure one node, predict the cluster: the fit protocol on Megatron-DeepSpeed's A100 runs, in one table.
 
-    .venv/bin/python benchmarks/fit_accuracy.py [--json] [--jobs N] [--fitted out/a100-fitted.toml]
+    .venv/bin/python benchmarks/fit_accuracy.py [--json] [--jobs N] [--fitted out/a100-fitted.toml] [--figure PNG]
 
 1. `twin fit` on the single-node calibration file (1,440 runs on 2-8 A100s of
    one node) from topologies/dgx-a100-800g.toml, with the assumptions and the
@@ -33,6 +33,7 @@ from twin.fit.cli import _spearman  # noqa: E402
 from twin.fit.machinefile import write_fitted  # noqa: E402
 from twin.fit.params import fit_parameters  # noqa: E402
 from twin.fit.solve import default_jobs, fit, simulate_runs  # noqa: E402
+from twin.figures import measured_vs_predicted_figure  # noqa: E402
 from twin.runs import load_runs  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=default_jobs())
     ap.add_argument("--fitted", default="out/a100-fitted.toml", help="where to write the fitted machine file")
+    ap.add_argument("--figure", default="figures/fit-a100.png", help="predicted vs measured, both files (PNG)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     wall = time.perf_counter()
@@ -84,6 +86,13 @@ def main(argv: list[str] | None = None) -> dict:
                     if (sel := np.array([r.label == label for r in validation])).sum() > 2}
         columns[name] = {**_stats(predicted / measured - 1), "spearman_by_model": by_label,
                          "predicted_s": predicted.tolist()}
+    single = np.array([r.step_time_s for r in calibration])
+    measured_vs_predicted_figure(args.figure, [
+        (f"one node: {len(calibration)} calibration runs", list(single),
+         {"fitted (5-fold cross-validated)": list(single * (1 + result.cv_errors))}),
+        (f"64-512 GPUs: {len(validation)} validation runs, never fitted", list(measured),
+         {name: col["predicted_s"] for name, col in columns.items()}),
+    ], "Megatron-DeepSpeed on A100s (vTrain's runs): fitted on one node, predicting the cluster")
     doc = {
         "fit": {"params": {p.path: {"file": s, "fitted": v, "std": e}
                            for p, s, v, e in zip(result.params, result.start, result.values, result.std)},
@@ -97,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict:
             "min_spearman": min(columns["fitted"]["spearman_by_model"].values()),
             "single_node_cv_mean_abs_pct": 100 * float(np.abs(result.cv_errors).mean()),
         },
-        "assume": ASSUME, "wall_s": time.perf_counter() - wall,
+        "assume": ASSUME, "wall_s": time.perf_counter() - wall, "figure": args.figure,
     }
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -130,7 +139,7 @@ def _print(doc: dict, result, validation) -> None:
         better = "min_spearman" != key
         ratio = value / target if better else target / value
         print(f"{what:<62}{target:>8.2f}{value:>10.2f}{ratio:>8.2f}{'  (met)' if ratio <= 1 else ''}")
-    print(f"\n(ratio < 1 meets a target; wall time {doc['wall_s']:.0f} s)")
+    print(f"\n(ratio < 1 meets a target; wall time {doc['wall_s']:.0f} s; figure {doc['figure']})")
 
 
 if __name__ == "__main__":

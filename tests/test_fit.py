@@ -232,3 +232,13 @@ def test_validate_runs_needs_a_machine_and_the_published_rows_take_none(syntheti
     assert_user_error(rc, out, err, "--machine")
     rc, out, err = run(capsys, "validate", "--machine", MACHINE)
     assert_user_error(rc, out, err, "--runs")
+
+
+def test_the_measured_vs_predicted_figure_is_a_png(tmp_path):
+    from twin.figures import measured_vs_predicted_figure
+
+    out = tmp_path / "fit.png"
+    measured_vs_predicted_figure(str(out), [("one node", [0.1, 0.2, 0.4], {"fitted": [0.11, 0.19, 0.5]}),
+                                            ("cluster", [3.0, 9.0], {"a": [2.5, 9.5], "b": [3.1, 8.0]})], "t")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["fit.png"]  # written whole, no temporary left

@@ -8,6 +8,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from twin.ir import Program, op_class  # noqa: E402
 from twin.sim.engine import RankTimeline  # noqa: E402
@@ -132,7 +133,7 @@ def weak_scaling_validation_figure(path: str, machine: str, gpus: list[int], pub
     """Published and predicted total PF/s against GPU count (AxoNN Table III), one machine."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     ax.plot(gpus, published_pflops, "o-", color="#333333", label="published (AxoNN SC'24 Table III)")
-    ax.plot(gpus, predicted_pflops, "s--", color="#d62728", label="twin (best plan it finds)")
+    ax.plot(gpus, predicted_pflops, "s--", color="#d62728", label="twin (the plan AxoNN's way picks)")
     ideal = [published_pflops[0] * g / gpus[0] for g in gpus]
     ax.plot(gpus, ideal, ":", color="#999999", label="ideal weak scaling from the first published point")
     for g, p, q, m in zip(gpus, published_pflops, predicted_pflops, models):
@@ -145,6 +146,39 @@ def weak_scaling_validation_figure(path: str, machine: str, gpus: list[int], pub
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     ax.set_title(f"{machine}: weak scaling, predicted vs published", fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def measured_vs_predicted_figure(path: str, panels: list[tuple[str, list[float], dict[str, list[float]]]],
+                                 title: str) -> None:
+    """Predicted against measured step time, one panel per set of runs and one marker per column (machine
+    file), on log axes around the line of perfect prediction and its +-10% band."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), squeeze=False)
+    markers = ["o", "s", "^", "D"]
+    for ax, (name, measured, columns) in zip(axes[0], panels):
+        lo = min(min(measured), *(min(v) for v in columns.values())) * 0.8
+        hi = max(max(measured), *(max(v) for v in columns.values())) * 1.25
+        line = [lo, hi]
+        ax.plot(line, line, "-", color="#333333", lw=1, label="predicted = measured")
+        ax.fill_between(line, [0.9 * x for x in line], [1.1 * x for x in line], color="#999999", alpha=0.2,
+                        label="+-10%")
+        for (label, predicted), marker in zip(columns.items(), markers):
+            ax.scatter(measured, predicted, s=12, marker=marker, alpha=0.6, label=label)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        for axis in (ax.xaxis, ax.yaxis):  # plain numbers at 1, 2 and 5 of each decade, none between (they crowd)
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FormatStrFormatter("%g"))
+            axis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("measured step (s)")
+        ax.set_ylabel("predicted step (s)")
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     _save(fig, path)
 

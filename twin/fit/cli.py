@@ -51,6 +51,10 @@ def describe_run(run) -> str:
             f"on {run.gpus} GPUs {plan} gb={p.global_batch}")
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _finite(x: float) -> float | None:
     """x, or None where it is not a number (a spread from as many runs as parameters; a rank correlation of a
     constant): JSON has no NaN."""
@@ -99,7 +103,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         here = machine.sources.get(p.path)
         was = (f"was {here.value:.4g} ({here.provenance})" if here is not None
                else f"absent from the file, started at {start:.4g}")
-        note = (f"twin fit on {Path(args.runs).name} ({len(runs)} runs{assumed}), {today}: mean step error "
+        note = (f"twin fit on {Path(args.runs).name} ({_count(len(runs), 'run')}{assumed}), {today}: mean step error "
                 f"{100 * np.abs(result.errors_after).mean():.1f}%{cv}; {was}")
         values[p.path] = (value, note)
     for path, value in base:  # what-ifs of the base file become part of the fitted one, marked as such
@@ -158,7 +162,7 @@ def _fit_json(result, args: argparse.Namespace) -> dict:
 
 
 def _print_fit(result, doc: dict, args: argparse.Namespace) -> None:
-    print(f"twin fit: {result.machine} on {args.runs} ({len(result.runs)} runs"
+    print(f"twin fit: {result.machine} on {args.runs} ({_count(len(result.runs), 'run')}"
           + (f"; assumed {args.assume}" if args.assume else "") + ")")
     print(f"  {'parameter':<42}{'file':>10}{'fitted':>11}{'± std':>10}  meaning")
     for p in doc["parameters"]:
@@ -273,7 +277,7 @@ def validate_runs(args: argparse.Namespace) -> int:
         order = ", ".join(f"{k or 'all'} {'n/a' if v is None else f'{v:.2f}'}"
                           for k, v in s["spearman_by_label"].items())
         print(f"\n{n}: mean |error| {s['mean_abs_pct']:.1f}%, mean {s['mean_pct']:+.1f}%, max {s['max_abs_pct']:.1f}%"
-              f" over {len(runs)} runs; Spearman (measured vs predicted order) by label: {order}")
+              f" over {_count(len(runs), 'run')}; Spearman (measured vs predicted order) by label: {order}")
     for note in notes:
         print(note)
     return 0
