@@ -1,0 +1,161 @@
+"""The kernels Megatron-DeepSpeed launches besides GEMMs, attention and communication, as data.
+
+What twin.builders.axonn emits for the memory-bound work of a step (its module
+docstring lists them per layer and pass): how many kernels, and how many
+bytes each moves, with the file and function of microsoft/Megatron-DeepSpeed
+(commit c08e2cc2) that launches it. Kept apart from the builder so that the
+inventory reads as one table and the builder as the algorithm.
+"""
+
+from __future__ import annotations
+
+# Bytes are per element of the tensor a kernel walks, reads + writes: 2 per bf16/fp16 activation, 4 per fp32
+# value, 1 per dropout-mask element. Files and functions are microsoft/Megatron-DeepSpeed's at c08e2cc2.
+
+# Layer norm: megatron/model/fused_layer_norm.py, MixedFusedLayerNorm.forward. Forward: one kernel reading x and
+# writing y (the per-token mean and 1/std are fp32 scalars).
+LAYERNORM_BYTES = 2 + 2
+# It takes apex.contrib's persistent FastLayerNormFN for these hidden sizes (unless --no-persist-layer-norm),
+# apex's FusedLayerNormAffineFunction otherwise.
+PERSISTENT_LAYERNORM_HIDDEN = frozenset({
+    1024, 1536, 2048, 2304, 3072, 3840, 4096, 5120, 6144, 8192, 10240, 12288, 12800, 15360, 16384, 18432, 20480,
+    24576, 25600, 30720, 32768, 40960, 49152, 65536,
+})
+# Backward, persistent (apex/contrib/csrc/layer_norm, ln_bwd then ln_bwd_finalize): the first kernel reads x and
+# dy, writes dx and per-block partial sums of dgamma and dbeta; the second reduces the partial sums.
+# Apex's (csrc/layer_norm_cuda_kernel.cu, HostLayerNormGradient): cuComputePartGradGammaBeta (reads x and dy),
+# cuComputeGradGammaBeta (reduces the partial sums), cuComputeGradInput (reads x and dy, writes dx).
+LAYERNORM_BACKWARD_BYTES = 2 + 2 + 2  # the input-gradient kernel
+LAYERNORM_PARTIAL_BYTES = 2 + 2  # apex's separate partial-sum kernel
+# The partial-sum reduction, per hidden element: LAYERNORM_PARTIAL_ROWS fp32 partials of dgamma and of dbeta
+# read, dgamma and dbeta written (apex's part_size is 16; the persistent kernel's ctas_per_col is similar).
+LAYERNORM_PARTIAL_ROWS = 16
+LAYERNORM_PARTIAL_SUM_BYTES = 2 * LAYERNORM_PARTIAL_ROWS * 4 + 2 * 2
+
+# Residual connections (transformer.py ParallelTransformerLayer.forward, bias_dropout_add_fused_train, TorchScript
+# fused): read x and the residual, write the sum and the 1-byte mask (a bias, when fused in, is a vector).
+RESIDUAL_DROPOUT_BYTES = 2 + 2 + 2 + 1
+# Its backward (TorchScript's autodiff of dropout): read the gradient and the mask, write dx. The residual's
+# gradient passes through without a kernel; the bias's is a reduction (BIAS_GRAD_BYTES).
+DROPOUT_BACKWARD_BYTES = 2 + 1 + 2
+# The residual stream feeds a layer norm and a residual add: autograd sums its two gradients (one add per layer
+# norm: the layer's input, and the first residual add's output).
+GRAD_ADD_BYTES = 2 + 2 + 2
+# MLP (transformer.py ParallelMLP, fused_bias_gelu.py GeLUFunction): bias_gelu reads the GEMM output and writes
+# GeLU(x + b); bias_gelu_back reads the saved GEMM output and the gradient and writes the gradient.
+GELU_BYTES = 2 + 2
+GELU_BACKWARD_BYTES = 2 + 2 + 2
+# Biases (megatron/core/tensor_parallel/layers.py). Forward: the QKV linear (ColumnParallelLinear, skip_bias_add
+# False) adds its bias after the GEMM in LinearWithGradAccumulationAndAsyncCommunication.forward, and so does
+# ParallelMLP's dense_4h_to_h (RowParallelLinear, skip_bias_add False in Megatron-DeepSpeed; Megatron-LM passes it
+# to the dropout-add instead); attention's dense and dense_h_to_4h pass theirs to the fused dropout-add and
+# bias-GeLU. Backward: every bias's gradient is a reduction over tokens of its output gradient (grad_output.sum(0)
+# in the linear's backward, or autograd's sum_to_size of the expanded bias), one kernel each.
+BIAS_ADD_BYTES = 2 + 2
+BIAS_GRAD_BYTES = 2
+COPY_BYTES = 2 + 2  # a .contiguous() copy: read and write each element
+
+# Gradient accumulation (megatron/model/distributed.py, DistributedDataParallel._make_param_hook): after each
+# micro-batch's backward every parameter tensor's gradient is added into its main_grad, one kernel per tensor:
+# read main_grad and the 16-bit gradient, write main_grad. main_grad is fp32 in bf16 (arguments.py forces
+# accumulate_allreduce_grads_in_fp32), 16-bit in fp16. Per layer 12 tensors: 4 weights, 4 biases, 2 x 2
+# layer-norm parameters.
+
+
+def main_grad_bytes(dtype: str) -> int:
+    """Bytes per element of Megatron's main_grad buffer (module constants above)."""
+    return 2 if dtype == "fp16" else 4
+
+
+def grad_accumulation_bytes(dtype: str) -> int:
+    """main_grad.add_(grad) per element: read and write main_grad, read the 16-bit gradient."""
+    return 2 * main_grad_bytes(dtype) + 2
+
+
+# Flash attention (transformer.py ParallelAttention.forward, FlashSelfAttention.forward): q, k and v, chunks of the
+# QKV output (split_tensor_along_last_dim: never contiguous), are copied by rearrange(...).contiguous(); one
+# torch.arange builds cu_seqlens; the context's rearrange back is a copy only when mbs > 1. Backward: the output
+# gradient is copied (reshape of a permuted tensor) when mbs > 1; the q, k, v gradients are concatenated by the
+# split's backward (torch.cat: one kernel when its inputs are contiguous, mbs = 1, else one copy per input).
+FLASH_COPIED = ("q", "k", "v")  # forward: each rearranged and copied; backward (mbs > 1): each gradient copied
+SEQLENS_BYTES = 4  # per sequence boundary: one int32 written
+# Unfused attention's kernels on the mbs x heads/gx x s x s score tensor, bytes per score element (transformer.py
+# CoreAttention.forward):
+SOFTMAX_BYTES = 2 + 2  # fused scale + mask + softmax: read the scores, write the probabilities
+SOFTMAX_BACKWARD_BYTES = 2 + 2 + 2  # read the probabilities and their gradient, write the scores' gradient
+ATTENTION_DROPOUT_BYTES = 2 + 2 + 1  # read the probabilities, write the dropped ones and the mask
+ATTENTION_DROPOUT_BACKWARD_BYTES = 2 + 1 + 2  # read the gradient and the mask, write the gradient
+SOFTMAX_FLOPS = 5  # per element: scale, mask, max, exp, normalise (forward); y (dy - sum y dy) (backward)
+DROPOUT_FLOPS = 2  # per element: compare with the random draw, scale
+# fused_softmax.py FusedScaleMaskSoftmax.is_kernel_available: the fused kernel takes 16 < s <= 4096; beyond it
+# forward_torch_softmax masks in place (masked_fill_) and runs torch's softmax: two kernels each way.
+FUSED_SOFTMAX_MAX_SEQ = 4096
+MASK_FILL_BYTES = 2 + 2  # masked_fill_ (forward) or grad.masked_fill (backward): read and write the scores
+# The context's permute(2, 0, 1, 3).contiguous() is one copy of the tokens x h/gx context (COPY_BYTES); its
+# backward is a view. torch.baddbmm's backward multiplies each of dQ and dK by alpha = 1/sqrt(d) (one kernel each,
+# COPY_BYTES); the q, k, v gradients reach the split's backward strided, so torch.cat copies each (3 kernels).
+
+# The loss (megatron/core/tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy, gpt_model.py
+# post_language_model_processing), per logit element (tokens x vocab/gx on this rank), in issue order:
+LOSS_KERNELS = (  # (name, bytes, flops)
+    ("cast", 2 + 4, 0),  # output.float(): bf16 logits to fp32
+    ("max", 4, 1),  # torch.max(logits, dim=-1); then an all-reduce (MAX) of one fp32 per token over X
+    ("sub", 4 + 4, 1),  # logits - max
+    ("exp", 4 + 4, 1),  # torch.exp(out=): in place; the target logit was all-reduced (SUM) before it
+    ("sum", 4, 1),  # exp.sum(dim=-1); then an all-reduce (SUM) over X
+    ("div", 4 + 4, 1),  # exp.div_(sum): the softmax kept for backward
+)
+LOSS_BACKWARD_KERNELS = (
+    ("scale", 4 + 4, 1),  # grad_input.mul_(grad_output): in place on the kept softmax (after the one-hot subtract)
+    ("cast", 4 + 2, 0),  # the backward of .float(): the gradient back to bf16
+)
+# Per-token kernels (a few bytes per token each): the vocabulary-range masks and the target gather of the cross
+# entropy (target < start, >= end, |, clone, - start, masked fill, arange, gather, clone, masked fill: 10), log and
+# subtract (2); pretrain_gpt.py loss_func (the masked mean: mul, sum, mask sum, divide; its logging copy: clone,
+# cat, divide by the data-parallel size: 7); schedules.py forward_step's / num_microbatches and backward_step's
+# grad_scale_func (2). Backward: autograd's seed, the two scalings, the masked mean's divide and mul (5), the one-hot
+# subtract (1 - mask, float, arange, index, subtract, index_put: 6).
+LOSS_TOKEN_KERNELS = 21
+LOSS_BACKWARD_TOKEN_KERNELS = 11
+TOKEN_KERNEL_BYTES = 8  # [estimate] per token: an int64 or two fp32 read or written
+
+# The embedding (language_model.py Embedding.forward, layers.py VocabParallelEmbedding.forward), over the tokens x
+# hidden/gy embedding output: word and position lookups (F.embedding: read a row, write it), their sum, the
+# [b s h] -> [s b h] transpose (a copy when mbs > 1), dropout on the residual stream's share.
+EMBEDDING_LOOKUP_BYTES = 2 + 2
+EMBEDDING_ADD_BYTES = 2 + 2 + 2
+EMBEDDING_DROPOUT_BYTES = 2 + 2 + 1
+# With gx > 1 the word table is split over the vocabulary: 6 per-token kernels build and apply the range mask
+# ((input < start) | (input >= end), clone, - start, masked fill), the rows of other ranks' tokens are zeroed
+# (a masked fill of the output, EMBEDDING_MASK_BYTES) and the partial embeddings are all-reduced over X.
+EMBEDDING_VOCAB_TOKEN_KERNELS = 6
+EMBEDDING_MASK_BYTES = 2 + 2
+# Backward of each lookup (ATen's embedding_dense_backward_cuda): the output gradient is made contiguous (a copy
+# when mbs > 1), the table's gradient is zeroed (2 bytes per table element), then up to
+# EMBEDDING_DIRECT_MAX_INDICES tokens one kernel adds the rows in (EMBEDDING_SCATTER_BYTES per output element);
+# beyond, the indices are sorted and segmented first: EMBEDDING_SORTED_KERNELS more small kernels [estimate: cub
+# radix sort and ATen's segment offsets and partial sums].
+EMBEDDING_DIRECT_MAX_INDICES = 3072
+EMBEDDING_SORTED_KERNELS = 8
+EMBEDDING_SCATTER_BYTES = 2 + 2
+# With the LM head tied to the word table on one stage (pp = 1), autograd sums the table's two gradients (the
+# LM head's dW and the lookup's): one add over the table, GRAD_ADD_BYTES per element.
+
+# The step (megatron/training.py train_step, megatron/model/distributed.py, megatron/optimizer/optimizer.py
+# MixedPrecisionOptimizer.step, clip_grads.py clip_grad_norm_fp32), bytes per parameter:
+# - zero_grad_buffer: main_grad zeroed at the start of the step (main_grad_bytes);
+# - DistributedDataParallel.allreduce_gradients: main_grad /= data-parallel size (read and write), then reduced;
+# - in fp16 only: _copy_model_grads_to_main_grads casts each 16-bit main_grad to fp32 (.float(), one kernel per
+#   parameter tensor: FP16_GRAD_CAST_BYTES), and _unscale_main_grads_and_check_for_nan unscales the fp32 grads
+#   (torch._amp_foreach_non_finite_check_and_unscale_); bf16 has no grad scaler and fp32 main grads already;
+# - then OPTIMIZER_PASSES, each apex multi_tensor_applier call (amp_C): ceil(chunks / 320) launches of 65,536-
+#   element chunks, each streaming tens of MB, so one op per pass stands for them.
+FP16_GRAD_CAST_BYTES = 2 + 4
+FP16_UNSCALE_PASS = ("unscale", 4 + 4, 2)
+OPTIMIZER_PASSES = (  # (name, bytes per parameter, flops per parameter), in MixedPrecisionOptimizer.step order
+    ("grad_norm", 4, 2),  # multi_tensor_l2norm over the fp32 main grads
+    ("clip", 4 + 4, 1),  # multi_tensor_scale of the grads by clip_grad / norm [taken: it is, whenever the norm
+    #                      exceeds --clip-grad (1.0 by default), as early in training]
+    ("adam", 4 * 4 + 3 * 4, 12),  # FusedAdam (multi_tensor_adam): read grad, master, m, v; write master, m, v
+    ("copy_params", 4 + 2, 0),  # _copy_main_params_to_model_params: multi_tensor_scale fp32 master -> 16-bit weight
+)
