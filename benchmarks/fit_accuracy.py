@@ -32,7 +32,8 @@ from topologies.machine import load_machine  # noqa: E402
 from twin.fit.cli import _spearman  # noqa: E402
 from twin.fit.machinefile import write_fitted  # noqa: E402
 from twin.fit.params import fit_parameters  # noqa: E402
-from twin.fit.solve import default_jobs, fit, simulate_runs  # noqa: E402
+from twin.fit.solve import fit, simulate_runs  # noqa: E402
+from twin.search.rank import worker_count  # noqa: E402
 from twin.figures import measured_vs_predicted_figure  # noqa: E402
 from twin.runs import load_runs  # noqa: E402
 
@@ -59,7 +60,7 @@ def _stats(e: np.ndarray) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--jobs", type=int, default=default_jobs())
+    ap.add_argument("--jobs", type=int, default=worker_count(None))
     ap.add_argument("--fitted", default="out/a100-fitted.toml", help="where to write the fitted machine file")
     ap.add_argument("--figure", default="figures/fit-a100.png", help="predicted vs measured, both files (PNG)")
     ap.add_argument("--json", action="store_true")

@@ -9,6 +9,7 @@ import pytest
 
 from test_cli import run
 from twin import validate as v
+from twin import validate_table as vt
 from twin.published import AXONN_TABLE_III
 
 
@@ -63,7 +64,7 @@ def test_rows_errors_and_checks(stubbed):
 
 def test_command_json_figures_and_readme(stubbed, capsys, tmp_path):
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n{v.README_START}\nSTALE\n{v.README_END}\n\nafter\n")
+    readme.write_text(f"# x\n\n{vt.README_START}\nSTALE\n{vt.README_END}\n\nafter\n")
     rc, out, err = run(capsys, "validate", "--json", "--figures", "--figures-dir", str(tmp_path), "--readme", str(readme))
     assert rc == 0, err
     doc = json.loads(out)
@@ -164,7 +165,7 @@ def test_the_calibrated_column_runs_on_the_fitted_files_and_leaves_out_rows_fitt
     assert fitted_on[0].calibrated_error is None and fitted_on[0].error is not None
     n = sum(r.calibrated_error is not None for r in result.rows)
     assert n == sum(r.error is not None for r in result.rows) - 1
-    text = v.markdown_table(result)
+    text = vt.markdown_table(result)
     assert "| calibrated |" in text and "| fit |" in text and "over 9" not in text
     assert "not fitted on" in text
     rc, out, err = run(capsys, "validate", "--first-principles-only")

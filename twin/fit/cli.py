@@ -26,13 +26,10 @@ def _progress(args: argparse.Namespace):
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    from twin.fit.solve import default_jobs
+    """--jobs as twin search reads it, but never more processes than cores."""
+    from twin.search.rank import worker_count
 
-    if args.jobs is None:
-        return default_jobs()
-    if args.jobs < 1:
-        raise TwinError(f"--jobs must be at least 1, got {args.jobs}")
-    return min(args.jobs, default_jobs())
+    return min(worker_count(args.jobs), worker_count(None))
 
 
 def _overrides(args: argparse.Namespace):
@@ -211,7 +208,7 @@ def add_fit_parser(sub) -> None:
     p.add_argument("--folds", type=int, default=5, help="k of the k-fold cross-validation (default 5; 0: none)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
                    help="replace a number of the machine file before fitting (repeatable); written into the output")
-    p.add_argument("--jobs", type=int, help="processes for the simulations (default: every core, at most 8)")
+    p.add_argument("--jobs", type=int, help="processes for the simulations (default and most: every core)")
     p.add_argument("--progress", action="store_true", help="show progress bars even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print the fit as one JSON object")
     p.set_defaults(func=cmd_fit)

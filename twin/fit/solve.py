@@ -23,7 +23,6 @@ simulation to a fraction of a percent near the fit; tests check it).
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -387,7 +386,3 @@ def _cross_validate(runs, history, machine_name, base, params, start, lo, hi, fo
         x_k, _, _ = least_squares(lambda v: (surrogate.steps(v) / measured - 1)[train], start, lo, hi)
         errors[~train] = (surrogate.steps(x_k) / measured - 1)[~train]
     return errors
-
-
-def default_jobs() -> int:
-    return max(1, min(len(os.sched_getaffinity(0)), 8))

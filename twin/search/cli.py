@@ -166,7 +166,8 @@ def add_parsers(sub) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from twin.validate import markdown_table, update_readme, validate
+    from twin.validate import validate
+    from twin.validate_table import markdown_table, update_readme
 
     if args.runs:
         from twin.fit.cli import validate_runs
