@@ -53,18 +53,20 @@ class PathCosts:
 def path_costs(run: SimRun) -> PathCosts:
     """The critical path of a simulated step, as PathCosts."""
     compute = ComputeModel(run.machine.device)
+    alone_s: dict[Work, float] = {}  # a path holds the same few works many times
     stretch: dict[Work, float] = defaultdict(float)
     constant, launches = 0.0, 0
     for step in critical_path(run):
-        program = run.schedule.programs[run.timelines[step.cls].program]
-        work = program.ops[step.op_id].work
         if step.kind == "host":
             launches += step.launches
             continue
         if step.kind == "comm":
             constant += step.elapsed_s
             continue
-        alone = compute.duration_s(work)
+        work = run.schedule.programs[run.timelines[step.cls].program].ops[step.op_id].work
+        alone = alone_s.get(work)
+        if alone is None:
+            alone = alone_s[work] = compute.duration_s(work)
         if alone > 0:
             stretch[work] += step.elapsed_s / alone
         else:

@@ -9,7 +9,9 @@ parameter by more than a factor of TRUST, and the next pass re-simulates
 where it ended. Passes stop at a fixed point: when the least squares on a
 pass's simulations moves no parameter by CONVERGED, that pass's parameters
 are the fit, and its simulated errors are the ones reported. On a large file
-the first passes simulate every SUBSET_STRIDE-th run; the last ones all.
+the first passes simulate every SUBSET_STRIDE-th run, to within
+SUBSET_CONVERGED (the passes over all of them re-solve anyway); the last
+ones all.
 
 The fit is refused, with one line saying why, when it is degenerate: a
 parameter ends on its bound, a parameter has no effect on any run, or two
@@ -285,9 +287,9 @@ def fit(runs: list[MeasuredRun], machine_name: str, base: tuple[Override, ...], 
     x = np.clip(start, lo, hi)
     first: list[PathCosts] | None = at_start
     if len(subset) < len(runs):
-        x, _, _, _ = passes.converge(subset, params, x, lo, hi, first=at_start)
+        x, _, _, _ = passes.converge(subset, params, x, lo, hi, first=at_start, tolerance=SUBSET_CONVERGED)
         first = None
-    x, paths, J, history = passes.converge(everything, params, x, lo, hi, first=first)
+    x, paths, J, history = passes.converge(everything, params, x, lo, hi, first=first, tolerance=CONVERGED)
     reason = _at_bound(params, x, lo, hi) or _degeneracy(params, J)
     if reason and refuse:
         raise TwinError(f"fit refused: {reason}")
@@ -306,7 +308,8 @@ def fit(runs: list[MeasuredRun], machine_name: str, base: tuple[Override, ...], 
 
 SUBSET_STRIDE = 8  # early passes simulate every 8th run...
 SUBSET_MIN = 60  # ...when that leaves at least this many
-TRUST = np.log(2.0)  # one pass moves no parameter by more than a factor of 2: the path may move beyond that
+SUBSET_CONVERGED = 0.02  # the subset's passes only bring the full ones close: they re-solve on every run anyway
+TRUST = np.log(4.0)  # one pass moves no parameter by more than a factor of 4: the path may move beyond that
 
 
 class _Passes:
@@ -326,9 +329,11 @@ class _Passes:
                              self.progress)
 
     def converge(self, rows: np.ndarray, params, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
-                 first: list[PathCosts] | None) -> tuple[np.ndarray, list[PathCosts], np.ndarray, list]:
-        """Passes over `rows` until one moves no parameter by CONVERGED, or its simulated error is no better than
-        the best pass's (by IMPROVED): (the best pass's x, its paths, the Jacobian there, every pass's paths)."""
+                 first: list[PathCosts] | None, tolerance: float
+                 ) -> tuple[np.ndarray, list[PathCosts], np.ndarray, list]:
+        """Passes over `rows` until one moves no parameter by `tolerance` (relative), or its simulated error is no
+        better than the best pass's (by IMPROVED): (the best pass's x, its paths, the Jacobian there, every pass's
+        paths)."""
         measured = self.measured[rows]
         history: list[list[PathCosts]] = []
         best: tuple[float, np.ndarray, list[PathCosts]] | None = None
@@ -344,7 +349,7 @@ class _Passes:
             surrogate = Surrogate(history, self.machine_name, self.base, params)
             x_new, predicted, _ = least_squares(lambda v: surrogate.steps(v) / measured - 1, x,
                                                 np.maximum(lo, x - TRUST), np.minimum(hi, x + TRUST))
-            if float(np.max(np.abs(np.expm1(x_new - x)))) < CONVERGED or cost - predicted @ predicted < IMPROVED * cost:
+            if float(np.max(np.abs(np.expm1(x_new - x)))) < tolerance or cost - predicted @ predicted < IMPROVED * cost:
                 break  # another pass could not move the path, or not gain enough to be worth simulating
             x = x_new
         _, x, paths = best

@@ -20,7 +20,7 @@ instead of one per parameter and function evaluation.
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from twin.ir import Program
 from twin.sim.engine import SimRun
@@ -30,8 +30,7 @@ from twin.sim.engine import SimRun
 _TOLERANCE_S = 1e-12
 
 
-@dataclass(frozen=True)
-class PathStep:
+class PathStep(NamedTuple):  # a tuple: a path holds one per op, thousands per step
     """One op on the critical path of simulated class `cls` and the time it adds."""
 
     cls: int
@@ -58,20 +57,23 @@ def critical_path(run: SimRun) -> list[PathStep]:
     if not any(len(t.end_s) for t in timelines):
         return []
     preds = {t.program: _predecessors(run.schedule.programs[t.program]) for t in timelines}
+    # Python lists: the walk reads single elements, which numpy arrays serve slowly.
+    starts = [t.start_s.tolist() for t in timelines]
+    ends = [t.end_s.tolist() for t in timelines]
     cls, op_id = max(((c, int(t.end_s.argmax())) for c, t in enumerate(timelines) if len(t.end_s)),
-                     key=lambda co: timelines[co[0]].end_s[co[1]])
+                     key=lambda co: ends[co[0]][co[1]])
     syncs = {c: sorted(t.host.synced) for c, t in enumerate(timelines) if t.host is not None}
     steps: list[PathStep] = []
     while True:
-        end = float(timelines[cls].end_s[op_id])
+        end = ends[cls][op_id]
         starter = run.started_by.get((cls, op_id))
         at = starter or (cls, op_id)  # whose start began this op's elapsed time
-        start = float(timelines[at[0]].start_s[at[1]])
+        start = starts[at[0]][at[1]]
         steps.append(PathStep(cls, op_id, end - start, "comm" if starter else "compute"))
         cls, op_id = at
-        timeline = timelines[cls]
+        timeline, cls_ends = timelines[cls], ends[cls]
         before = preds[timeline.program][op_id]
-        ready = max((timeline.end_s[p] for p in before), default=0.0)
+        ready = max((cls_ends[p] for p in before), default=0.0)
         if timeline.host is not None and timeline.host.issue_s[op_id] > ready:
             step, op_id = _host_steps(timeline.host, syncs[cls], cls, op_id)
             steps.append(step)
@@ -80,7 +82,7 @@ def critical_path(run: SimRun) -> list[PathStep]:
             continue
         if start <= _TOLERANCE_S or not before:
             break
-        op_id = max(before, key=lambda p: timeline.end_s[p])
+        op_id = max(before, key=cls_ends.__getitem__)
     steps.reverse()
     return steps
 
