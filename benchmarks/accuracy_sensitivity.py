@@ -39,7 +39,7 @@ GEMM_PEAK = "device.empirical_gemm_bf16_tflop_per_s"
 # sourced network efficiency for comparison.
 FIELDS = [GEMM_PEAK, "device.attention_efficiency", "device.hbm_efficiency", "device.gemm_tile_m",
           "device.gemm_tile_n", "device.gemm_k_half", "device.comm_compute_slowdown", "device.kernel_overhead_us",
-          "node.link_efficiency.nic", "node.link_efficiency.nvlink", "network.switch_latency_us"]
+          "node.link_efficiency.nic", "node.link_efficiency.nvlink"]
 
 
 def runs(with_1t: bool, jobs: int | None) -> list[dict]:

@@ -63,7 +63,8 @@ def simulate_plan(model_name: str, gpus: int, plan_text: str, batch: int) -> dic
     except TwinError as err:
         return {"plan": plan_text, "error": str(err)}
     s = summarize(simulate(built.schedule, machine))
-    return {"plan": built.plan.describe(), "tflops_per_gpu": s.tflops_per_gpu, "pct_peak_advertised": s.pct_peak_advertised,
+    return {"plan": built.plan.describe(), "tflops_per_gpu": s.formula_tflops_per_gpu,
+            "pct_peak_advertised": s.formula_pct_peak_advertised,
             "step_time_s": s.step_time_s, "memory_per_gpu_gb": s.memory_per_gpu_gb}
 
 

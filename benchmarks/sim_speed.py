@@ -58,7 +58,8 @@ def run_case(machine_name: str, gpus: int, model_name: str, plan_text: str, full
     s = summarize(run)
     return {
         "machine": machine_name, "gpus": gpus, "model": model_name, "plan": built.plan.describe(),
-        "step_time_s": s.step_time_s, "pflops_total": s.pflops_total, "pct_peak_empirical": s.pct_peak_empirical,
+        "step_time_s": s.step_time_s, "pflops_total": s.formula_pflops_total,
+        "pct_peak_empirical": s.formula_pct_peak_empirical,
         "simulated_ranks": s.simulated_ranks, "wall_s": wall,
     }
 

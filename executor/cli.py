@@ -14,7 +14,12 @@ import json
 import os
 import sys
 
+from twin import limits
 from twin.errors import TwinError
+from twin.limits import count_flag, real_flag
+from twin.outputs import DEFAULT_DIR, check_outputs
+
+RANKS = limits.Range(1, 1024, "processes")  # processes on one host
 
 NEEDS_TORCH = "twin {command} needs torch: pip install -e '.[torch]'"
 
@@ -32,22 +37,14 @@ def _worker_options(args: argparse.Namespace, **extra):
                          compute_nice=args.compute_nice, **extra)
 
 
-def _check_counts(args: argparse.Namespace) -> None:
-    for name in ("steps", "nproc", "threads"):
-        value = getattr(args, name, None)
-        if value is not None and value < 1:
-            raise TwinError(f"--{name} must be at least 1, got {value}")
-    if getattr(args, "warmup", 0) < 0:
-        raise TwinError(f"--warmup must be 0 or more, got {args.warmup}")
-    if args.timeout <= 0:
-        raise TwinError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
-
-
 def _out_dir(args: argparse.Namespace, schedule_path: str, what: str) -> str:
+    """--out, or out/<command>-<schedule>: a folder for the ranks' files (an existing file there is an error)."""
     if args.out:
+        if os.path.lexists(args.out) and not os.path.isdir(args.out):
+            raise TwinError(f"--out {args.out} is a file; give a folder (it is created if missing)")
         return args.out
     stem = os.path.basename(schedule_path).removesuffix(".json")
-    return os.path.join("out", f"{what}-{stem}")
+    return os.path.join(DEFAULT_DIR, f"{what}-{stem}")
 
 
 BUSY_WARNING_CORES = 0.3
@@ -83,9 +80,8 @@ def _machine_for_peaks(name: str | None) -> str | None:
 def cmd_run(args: argparse.Namespace) -> int:
     from twin.ir_io import load_schedule
 
-    _check_counts(args)
-    if args.profile_steps < 0 or (args.profile_steps and args.check_numerics):
-        raise TwinError("--profile-steps must be 0 or more, and cannot go with --check-numerics")
+    if args.profile_steps and args.check_numerics:
+        raise TwinError("--profile-steps cannot go with --check-numerics; run them separately")
     schedule = load_schedule(args.schedule)
     if args.launcher == "srun":
         from executor.launch import srun_script
@@ -101,10 +97,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     nproc = args.nproc or schedule.world_size
     out = _out_dir(args, args.schedule, "numerics" if args.check_numerics else "run")
-    if args.trace:
-        from twin.cli import check_output_path
+    from twin.cli import machine_file
 
-        check_output_path(args.trace, "--trace")
+    check_outputs({"--trace": args.trace}, {"SCHEDULE": args.schedule, "--machine": machine_file(args.machine)})
     machine = None if args.check_numerics else _machine_for_peaks(args.machine)
     opts = _worker_options(args, check_numerics=args.check_numerics, machine=machine,
                            profile_steps=args.profile_steps)
@@ -121,7 +116,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trace:
         import shutil
 
-        shutil.copyfile(os.path.join(out, "trace.json"), args.trace)
+        from twin.outputs import write_with
+
+        write_with(args.trace, lambda tmp: shutil.copyfile(os.path.join(out, "trace.json"), tmp))
     if args.json:
         # the schedule it measured, so that `twin fit --runs` can take this output as a measured run
         print(json.dumps({**summary, "schedule": os.path.abspath(args.schedule)}, indent=2))
@@ -169,16 +166,16 @@ def _report_numerics(args: argparse.Namespace, out: str, where: str, wall: float
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     _require_torch("calibrate")
-    _check_counts(args)
     import time
 
     from executor.calibrate import calibrate_host, calibration_schedule
-    from twin.cli import check_output_path
-
-    check_output_path(args.output, "--output", ("toml",))
-    if args.repeats < 1:
-        raise TwinError(f"--repeats must be at least 1, got {args.repeats}")
-    out = args.out or os.path.join("out", "calibrate")
+    if args.output is None:  # the default goes to out/, never into the repository
+        os.makedirs(DEFAULT_DIR, exist_ok=True)
+        args.output = os.path.join(DEFAULT_DIR, "local.toml")
+    beside = os.path.join(os.path.dirname(os.path.abspath(args.output)),
+                          os.path.basename(args.output).removesuffix(".toml") + ".calibration.json")
+    check_outputs({"--output": args.output, "its measurements": beside}, formats={"--output": ("toml",)})
+    out = args.out or os.path.join(DEFAULT_DIR, "calibrate")
     n_ops = len(calibration_schedule(args.nproc, args.repeats)[0].programs[0].ops)
     print(f"calibrating {args.nproc} ranks on this host: {n_ops} microbenchmark ops x {args.steps} step(s)...",
           file=sys.stderr)
@@ -208,7 +205,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     _require_torch("compare")
-    _check_counts(args)
     from executor.compare import comparison_figures, format_comparison, simulate_and_execute
     from twin.ir_io import load_schedule
 
@@ -218,7 +214,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     c, sim_run, measured = simulate_and_execute(schedule, args.schedule, args.machine, nproc, out,
                                                 _worker_options(args, machine=args.machine), args.wall_timeout)
     stem = os.path.basename(args.schedule).removesuffix(".json")
-    prefix = args.figures or os.path.join("figures", f"compare-{stem}")
+    prefix = args.figures or os.path.join(DEFAULT_DIR, f"compare-{stem}")
     sim_tl = next(t for t in sim_run.timelines if t.rank == c.rank)
     figures = comparison_figures(prefix, c, sim_tl, measured.timelines[c.rank])
     if args.json:
@@ -233,19 +229,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _add_exec_options(p: argparse.ArgumentParser, steps: int = 5, warmup: int = 2) -> None:
-    p.add_argument("--steps", type=int, default=steps, help=f"measured steps (default {steps})")
-    p.add_argument("--warmup", type=int, default=warmup, help=f"warm-up steps, not measured (default {warmup})")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="where ranks run (default: GPU if any)")
+    p.add_argument("--steps", type=count_flag(limits.STEPS), default=steps, help=f"measured steps (default {steps})")
+    p.add_argument("--warmup", type=count_flag(limits.STEPS, zero_ok=True), default=warmup,
+                   help=f"warm-up steps, not measured (default {warmup})")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where ranks run (default: GPU if any)")
     p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                    help="element type (default: the schedule's on GPU, float32 on CPU)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds before a collective counts as dead (default 30)")
-    p.add_argument("--wall-timeout", type=float, default=900.0, help="seconds before the whole launch is stopped")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per rank on CPU (default 1)")
+    p.add_argument("--timeout", type=real_flag(limits.SECONDS), default=30.0,
+                   help="seconds before a collective counts as dead (default 30)")
+    p.add_argument("--wall-timeout", type=real_flag(limits.SECONDS), default=900.0,
+                   help="seconds before the whole launch is stopped")
+    p.add_argument("--threads", type=count_flag(limits.Range(1, 1024, "threads")), default=1,
+                   help="torch threads per rank on CPU (default 1)")
     p.add_argument("--no-tune", action="store_true", help="run GEMMs in the IR's layout, not the fastest one")
-    p.add_argument("--compute-nice", type=int, default=10,
+    p.add_argument("--compute-nice", type=count_flag(limits.Range(0, 19, "(a niceness)")), default=10,
                    help="CPU: niceness of each rank's compute thread, so communication threads preempt it (default 10; "
                    "0: off; use the same value to calibrate and to run)")
-    p.add_argument("--out", help="folder for the ranks' files, trace and summary (default out/<command>-<schedule>)")
+    p.add_argument("--out",
+                   help="folder for the ranks' files, trace and summary (default {DEFAULT_DIR}/<command>-<schedule>)")
 
 
 def add_parsers(sub) -> None:
@@ -259,12 +261,13 @@ def add_parsers(sub) -> None:
         "Example: twin run step.json --nproc 4",
     )
     p.add_argument("schedule", help="a schedule IR file (twin export)")
-    p.add_argument("--nproc", type=int, help="processes on this host (default: the schedule's ranks)")
+    p.add_argument("--nproc", type=count_flag(RANKS), help="processes on this host (default: the schedule's ranks)")
     p.add_argument("--check-numerics", action="store_true", help="check the linear layers' numbers against one process")
-    p.add_argument("--launcher", choices=("torchrun", "srun"), default="torchrun", help="torchrun here, or print srun lines")
+    p.add_argument("--launcher", choices=("torchrun", "srun"), default="torchrun",
+                   help="torchrun here, or print srun lines")
     p.add_argument("--machine", help="machine for the %% of peak (default: local if present); with srun: the cluster")
     p.add_argument("--trace", help="also copy the measured Chrome trace here")
-    p.add_argument("--profile-steps", type=int, default=0,
+    p.add_argument("--profile-steps", type=count_flag(limits.STEPS, zero_ok=True), default=0,
                    help="after the measured steps, run this many more under torch.profiler and write each rank's "
                    "trace to OUT/profile-rankR.json (for twin compare-trace; default 0: none)")
     p.add_argument("--json", action="store_true", help="print the summary (or numerics result) as JSON")
@@ -275,12 +278,13 @@ def add_parsers(sub) -> None:
         "calibrate", help="GEMM, element-wise, attention and collective microbenchmarks -> a machine file",
         description="Run microbenchmarks with the executor on this host (GEMM shapes x NN/NT/TN, copies, attention, "
         "all-reduce/all-gather/reduce-scatter over sizes and group sizes), fit the simulator's device and link "
-        "parameters and write a machine file plus NAME.calibration.json beside it. "
-        "Example: twin calibrate --nproc 4 -o topologies/local.toml",
+        "parameters and write a machine file (default out/local.toml) plus NAME.calibration.json beside it. "
+        "Example: twin calibrate --nproc 4 -o out/local.toml",
     )
-    p.add_argument("--nproc", type=int, default=4, help="ranks on this host (default 4)")
-    p.add_argument("-o", "--output", default=os.path.join("topologies", "local.toml"), help="machine file to write")
-    p.add_argument("--repeats", type=int, default=4, help="repeats of each microbenchmark per step (default 4)")
+    p.add_argument("--nproc", type=count_flag(RANKS), default=4, help="ranks on this host (default 4)")
+    p.add_argument("-o", "--output", help=f"machine file to write (default {DEFAULT_DIR}/local.toml)")
+    p.add_argument("--repeats", type=count_flag(limits.Range(1, 1000, "repeats")), default=4,
+                   help="repeats of each microbenchmark per step (default 4)")
     p.add_argument("--json", action="store_true", help="print the fit as JSON")
     _add_exec_options(p, steps=3, warmup=1)
     p.set_defaults(func=cmd_calibrate)
@@ -288,13 +292,13 @@ def add_parsers(sub) -> None:
     p = sub.add_parser(
         "compare", help="simulate and execute one schedule, side by side: per op class, per step, figures",
         description="Simulate the schedule on --machine and execute it here, then compare per op class and per "
-        "step, and draw figures/compare-NAME-scatter.png and -timeline.png. "
-        "Example: twin compare step.json --machine topologies/local.toml --nproc 4",
+        "step, and draw out/compare-NAME-scatter.png and -timeline.png (--figures). "
+        "Example: twin compare step.json --machine out/local.toml --nproc 4",
     )
     p.add_argument("schedule", help="a schedule IR file (twin export)")
     p.add_argument("--machine", required=True, help="machine name or .toml (e.g. topologies/local.toml)")
-    p.add_argument("--nproc", type=int, help="processes on this host (default: the schedule's ranks)")
-    p.add_argument("--figures", help="figure path prefix (default figures/compare-<schedule>)")
+    p.add_argument("--nproc", type=count_flag(RANKS), help="processes on this host (default: the schedule's ranks)")
+    p.add_argument("--figures", help=f"figure path prefix (default {DEFAULT_DIR}/compare-<schedule>)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     _add_exec_options(p)
     p.set_defaults(func=cmd_compare)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from twin.ir import Schedule, op_class
+from twin.outputs import atomic_path
 
 
 @dataclass(frozen=True)
@@ -183,10 +184,10 @@ def comparison_figures(prefix: str, c: Comparison, sim_timeline, measured_timeli
 def _save(fig, path: str) -> str:
     import matplotlib.pyplot as plt
 
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".tmp-{os.path.basename(path)}")
-    fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return path

@@ -122,8 +122,6 @@ def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local")
         f"nodes_per_leaf_group = {est(1, 'one host')}",
         f"n_nodes = {est(1, 'one host')}",
         f"link_bw_per_direction_gb_per_s = {est(1.0, 'unused: one host')}",
-        f"switch_latency_us = {est(0.0, 'unused: one host')}",
-        f"nic_latency_us = {est(0.0, 'unused: one host')}",
         f"oversubscription = {est(1.0, 'unused: one host')}",
         "",
         "# NCCL's tuning model with one protocol; fitted to gloo (ring latency = base + steps x hop).",

@@ -52,8 +52,6 @@ endpoint_ports_per_switch = {{ value = 1, estimate = "t" }}
 global_links_per_group_pair = {{ value = 2, estimate = "t" }}
 link_bw_per_direction_gb_per_s = {{ value = {net_gb}, estimate = "t" }}
 n_groups = {{ value = 3, estimate = "t" }}
-switch_latency_us = {{ value = 1, estimate = "t" }}
-nic_latency_us = {{ value = 2, estimate = "t" }}
 
 [collectives]
 protocols = {{ allowed = ["simple"], estimate = "t" }}

@@ -151,7 +151,7 @@ def test_fit_input_errors_name_the_row_and_field(tmp_path, capsys):
     assert_user_error(rc, out, err, "heads")
     rc, out, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(bad), "-o",
                        str(REPO / "topologies" / "dgx-a100-800g.toml"))
-    assert_user_error(rc, out, err, "overwrite an input")
+    assert_user_error(rc, out, err, "is the input --machine")
     assert not (tmp_path / "o.toml").exists()
 
 

@@ -122,8 +122,10 @@ def test_failed_replace_keeps_the_old_file_and_removes_the_temp(tmp_path, monkey
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(ir_io.os, "replace", boom)
-    with pytest.raises(OSError):
+    from twin import outputs
+
+    monkeypatch.setattr(outputs.os, "replace", boom)  # save_schedule writes through twin.outputs.atomic_path
+    with pytest.raises(TwinError, match="cannot write"):
         save_schedule(make_schedule(), path)
     assert path.read_text() == "old" and list(tmp_path.iterdir()) == [path]
 

@@ -143,7 +143,7 @@ def test_search_command_json_and_figure(capsys, tmp_path):
     (["--global-batch", "3", "--axes", "gz,gdata"], ["no valid plan", "global batch not divisible by gdata*gz"]),
     (["--gpus", "7", "--axes", "gx,gy"], ["no valid plan", "heads not divisible by gx", "hidden not divisible by gy"]),
     (["--top", "0"], ["--top"]),
-    (["--jobs", "-1"], ["--jobs -1 must be at least 1"]),
+    (["--jobs", "-1"], ["--jobs: -1 is out of range"]),
     (["--batch-tokens", "many"], ["--batch-tokens"]),
 ])
 def test_bad_searches_exit_2_with_one_line(capsys, extra, mentions):

@@ -85,7 +85,7 @@ def test_bad_set_exits_2(capsys, value, mentions):
 def test_elasticities_follow_the_physics():
     machine = load_machine("frontier")
     base = simulate_step(MODEL, PLAN, machine, 8)
-    fields = [GEMM_PEAK, "device.attention_efficiency", "network.switch_latency_us", "device.gemm_tile_m"]
+    fields = [GEMM_PEAK, "device.attention_efficiency", "network.link_bw_per_direction_gb_per_s", "device.gemm_tile_m"]
     result = sensitivity(MODEL, PLAN, machine, 8, fields)
     by = {f.path: f for f in result.fields}
     assert result.step_time_s == pytest.approx(base.step_time_s)
@@ -93,7 +93,7 @@ def test_elasticities_follow_the_physics():
     # a faster GEMM shortens the step, by at most the GEMMs' share of it (overlap can hide some of them)
     assert -gemm_share * 1.05 < by[GEMM_PEAK].elasticity < 0
     assert by["device.attention_efficiency"].elasticity < 0
-    assert by["network.switch_latency_us"].elasticity == 0  # one node: the network is never used
+    assert by["network.link_bw_per_direction_gb_per_s"].elasticity == 0  # one node: the network is never used
     tile = by["device.gemm_tile_m"]  # an integer field moves to whole values: 256 -> 205 and 307
     assert (tile.low_value, tile.high_value) == (205, 307)
     sizes = [abs(f.elasticity) for f in result.fields]

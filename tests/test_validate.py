@@ -80,7 +80,7 @@ def test_validate_user_errors(capsys, tmp_path):
     rc, out, err = run(capsys, "validate", "--readme", str(tmp_path / "missing.md"))
     assert rc == 2 and "--readme" in err
     rc, out, err = run(capsys, "validate", "--jobs", "0")
-    assert rc == 2 and "--jobs 0 must be at least 1" in err
+    assert rc == 2 and "--jobs: 0 is out of range" in err
 
 
 def test_what_if_overrides_reach_every_task_and_end_with_the_validation(stubbed, monkeypatch, capsys):

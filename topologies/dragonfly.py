@@ -139,7 +139,6 @@ class Links:
         pool_cap = net.global_links_per_group_pair * (net.n_groups - 1) * net_cap / 2
         n_net = n_local + len(glabel)
         self.capacity_bytes_per_s = np.concatenate([np.full(n_net - n_pool, net_cap), np.full(n_pool, pool_cap)])
-        self.latency_s = np.full(n_net, net.switch_latency_s)
         self.kind = ["local"] * n_local + ["global"] * (len(glabel) - n_pool) + ["global_pool"] * n_pool
         self._glabel = glabel
 

@@ -21,8 +21,8 @@ Link ids, in order:
   down). That module also routes between the NICs' switches.
 
 A network module's ``Links`` is built as ``Links(net, nics_per_node,
-n_nodes, base, nic_efficiency)`` and offers ``capacity_bytes_per_s``,
-``latency_s`` and ``kind`` (arrays over its ids, starting at ``base``),
+n_nodes, base, nic_efficiency)`` and offers ``capacity_bytes_per_s`` and
+``kind`` (arrays over its ids, starting at ``base``),
 ``names()``, ``nic_switch(node, nic)`` (the name of the switch a NIC is
 cabled to) and ``path(src_node, dst_node, nic)`` (link ids between the two
 nodes' switches for that NIC).
@@ -31,11 +31,9 @@ Capacities are peak per direction times the achieved/peak efficiency of the
 link's kind (``node.link_efficiency``; switch-to-switch links use its
 "network" entry, or the "nic" one where a machine gives none: a collective
 library can reach less of the NIC's line rate than the wire between switches
-carries, as RCCL does on Frontier). Latencies: an injection link carries the
-NIC's end-to-end latency, every link leaving a network switch one switch
-hop; on-node links, the node switch's included, carry none (the collective
-model's per-hop latencies cover them). Summing ``latency_s`` over a route
-gives its zero-load latency.
+carries, as RCCL does on Frontier). Links carry no latency: a transfer's
+latency is the collective model's (NCCL's base and per-hop latencies,
+``[collectives]`` of the machine file), which covers the NIC and switch hops.
 
 The machine's first nodes are used, in order (see ``topologies.placement``).
 """
@@ -98,14 +96,13 @@ class Fabric:
 
         # Per-node template: offsets within a node's block. Local vertices:
         # devices 0..gpn-1, the node switch (if any) gpn.
-        cap, lat, kind = [], [], []
+        cap, kind = [], []
         label: list[tuple[str, int | None]] = []  # name template, NIC index if it names a switch
         self._offset: dict[tuple[int, int], int] = {}
 
         def add(a: int, b: int, bw: float, link_kind: str, name: str) -> None:
             self._offset[(a, b)] = len(cap)
             cap.append(bw * eff[link_kind])
-            lat.append(0.0)
             kind.append(link_kind)
             label.append((name, None))
 
@@ -123,7 +120,6 @@ class Fabric:
             up = nic.attach_bw_bytes_per_s * eff["attach"]
             port = nic.bw_bytes_per_s * eff["nic"]
             cap += [up, up, port, port]
-            lat += [0.0, 0.0, net.nic_latency_s, net.switch_latency_s]
             kind += ["attach", "attach", "nic", "nic"]
             label += [(f"gpu{g}->nic{k}", None), (f"nic{k}->gpu{g}", None),
                       (f"nic{k}->{{sw}}", k), (f"{{sw}}->nic{k}", k)]
@@ -135,7 +131,6 @@ class Fabric:
                                                  node.network_link_efficiency)
         self.capacity_bytes_per_s = np.concatenate(
             [np.tile(np.asarray(cap, dtype=float), n_nodes), self._net.capacity_bytes_per_s])
-        self.latency_s = np.concatenate([np.tile(np.asarray(lat, dtype=float), n_nodes), self._net.latency_s])
         self.link_kind = kind * n_nodes + self._net.kind
         self._label = label
         self._names: list[str] | None = None

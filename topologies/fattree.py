@@ -17,12 +17,8 @@ pool each way, of ``nodes_per_leaf_group x link_bw / oversubscription``
 (full bisection at oversubscription 1), and the spine between the pools is
 taken to be non-blocking, with ECMP/adaptive routing spreading flows evenly
 over a leaf's uplinks (like the dragonfly's adaptive pools). A full-bisection
-fat tree of more levels has the same bottlenecks; only the hop latency of
-the extra levels is left out.
-
-Latency: the injection link carries the NIC's end-to-end latency and every
-link leaving a switch one switch hop (leaf, spine, leaf: three hops between
-leaf groups, one inside).
+fat tree of more levels has the same bottlenecks. Links carry no latency:
+the collective model's per-hop latencies stand for the switch hops.
 """
 
 from __future__ import annotations
@@ -84,7 +80,6 @@ class Links:
         self.n_groups = -(-n_nodes // net.nodes_per_leaf_group)
         n_pool = 2 * self.n_groups * nics_per_node
         self.capacity_bytes_per_s = np.full(n_pool, net.leaf_uplink_bw_bytes_per_s * efficiency)
-        self.latency_s = np.full(n_pool, net.switch_latency_s)
         self.kind = ["spine_pool"] * n_pool
 
     def names(self) -> list[str]:

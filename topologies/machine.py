@@ -13,8 +13,13 @@ switch every device has a port on (``[node.switch]``, NVSwitch). The network
 ``kind`` picks a spec and a module placing its switches (``NETWORK_KINDS``):
 "dragonfly" (``DragonflySpec``, ``topologies.dragonfly``) or "fat_tree"
 (``FatTreeSpec``, ``topologies.fattree``). Both specs offer ``kind``,
-``max_nodes``, ``nodes_per_group``, ``n_groups``, ``link_bw_bytes_per_s``,
-``switch_latency_s``, ``nic_latency_s`` and ``describe()``.
+``max_nodes``, ``nodes_per_group``, ``n_groups``, ``link_bw_bytes_per_s``
+and ``describe()``.
+
+A network has no per-switch or per-NIC latency field: the simulator charges a
+transfer's latency from the collective tuning model alone (``[collectives]``:
+NCCL's base and per-hop latencies, which include the NIC and switch hops), so
+such a field would be parsed and settable but change nothing.
 
 ``node_graph`` and ``network_graph`` return networkx graphs for inspection
 and figures; the simulator's hot path uses ``topologies.fabric.Fabric``.
@@ -159,8 +164,6 @@ class DragonflySpec:
     global_links_per_group_pair: int
     link_bw_bytes_per_s: float
     n_groups: int
-    switch_latency_s: float
-    nic_latency_s: float
     routing: str = "minimal"  # "minimal" | "adaptive" (see topologies.fabric)
 
     @property
@@ -184,8 +187,6 @@ class FatTreeSpec:
     nodes_per_leaf_group: int  # nodes whose NIC k shares leaf switch k (a scalable unit)
     n_nodes: int
     link_bw_bytes_per_s: float
-    switch_latency_s: float
-    nic_latency_s: float
     oversubscription: float  # leaf downlink / uplink bandwidth; 1 = full bisection
 
     @property
@@ -330,6 +331,8 @@ def load_machine(name_or_path: str, overrides: tuple[Override, ...] = ()) -> Mac
             data = tomllib.load(f)
     except OSError as e:
         raise TwinError(f"machine: cannot read '{path}': {e.strerror}; check the path and permissions") from e
+    except UnicodeDecodeError as e:
+        raise TwinError(f"{path}: not a text file (byte {e.start} is not UTF-8); give a machine .toml file") from None
     except tomllib.TOMLDecodeError as e:
         msg = " ".join(str(e).split())
         raise TwinError(f"{path}: invalid TOML ({msg}); fix the syntax") from e
@@ -486,8 +489,6 @@ def _dragonfly(f: Fields, node: NodeSpec) -> DragonflySpec:
         global_links_per_group_pair=f.integer("global_links_per_group_pair"),
         link_bw_bytes_per_s=f.number("link_bw_per_direction_gb_per_s") * GB,
         n_groups=f.integer("n_groups"),
-        switch_latency_s=f.number("switch_latency_us", "nonneg") * US,
-        nic_latency_s=f.number("nic_latency_us", "nonneg") * US,
         routing=f.text("routing") if f.has("routing") else "minimal",
     )
     if net.routing not in ROUTINGS:
@@ -507,8 +508,6 @@ def _fat_tree(f: Fields, node: NodeSpec) -> FatTreeSpec:
         nodes_per_leaf_group=f.integer("nodes_per_leaf_group"),
         n_nodes=f.integer("n_nodes"),
         link_bw_bytes_per_s=f.number("link_bw_per_direction_gb_per_s") * GB,
-        switch_latency_s=f.number("switch_latency_us", "nonneg") * US,
-        nic_latency_s=f.number("nic_latency_us", "nonneg") * US,
         oversubscription=f.number("oversubscription"),
     )
     if net.oversubscription < 1:

@@ -5,7 +5,10 @@ estimates. A user who has measured one (a GEMM rate, an all-reduce bandwidth)
 or who wants to know how much an estimate matters replaces it on the command
 line instead of copying the file. An override names a number by the dotted
 path the loader records its provenance under (``twin machines NAME`` lists
-them) and goes through the same range checks as the file. Its provenance
+them) and goes through the same checks as the file: it is written into the
+parsed file before the file is read, so topologies.schema checks it as it
+checks every number (finite, in its range, below the physical limit of its
+unit; a non-number or inf/nan is refused here already). Its provenance
 becomes an estimate that says it was set on the command line, so nothing
 downstream mistakes it for a sourced figure, and the machine keeps the list
 of overrides, so cached results of the plain file are never served for it.

@@ -17,10 +17,20 @@ caller converts to SI), records each number's provenance under its dotted
 path (``node.links[3].bw_per_direction_gb_per_s``), and turns each mistake
 into a one-line ``TwinError`` naming the file, the field and the fix. It also
 rejects keys nobody read, so a typo fails loudly instead of being ignored.
+
+Every number, whatever reads it, passes one check here (``Fields.bounds``):
+it must be finite (TOML allows ``inf`` and ``nan``) and at most a generous
+physical ceiling picked by the unit its key names (``_UNIT_LIMITS``), so a
+slipped exponent (``hbm_gb = 1e308``) or a unit mistake fails at load time
+instead of turning into an infinite or absurd prediction, or a simulation
+that allocates per device of a 10^300-GPU node. What-if values set on the
+command line (``--set``) are written into the parsed file first
+(``topologies.overrides``) and so pass the very same check.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
@@ -34,6 +44,42 @@ _RANGES = {
     "nonneg": (lambda x: x >= 0, ">= 0"),
     "fraction": (lambda x: 0 < x <= 1, "in (0, 1]"),
 }
+
+# Upper bounds by unit, far above any machine built (a GPU of 2 PF/s, 200 GB of HBM at 8 TB/s, links of
+# 100 GB/s, latencies of microseconds to milliseconds) yet finite. A key names its unit (hbm_gb,
+# kernel_overhead_us); a protocol key under collectives.base_latency_us takes its table's unit, so the
+# dotted path is searched from the leaf up. First suffix that matches wins.
+_UNIT_LIMITS = (
+    ("tflop_per_s", 1e5, "100,000 TF/s"),
+    ("gb_per_s", 1e5, "100,000 GB/s"),
+    ("_gb", 1e5, "100,000 GB"),
+    ("_us", 1e6, "1,000,000 us (1 s)"),
+)
+# Per key where the unit rule is too loose: a node's devices are routed pair by pair (topologies.fabric),
+# so their number must stay what one node can hold (the largest NVLink domain has 72 GPUs).
+_KEY_LIMITS = {"gpus_per_node": (1024, "1,024 devices")}
+# Counts, ratios and sizes without a unit (compute units, tiles, groups, nodes, GEMM dimensions).
+_COUNT_LIMIT = (1e7, "10,000,000")
+
+
+def limit_of(where: str) -> tuple[float, str]:
+    """The largest value the number at dotted path ``where`` may take, and how a message says it."""
+    steps = [step.split("[")[0] for step in where.split(".")]
+    if steps[-1] in _KEY_LIMITS:
+        return _KEY_LIMITS[steps[-1]]
+    for step in reversed(steps):
+        for suffix, limit, text in _UNIT_LIMITS:
+            if step.endswith(suffix):
+                return limit, text
+    return _COUNT_LIMIT
+
+
+def _show(x: float) -> str:
+    """A number for a one-line message, short even for a 400-digit TOML integer."""
+    if isinstance(x, int) and abs(x) >= 10**16:
+        digits = str(abs(x))
+        return f"{'-' if x < 0 else ''}{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
+    return f"{x:g}"
 
 
 @dataclass(frozen=True)
@@ -148,11 +194,23 @@ class Fields:
         source, estimate, fitted = (_note(raw.get(k)) for k in NOTE_KEYS)
         if source is None and estimate is None and fitted is None:
             self.fail(key, 'needs a non-empty source = "..." or estimate = "why" (or fitted = "by twin fit on ...")')
-        ok, bound = _RANGES[check]
-        if not ok(value):
-            self.fail(key, f"must be {bound}, got {value}")
+        self.bounds(key, value, check)
         self._sources[self.where(key)] = Sourced(float(value), source, estimate, fitted=fitted)
         return float(value)
+
+    def bounds(self, key: str, value: float, check: str) -> None:
+        """The one range check every number of a machine file passes: finite, ``check``, and at most its limit.
+
+        Finiteness comes first: ``nan`` compares false to everything and ``inf`` is above every lower bound,
+        so without it either would slip past the range check into the physics."""
+        if isinstance(value, float) and not math.isfinite(value):
+            self.fail(key, f"must be a finite number, got {value}; write the sourced or measured value")
+        ok, bound = _RANGES[check]
+        if not ok(value):
+            self.fail(key, f"must be {bound}, got {_show(value)}")
+        limit, text = limit_of(self.where(key))
+        if value > limit:
+            self.fail(key, f"is {_show(value)}, above the physical limit of {text}; check the value and its unit")
 
     def integer(self, key: str, check: str = "positive") -> int:
         """A sourced number that must be integral."""
@@ -177,7 +235,5 @@ class Fields:
             self.fail(key, f"must be an integer, got {raw!r}")
         if not any(_note(self._table.get(k)) for k in NOTE_KEYS):
             self.fail(key, f'is a plain integer; add source = "..." or estimate = "..." to [{self.where()}]')
-        ok, bound = _RANGES[check]
-        if not ok(raw):
-            self.fail(key, f"must be {bound}, got {raw}")
+        self.bounds(key, raw, check)
         return raw

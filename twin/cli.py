@@ -12,7 +12,10 @@ import json
 import os
 import sys
 
+from twin import limits
 from twin.errors import TwinError
+from twin.limits import count_flag, real_flag
+from twin.outputs import DEFAULT_DIR, FIGURE_FORMATS, check_outputs
 
 DEFAULT_BATCH_TOKENS = 16_777_216  # AxoNN SC'24 Table I: 16.8M tokens per batch
 
@@ -23,7 +26,7 @@ def add_machine_and_model_arguments(p: argparse.ArgumentParser, required: bool =
     model = p.add_mutually_exclusive_group(required=required)
     model.add_argument("--model", help="catalog model (see `twin models`), e.g. GPT-80B")
     model.add_argument("--model-spec", help="any GPT-style model: layers=..,hidden=..,heads=..[,seq=..,vocab=..,ffn=..]")
-    p.add_argument("--seq", type=int, help="sequence length (default: the model's)")
+    p.add_argument("--seq", type=count_flag(limits.SEQ_LEN), help="sequence length (default: the model's)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
                    help="replace one number of the machine file for this run (repeatable), e.g. "
                    "--set device.attention_efficiency=0.5; `twin machines NAME` lists the fields")
@@ -47,14 +50,15 @@ def add_plan_switches(p: argparse.ArgumentParser) -> None:
 def _add_step_arguments(p: argparse.ArgumentParser, required: bool = True) -> None:
     """The arguments that describe a step; optional for simulate, which can read --schedule instead."""
     add_machine_and_model_arguments(p, required)
-    p.add_argument("--gpus", type=int, required=required, help="number of GPUs (GCDs on Frontier)")
+    p.add_argument("--gpus", type=count_flag(limits.GPUS), required=required, help="number of GPUs (GCDs on Frontier)")
     p.add_argument(
         "--plan", required=required,
         help="parallel plan: AxoNN's gx=..,gy=..,gz=..,gdata=.. and/or Megatron's tp=..,pp=..,dp=.. "
         "[,vpp=..,zero=0-3,sp=0|1,mbs=..,ga=..,attention=flash|unfused,recompute=full|selective|none,oar=0|1,ors=..,"
         "oag=..,tune=0|1]",
     )
-    p.add_argument("--global-batch", type=int, help="sequences per step (default: 16.8M tokens / seq, as AxoNN)")
+    p.add_argument("--global-batch", type=count_flag(limits.SEQUENCES),
+                   help="sequences per step (default: 16.8M tokens / seq, as AxoNN)")
     add_plan_switches(p)
 
 
@@ -79,12 +83,12 @@ def _step_inputs(args: argparse.Namespace):
     """(model, plan, machine) from the common step arguments."""
     from dataclasses import replace
 
-    from twin.plan import parse_plan
+    from twin.plan import parse_plan, plan_keys
 
     machine, model = machine_and_model(args)
+    if args.global_batch is not None and "global_batch" in plan_keys(args.plan):
+        raise TwinError("the batch is given twice: global_batch= in --plan and --global-batch; give one")
     batch = args.global_batch if args.global_batch is not None else max(1, DEFAULT_BATCH_TOKENS // model.seq)
-    if batch <= 0:
-        raise TwinError("--global-batch must be a positive number of sequences")
     plan = parse_plan(args.plan, replace(parse_plan(""), global_batch=batch))
     if args.no_overlap:
         plan = plan.without_overlap()
@@ -93,22 +97,21 @@ def _step_inputs(args: argparse.Namespace):
     return model, plan, machine
 
 
-FIGURE_FORMATS = ("png", "pdf", "svg")
+def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
+    """The files a step command reads, which none of its outputs may replace (twin.outputs): --machine by its
+    file, also when named (`--machine frontier` reads topologies/frontier.toml)."""
+    files = {flag: getattr(args, attr, None) for flag, attr in (("--schedule", "schedule"), ("TRACE", "trace_in"))}
+    return {"--machine": machine_file(getattr(args, "machine", None)), **files}
 
 
-def check_output_path(path: str, what: str, suffixes: tuple[str, ...] | None = None) -> None:
-    """Fail before any work if an output file could not be written (no half-done runs)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise TwinError(f"{what} {path}: folder {directory} does not exist; create it or choose another path")
-    if not os.access(directory, os.W_OK):
-        raise TwinError(f"{what} {path}: folder {directory} is not writable; choose another path")
-    if os.path.isdir(path):
-        raise TwinError(f"{what} {path} is a folder; give a file name")
-    if suffixes is not None:
-        suffix = os.path.splitext(path)[1].lstrip(".").lower()
-        if suffix not in suffixes:
-            raise TwinError(f"{what} {path}: unsupported format {suffix!r}; use one of {', '.join(suffixes)}")
+def machine_file(name_or_path: str | None) -> str | None:
+    """The file a --machine value names, if it names one (a bad name is reported when the machine is loaded)."""
+    from topologies.machine import load_machine
+
+    try:
+        return str(load_machine(name_or_path).path) if name_or_path else None
+    except TwinError:
+        return None
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -118,10 +121,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from twin.sim.engine import simulate
     from twin.trace import write_trace
 
-    if args.trace:
-        check_output_path(args.trace, "--trace")
-    if args.figure:
-        check_output_path(args.figure, "--figure", FIGURE_FORMATS)
+    check_outputs({"--trace": args.trace, "--figure": args.figure}, _inputs(args), {"--figure": FIGURE_FORMATS})
     if args.preset:
         _apply_preset(args)
     if args.schedule:
@@ -138,7 +138,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         title = f"{summary.model} on {summary.gpus} {machine.name} GPUs ({summary.plan}): step {summary.step_time_s:.2f} s"
         timeline_figure(args.figure, timeline_rows(schedule, run), title)
     if args.json:
-        print(json.dumps(summary.to_json_dict(), indent=2))
+        print(summary.to_json())
     else:
         print(format_summary(summary))
         for what, path in (("trace", args.trace), ("figure", args.figure)):
@@ -153,6 +153,11 @@ def _schedule_and_machine(args: argparse.Namespace):
 
     if args.machine is None:
         raise TwinError("--machine is required with --schedule")
+    step_flags = ("--preset", "--model", "--model-spec", "--plan", "--gpus", "--global-batch", "--seq", "--no-overlap",
+                  "--no-tune")
+    given = [flag for flag in step_flags if getattr(args, flag.lstrip("-").replace("-", "_"), None)]
+    if given:
+        raise TwinError(f"--schedule FILE is a built step already; drop {given[0]} (or drop --schedule)")
     return load_schedule(args.schedule), load_machine_from_args(args)
 
 
@@ -172,11 +177,8 @@ def cmd_sensitivity(args: argparse.Namespace) -> int:
     if args.preset:
         _apply_preset(args)
     _require_step_arguments(args, "sensitivity", " (or --preset NAME)")
-    if args.figure:
-        check_output_path(args.figure, "--figure", FIGURE_FORMATS)
+    check_outputs({"--figure": args.figure}, _inputs(args), {"--figure": FIGURE_FORMATS})
     model, plan, machine = _step_inputs(args)
-    if args.target_step_s is not None and args.target_step_s <= 0:
-        raise TwinError("--target-step-s must be a positive number of seconds")
     if args.fields is not None and args.all:
         raise TwinError("give one of --fields and --all")
     if args.fields is not None:
@@ -216,8 +218,7 @@ def cmd_compare_trace(args: argparse.Namespace) -> int:
     from twin.report import rank_time_by_class
     from twin.sim.engine import simulate
 
-    if args.figure:
-        check_output_path(args.figure, "--figure", FIGURE_FORMATS)
+    check_outputs({"--figure": args.figure}, _inputs(args), {"--figure": FIGURE_FORMATS})
     if args.preset:
         _apply_preset(args)
     if args.schedule:
@@ -225,7 +226,7 @@ def cmd_compare_trace(args: argparse.Namespace) -> int:
     else:
         _require_step_arguments(args, "compare-trace", " (or --preset NAME, or --schedule FILE)")
         model, plan, machine = _step_inputs(args)
-    run = load_profiled_run(args.trace, args.steps, args.device)
+    run = load_profiled_run(args.trace_in, args.steps, args.device)
     rank = args.rank if args.rank is not None else run.rank  # None: the critical rank
     if args.schedule:
         sim = simulate(schedule, machine)
@@ -299,12 +300,20 @@ def cmd_scale(args: argparse.Namespace) -> int:
     from twin.figures import scaling_figure
     from twin.scale import scaling
 
+    from twin.plan import plan_keys
+
     try:
-        counts = [int(x) for x in args.gpus.split(",") if x.strip()]
+        counts = [limits.check_count(int(x), "--gpus", limits.GPUS) for x in args.gpus.split(",") if x.strip()]
     except ValueError:
         raise TwinError(f"--gpus {args.gpus!r} must be a comma-separated list of GPU counts, e.g. 128,256,512") from None
-    figure = args.figure or f"figures/scale-{args.mode}-{(args.model or 'custom').lower()}-{os.path.basename(args.machine).removesuffix('.toml')}.png"
-    check_output_path(figure, "--figure", FIGURE_FORMATS)
+    if "gdata" in plan_keys(args.plan):
+        raise TwinError("twin scale derives dp (gdata) at each GPU count from --gpus; drop it from --plan")
+    figure = args.figure
+    if figure is None:  # the default goes to out/, never into the repository's figures/
+        os.makedirs(DEFAULT_DIR, exist_ok=True)
+        machine_name = os.path.basename(args.machine).removesuffix(".toml")
+        figure = os.path.join(DEFAULT_DIR, f"scale-{args.mode}-{(args.model or 'custom').lower()}-{machine_name}.png")
+    check_outputs({"--figure": figure}, _inputs(args), {"--figure": FIGURE_FORMATS})
     args.gpus = counts[0] if counts else 0
     model, plan, machine = _step_inputs(args)
 
@@ -342,7 +351,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from twin.build import build_step
     from twin.ir_io import save_schedule
 
-    check_output_path(args.output, "--output")
+    check_outputs({"--output": args.output}, _inputs(args))
     model, plan, machine = _step_inputs(args)
     built = build_step(model, plan, machine, args.gpus)
     save_schedule(built.schedule, args.output)
@@ -426,8 +435,18 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (what is wrong and where to look), exit code 2, like a TwinError.
+
+    argparse's default prints the whole usage block first, which buries the line that matters. Subcommand
+    parsers are made of the same class (add_subparsers uses the parent's class)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"twin: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="twin",
         description="exatwin: a digital twin of large-scale LLM training (AxoNN 4D parallelism on Frontier, "
         "Perlmutter and Alps).",
@@ -456,7 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schedule", help="simulate a schedule IR file (from `twin export`) instead of building one")
     p.add_argument("--full", action="store_true", help="simulate every rank, not one per symmetry class (slow; exact)")
     p.add_argument("--flops-formula", choices=("hardware", "model"), default="hardware",
-                   help="Narayanan's FLOP count with full recompute (hardware, the papers' choice) or without (model)")
+                   help="the papers' FLOP count beside the achieved throughput (which counts the FLOPs the step "
+                   "executes): Narayanan's with full recompute (hardware, the papers' choice) or without (model, MFU)")
     p.add_argument("--trace", help="write a Chrome trace JSON (opens in Perfetto)")
     p.add_argument("--figure", help="write a timeline figure (PNG) of the critical rank")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -474,9 +494,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fields", help="comma-separated numbers to move (default: every estimate), "
                    "e.g. device.empirical_gemm_bf16_tflop_per_s,device.attention_efficiency")
     p.add_argument("--all", action="store_true", help="move every number of the machine file, sourced ones too")
-    p.add_argument("--factor", type=float, default=0.2, help="relative move each way (default 0.2 = 20%%)")
-    p.add_argument("--target-step-s", type=float, help="a measured step time to explain (seconds)")
-    p.add_argument("--jobs", type=int, help="processes for the simulations (default: every core)")
+    p.add_argument("--factor", type=real_flag(limits.Range(0.001, 0.9, "")), default=0.2,
+                   help="relative move each way (default 0.2 = 20%%)")
+    p.add_argument("--target-step-s", type=real_flag(limits.SECONDS), help="a measured step time to explain (seconds)")
+    p.add_argument("--jobs", type=count_flag(limits.JOBS),
+                   help="processes for the simulations (default and most: every core)")
     p.add_argument("--figure", help="write a tornado chart of the numbers that move the step (PNG, PDF or SVG)")
     p.add_argument("--progress", action="store_true", help="show the progress bar even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -491,14 +513,17 @@ def build_parser() -> argparse.ArgumentParser:
         "ProfilerStep annotations, or --steps. Example: twin "
         "compare-trace rank0.json --preset frontier-22b",
     )
-    p.add_argument("trace", help="the profiler trace of one rank (Chrome trace JSON, optionally gzipped)")
+    p.add_argument("trace_in", metavar="TRACE",
+                   help="the profiler trace of one rank (Chrome trace JSON, optionally gzipped)")
     _add_step_arguments(p, required=False)
     p.add_argument("--preset", help="a named configuration from the papers (see `twin presets`)")
     p.add_argument("--schedule", help="simulate a schedule IR file (from `twin export`) instead of building one")
-    p.add_argument("--steps", type=int, help="how many training steps the trace covers (when it has no "
+    p.add_argument("--steps", type=count_flag(limits.STEPS),
+                   help="how many training steps the trace covers (when it has no "
                    "ProfilerStep annotations)")
     p.add_argument("--figure", help="also draw the classes, twin beside measured, as a bar chart (PNG, PDF or SVG)")
-    p.add_argument("--rank", type=int, help="the job rank the trace is of (default: the rank the trace names, "
+    p.add_argument("--rank", type=count_flag(limits.RANK),
+                   help="the job rank the trace is of (default: the rank the trace names, "
                    "else the twin's critical rank)")
     p.add_argument("--device", help="the GPU whose kernels to count, when the trace has several (default: the first)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -519,9 +544,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", required=True, help="the degrees other than dp, e.g. tp=4,pp=16,zero=1,mbs=1")
     p.add_argument("--gpus", required=True, help="comma-separated GPU counts, smallest first, e.g. 128,256,512,1024")
     p.add_argument("--mode", choices=("weak", "strong"), required=True, help="weak (batch grows with dp) or strong")
-    p.add_argument("--global-batch", type=int, help="sequences per step at the first GPU count (default 16.8M tokens / seq)")
+    p.add_argument("--global-batch", type=count_flag(limits.SEQUENCES),
+                   help="sequences per step at the first GPU count (default 16.8M tokens / seq)")
     add_plan_switches(p)
-    p.add_argument("--figure", help="figure path (default figures/scale-MODE-MODEL-MACHINE.png)")
+    p.add_argument("--figure", help=f"figure path (default {DEFAULT_DIR}/scale-MODE-MODEL-MACHINE.png)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_scale)
 
@@ -550,7 +576,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help (0) or a usage error (2, its line printed): a code, as from any command
+        return int(done.code or 0)
     try:
         return args.func(args)
     except TwinError as err:

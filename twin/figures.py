@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from twin.ir import Program, op_class  # noqa: E402
+from twin.outputs import atomic_path  # noqa: E402
 from twin.sim.engine import RankTimeline  # noqa: E402
 
 CLASS_COLORS = {
@@ -85,12 +86,12 @@ def scaling_figure(path: str, gpus: list[int], tflops_per_gpu: list[float], effi
 
 
 def _save(fig, path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".tmp-{os.path.basename(path)}")
-    fig.savefig(tmp, dpi=120, format=os.path.splitext(path)[1].lstrip(".") or "png")
-    plt.close(fig)
-    os.replace(tmp, path)
+    """Atomically (twin.outputs), into a folder that exists (commands check their outputs before any work)."""
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, format=os.path.splitext(path)[1].lstrip(".") or "png")
+    finally:
+        plt.close(fig)
 
 
 def landscape_figure(path: str, points: list, title: str) -> None:

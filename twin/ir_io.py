@@ -31,7 +31,6 @@ import dataclasses
 import functools
 import json
 import os
-import secrets
 import typing
 from pathlib import Path
 from typing import Any
@@ -39,8 +38,10 @@ from typing import Any
 from twin.errors import TwinError
 from twin.ir import IR_VERSION, WORK_TYPES, Op, Schedule, work_type_name
 from twin.ir_validate import validate_schedule
+from twin.outputs import atomic_path
 
 FORMAT = "exatwin-schedule"
+_MAX_FLOAT_INT = 10**308  # the largest JSON integer a float field may hold (a float tops out at 1.8e308)
 
 
 def schedule_to_dict(s: Schedule) -> dict[str, Any]:
@@ -68,41 +69,48 @@ def schedule_from_dict(d: Any) -> Schedule:
 def save_schedule(s: Schedule, path: str | os.PathLike[str]) -> None:
     """Write `s` to `path`: byte-identical for equal schedules, never half-written."""
     data = (json.dumps(schedule_to_dict(s), separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n").encode()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    # O_EXCL: never clobber another writer's temp file; mode 0o666 lets the umask apply as for any new file.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(str(path)) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def load_schedule(path: str | os.PathLike[str]) -> Schedule:
-    """Read, check and validate a schedule file; every problem is a one-line TwinError naming the file."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise TwinError(f"schedule file {path} does not exist: check the path") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise TwinError(f"schedule file {path} cannot be read ({type(e).__name__}: {e}): check the path and permissions") from None
-    try:
-        d = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant)
-    except json.JSONDecodeError as e:
-        raise TwinError(f"schedule file {path} is not JSON ({e.msg} at line {e.lineno} column {e.colno}): re-export the schedule") from None
-    except ValueError as e:
-        raise TwinError(f"schedule file {path} is not valid IR JSON ({e}): re-export the schedule") from None
+    """Read, check and validate a schedule file; every problem is a one-line TwinError naming the file.
+
+    Everything is checked before a backend sees the schedule, and nothing is
+    allocated in proportion to the `world_size` the file claims before that
+    claim is checked against the ranks the file lists (twin.ir_validate)."""
+    d = _read_json(path)
     try:
         s = schedule_from_dict(d)
         validate_schedule(s)
     except TwinError as e:
         raise TwinError(f"schedule file {path}: {e}") from None
     return s
+
+
+def _read_json(path: str | os.PathLike[str]) -> Any:
+    """The file's JSON value: a one-line TwinError for a missing, unreadable, non-UTF-8 or malformed file."""
+    try:
+        raw = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise TwinError(f"schedule file {path} does not exist: check the path") from None
+    except OSError as e:
+        raise TwinError(f"schedule file {path} cannot be read ({type(e).__name__}: {e.strerror or e}): check the path and permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TwinError(f"schedule file {path} is not UTF-8 text (byte {e.start} is 0x{raw[e.start]:02x}): "
+                        "give a schedule JSON file written by exatwin") from None
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise TwinError(f"schedule file {path} is not JSON ({e.msg} at line {e.lineno} column {e.colno}): re-export the schedule") from None
+    except RecursionError:  # a JSON value nested deeper than Python's parser goes: no schedule is
+        raise TwinError(f"schedule file {path} is not IR JSON (nested too deeply): re-export the schedule") from None
+    except ValueError as e:
+        raise TwinError(f"schedule file {path} is not valid IR JSON ({e}): re-export the schedule") from None
 
 
 # ---- encoding ---------------------------------------------------------------
@@ -193,6 +201,8 @@ def _decode_value(hint: Any, value: Any, where: str) -> Any:
     if hint is float:
         if type(value) not in (int, float):
             raise _type_error(where, "a number", value)
+        if type(value) is int and abs(value) > _MAX_FLOAT_INT:  # float() of it would overflow
+            raise _type_error(where, "a finite number", value)
         return float(value)
     if typing.get_origin(hint) is tuple:
         item = typing.get_args(hint)[0]

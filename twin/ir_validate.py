@@ -10,6 +10,16 @@ Cost is O(total ops + world_size x axes): ranks that share a Program are
 checked once, and the collective-order check compares *programs*, not ranks,
 once per distinct set of member programs. A 32,768-rank schedule with one
 6,000-op program validates in well under a second.
+
+Memory is bounded by what the file holds: `world_size` is a claim, so it is
+checked first against a ceiling (MAX_WORLD_SIZE) and against the ranks the
+programs list, before anything is allocated per rank; a file claiming 10^9
+ranks is an error, not a 10^9-entry table. The same goes for every number a
+backend turns into time or memory: sizes and FLOPs finite and >= 0 (the
+step's `info` too), GEMM and attention dimensions below 2^31 (what BLAS and
+attention kernels index with), dtypes the builders and executor know, and
+each point-to-point send matched by a receive of the same size on its peer
+(a mismatch would hang NCCL or corrupt the data the receive expects).
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ import math
 from typing import Callable, NoReturn
 
 from twin.errors import TwinError
+from twin.model import DTYPE_BYTES
 from twin.ir import (
     COLLECTIVE_KINDS,
     GEMM_LAYOUTS,
@@ -31,23 +42,64 @@ from twin.ir import (
     Op,
     Program,
     Schedule,
+    StepInfo,
     Work,
 )
+
+# The most ranks a schedule may have: 4,194,304, fifty times the largest machine the twin models (Frontier's
+# 75,264 GCDs). It bounds what validation, and every backend after it, allocates per rank.
+MAX_WORLD_SIZE = 1 << 22
+# GEMM and attention dimensions must fit the 32-bit integers BLAS and attention kernels index with.
+MAX_DIM = (1 << 31) - 1
+_MATE = {"send": "recv", "recv": "send"}
+_VERBS = {"send": ("sends", "to"), "recv": ("receives", "from")}  # how a message says what a p2p op does
 
 
 def validate_schedule(s: Schedule) -> None:
     """Raise TwinError (one line) on the first problem found; return None if the schedule is sound."""
     if s.version != IR_VERSION:
         raise TwinError(f"schedule version {s.version} is not supported; this exatwin runs IR version {IR_VERSION}: rebuild the schedule")
-    if type(s.world_size) is not int or s.world_size < 1:
-        raise TwinError(f"schedule world_size={s.world_size!r} must be a positive integer: set it to the number of ranks")
+    _check_world_size(s)  # first: everything after it allocates per rank
+    _check_info(s.info)
     instance_of = _check_groups(s)
     program_of = _check_programs(s)
     uses = [_check_ops(p, prog, instance_of) for p, prog in enumerate(s.programs)]
     for p, prog in enumerate(s.programs):
         _check_membership(s, p, prog, uses[p], instance_of)
+    _check_transfers(s, uses, instance_of, program_of)
     if len(s.programs) > 1:
         _check_collective_order(s, uses, instance_of, program_of)
+
+
+def _check_world_size(s: Schedule) -> None:
+    """world_size is a positive integer, at most MAX_WORLD_SIZE, and no more than the ranks the programs list.
+
+    Programs must cover every rank exactly once, so a world_size above the ranks listed leaves some rank
+    without a program; finding which one here, from the ranks the file holds, keeps a claimed world_size
+    of 10^6 with four ranks listed from allocating 10^6 of anything. (More ranks listed than world_size
+    is a rank out of range or a duplicate: _check_programs names it.)"""
+    ws = s.world_size
+    if type(ws) is not int or ws < 1:
+        raise TwinError(f"schedule world_size={ws!r} must be a positive integer: set it to the number of ranks")
+    if ws > MAX_WORLD_SIZE:
+        raise TwinError(f"schedule world_size={ws} is above {MAX_WORLD_SIZE:,} ranks, more than any machine has: "
+                        f"set it to the number of ranks the programs list")
+    if sum(len(prog.ranks) for prog in s.programs) < ws:
+        present = {r for prog in s.programs for r in prog.ranks}
+        missing = next(r for r in range(ws) if r not in present)
+        raise TwinError(f"rank {missing} is in no program: every rank 0..{ws - 1} must run exactly one program "
+                        "(or lower world_size)")
+
+
+def _check_info(info: StepInfo) -> None:
+    """The step's totals feed the report's throughput and memory lines: counts >= 1, amounts finite and >= 0."""
+    for name in ("global_batch", "seq"):
+        if getattr(info, name) < 1:
+            raise TwinError(f"schedule info.{name}={getattr(info, name)} must be at least 1: re-export the schedule")
+    for name in ("flops_hardware", "flops_model", "memory_per_gpu_bytes"):
+        problem = _bad_size(name, getattr(info, name))
+        if problem:
+            raise TwinError(f"schedule info.{problem}: re-export the schedule")
 
 
 class _Uses:
@@ -58,22 +110,25 @@ class _Uses:
         self.peers: dict[tuple[str, int], Op] = {}
         self.collectives: dict[str, list[Op]] = {}
         self.keys: dict[str, tuple[tuple[str, float], ...]] = {}
+        self.transfers: dict[tuple[str, str, int, str], list[Op]] = {}  # (kind, axis, peer, tag) -> ops in order
 
 
-def _check_groups(s: Schedule) -> dict[str, list[int]]:
-    """Axis name -> (rank -> index of its instance, or -1): each rank at most once per axis."""
-    instance_of: dict[str, list[int]] = {}
+def _check_groups(s: Schedule) -> dict[str, dict[int, int]]:
+    """Axis name -> (rank -> index of its instance): each rank at most once per axis.
+
+    A dict per axis, not a world_size list: its size is what the file lists, however many axes it has."""
+    instance_of: dict[str, dict[int, int]] = {}
     for axis in s.groups:
         if axis.name in instance_of:
             raise TwinError(f"group axis '{axis.name}' is defined twice: give each axis a unique name")
-        inst = [-1] * s.world_size
+        inst: dict[int, int] = {}
         for i, members in enumerate(axis.instances):
             if not members:
                 raise TwinError(f"group '{axis.name}' instance {i} is empty: remove it or give it ranks")
             for r in members:
                 if type(r) is not int or not 0 <= r < s.world_size:
                     raise TwinError(f"group '{axis.name}' instance {i} holds rank {r!r}, outside 0..{s.world_size - 1}: use ranks below world_size")
-                if inst[r] >= 0:
+                if r in inst:
                     where = "twice" if inst[r] == i else f"in instances {inst[r]} and {i}"
                     raise TwinError(f"rank {r} appears {where} of group '{axis.name}': each rank may be in at most one instance per axis")
                 inst[r] = i
@@ -87,6 +142,8 @@ def _check_programs(s: Schedule) -> list[int]:
     for p, prog in enumerate(s.programs):
         if not prog.ranks:
             raise TwinError(f"program {p} has no ranks: remove it or assign it ranks")
+        if not prog.ops:
+            raise TwinError(f"program {p} has no ops: a rank's program holds at least one op; re-export the schedule")
         for r in prog.ranks:
             if type(r) is not int or not 0 <= r < s.world_size:
                 raise TwinError(f"program {p} names rank {r!r}, outside 0..{s.world_size - 1}: use ranks below world_size={s.world_size}")
@@ -99,7 +156,7 @@ def _check_programs(s: Schedule) -> list[int]:
     return program_of
 
 
-def _check_ops(p: int, prog: Program, instance_of: dict[str, list[int]]) -> _Uses:
+def _check_ops(p: int, prog: Program, instance_of: dict[str, dict[int, int]]) -> _Uses:
     """Ids, dependencies and work fields of every op; collect what the program asks of the groups."""
     uses = _Uses()
     n = len(prog.ops)
@@ -127,27 +184,28 @@ def _check_ops(p: int, prog: Program, instance_of: dict[str, list[int]]) -> _Use
             uses.first_op.setdefault(axis, op)
             if isinstance(op.work, P2P):
                 uses.peers.setdefault((axis, op.work.peer), op)
+                uses.transfers.setdefault((op.work.kind, axis, op.work.peer, op.work.tag), []).append(op)
             else:
                 uses.collectives.setdefault(axis, []).append(op)
     uses.keys = {a: tuple((op.work.kind, op.work.nbytes) for op in ops) for a, ops in uses.collectives.items()}
     return uses
 
 
-def _check_membership(s: Schedule, p: int, prog: Program, uses: _Uses, instance_of: dict[str, list[int]]) -> None:
+def _check_membership(s: Schedule, p: int, prog: Program, uses: _Uses, instance_of: dict[str, dict[int, int]]) -> None:
     """Group mismatch (a rank in no instance of an axis its program uses) and p2p peers outside the instance."""
     for axis, op in uses.first_op.items():
         inst = instance_of[axis]
         for r in prog.ranks:
-            if inst[r] < 0:
+            if r not in inst:
                 _fail(p, op, f"group mismatch: uses group '{axis}' but rank {r} of this program is in no instance of "
                              f"'{axis}'; add rank {r} to an instance or give it a program without '{axis}' ops")
     if not uses.peers:
         return
-    positions: dict[str, list[int]] = {}
+    positions: dict[str, dict[int, int]] = {}
     for (axis, peer), op in uses.peers.items():
         instances = s.group(axis).instances
         if axis not in positions:
-            positions[axis] = _positions(instances, s.world_size)
+            positions[axis] = _positions(instances)
         position, inst = positions[axis], instance_of[axis]
         for r in prog.ranks:
             members = instances[inst[r]]
@@ -157,15 +215,62 @@ def _check_membership(s: Schedule, p: int, prog: Program, uses: _Uses, instance_
                              f"so peer {peer:+d} does not exist: give the ranks at the ends of the instance their own program")
 
 
-def _positions(instances: tuple[tuple[int, ...], ...], world_size: int) -> list[int]:
-    position = [-1] * world_size
-    for members in instances:
-        for j, r in enumerate(members):
-            position[r] = j
-    return position
+def _positions(instances: tuple[tuple[int, ...], ...]) -> dict[int, int]:
+    """rank -> its position in its instance of one axis."""
+    return {r: j for members in instances for j, r in enumerate(members)}
 
 
-def _check_collective_order(s: Schedule, uses: list[_Uses], instance_of: dict[str, list[int]], program_of: list[int]) -> None:
+def _check_transfers(s: Schedule, uses: list[_Uses], instance_of: dict[str, dict[int, int]],
+                     program_of: list[int]) -> None:
+    """Each rank's sends to a peer (per axis and tag, in order) are that peer's receives from it, size for size.
+
+    Sends and receives match in order per (sender, receiver, tag), on one axis as the simulator pairs them;
+    a missing receive hangs a real job and one of another size is an error in NCCL (or a wrong result).
+    Ranks sharing a program agree by construction, so a (program, peer's program, transfer) is compared once:
+    O(ranks x distinct transfers) lookups, not O(ranks x transfer ops)."""
+    positions: dict[str, dict[int, int]] = {}
+    checked: set[tuple] = set()
+    for p, prog in enumerate(s.programs):
+        for (kind, axis, peer, tag), ops in uses[p].transfers.items():
+            instances = s.group(axis).instances
+            if axis not in positions:
+                positions[axis] = _positions(instances)
+            position = positions[axis]
+            inst = instance_of[axis]
+            for r in prog.ranks:
+                q = instances[inst[r]][position[r] + peer]  # inside the instance: _check_membership saw to it
+                other = program_of[q]
+                if (p, other, kind, axis, peer, tag) in checked:
+                    continue
+                checked.add((p, other, kind, axis, peer, tag))
+                mates = uses[other].transfers.get((_MATE[kind], axis, -peer, tag), [])
+                _match_transfers((p, r, ops), (other, q, mates), axis, tag)
+
+
+def _match_transfers(a: tuple[int, int, list[Op]], b: tuple[int, int, list[Op]], axis: str, tag: str) -> None:
+    """Rank a's ops towards rank b and b's matching ops towards a: same count, same sizes, position by position."""
+    (pa, ra, ops_a), (pb, rb, ops_b) = a, b
+    i = next((j for j, (x, y) in enumerate(zip(ops_a, ops_b)) if x.work.nbytes != y.work.nbytes),
+             min(len(ops_a), len(ops_b)))
+    if i == len(ops_a) == len(ops_b):
+        return
+    if i == len(ops_a):  # a ran out first: report b's extra op, from b's side
+        (pa, ra, ops_a), (pb, rb, ops_b) = (pb, rb, ops_b), (pa, ra, ops_a)
+    op = ops_a[i]
+    verb, prep = _VERBS[op.work.kind]
+    named = f"tag '{tag}' " if tag else ""
+    what = (f"rank {ra} {verb} {_fmt_bytes(op.work.nbytes)} {prep} rank {rb} on '{axis}' "
+            f"(its {_ordinal(i + 1)} {named}{op.work.kind})")
+    if i < len(ops_b):
+        mate = ops_b[i]
+        other = (f"rank {rb} {_VERBS[mate.work.kind][0]} {_fmt_bytes(mate.work.nbytes)} "
+                 f"(program {pb} op {mate.id} '{mate.name}')")
+        _fail(pa, op, f"{what}, but {other}: a send and its receive must move the same bytes")
+    _fail(pa, op, f"{what}, but rank {rb} posts only {i} matching {_MATE[op.work.kind]}(s) (program {pb}): "
+                  "every send needs a receive and every receive a send, or the run hangs")
+
+
+def _check_collective_order(s: Schedule, uses: list[_Uses], instance_of: dict[str, dict[int, int]], program_of: list[int]) -> None:
     """Every member of an instance must issue the same collectives on its axis in the same order.
 
     Members sharing a program agree by construction, so only instances whose
@@ -247,19 +352,26 @@ def _bad_size(name: str, value: float) -> str | None:
 def _bad_dims(kind: str, work: Work, names: tuple[str, ...]) -> str | None:
     for name in names:
         value = getattr(work, name)
-        if type(value) is not int or value <= 0:
-            return f"{kind} {name}={value!r} must be a positive integer"
+        if type(value) is not int or not 0 < value <= MAX_DIM:
+            return f"{kind} {name}={value!r} must be a positive integer below 2^31"
+    return None
+
+
+def _bad_dtype(work: Gemm | Attention | Collective) -> str | None:
+    """The element type: one the builders write and the executor has a tensor type for."""
+    if work.dtype not in DTYPE_BYTES:
+        return f"unknown dtype {work.dtype!r}: use one of {', '.join(DTYPE_BYTES)}"
     return None
 
 
 def _check_gemm(w: Gemm) -> str | None:
     if w.layout not in GEMM_LAYOUTS:
         return f"unknown GEMM layout {w.layout!r}: use one of {', '.join(GEMM_LAYOUTS)}"
-    return _bad_dims("gemm", w, ("m", "n", "k", "batch"))
+    return _bad_dims("gemm", w, ("m", "n", "k", "batch")) or _bad_dtype(w)
 
 
 def _check_attention(w: Attention) -> str | None:
-    return _bad_dims("attention", w, ("batch", "seq", "heads", "head_dim"))
+    return _bad_dims("attention", w, ("batch", "seq", "heads", "head_dim")) or _bad_dtype(w)
 
 
 def _check_elementwise(w: Elementwise) -> str | None:
@@ -269,7 +381,7 @@ def _check_elementwise(w: Elementwise) -> str | None:
 def _check_collective(w: Collective) -> str | None:
     if w.kind not in COLLECTIVE_KINDS:
         return f"unknown collective kind {w.kind!r}: use one of {', '.join(COLLECTIVE_KINDS)}"
-    return _bad_size("nbytes", w.nbytes)
+    return _bad_size("nbytes", w.nbytes) or _bad_dtype(w)
 
 
 def _check_p2p(w: P2P) -> str | None:

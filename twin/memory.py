@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 from twin.errors import TwinError
 from twin.model import ModelSpec
-from twin.plan import ParallelPlan, with_micro_batch
+from twin.plan import ParallelPlan, divisors, validate_pipeline_micro_batches, with_micro_batch
 
 # [estimate] CUDA/HIP context, NCCL/RCCL buffers and caching-allocator
 # fragmentation: PyTorch training typically cannot use the last 5-15% of HBM.
@@ -208,10 +208,12 @@ def resolve_micro_batch(model: ModelSpec, plan: ParallelPlan, hbm_bytes: float) 
         return with_micro_batch(plan, plan.mbs)
     if plan.ga:
         return with_micro_batch(plan, per_rank // plan.ga)
-    candidates = [d for d in range(per_rank, 0, -1) if per_rank % d == 0]
+    candidates = list(reversed(divisors(per_rank)))
     if plan.pp > 1:
         candidates = [d for d in reversed(candidates) if plan.vpp == 1 or (per_rank // d) % plan.pp == 0]
-        return with_micro_batch(plan, candidates[0] if candidates else 1)
+        if not candidates:  # not even one sequence per micro-batch makes whole rounds: the plan's rule, said so
+            validate_pipeline_micro_batches(plan, per_rank)
+        return with_micro_batch(plan, candidates[0])
     usable = usable_bytes(hbm_bytes)
     for mbs in candidates:
         trial = with_micro_batch(plan, mbs)

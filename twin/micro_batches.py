@@ -26,7 +26,7 @@ from topologies.machine import Machine
 from twin.build import build_step, resolve_step
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
-from twin.report import Summary, rank_time_by_class, summarize
+from twin.report import Summary, rank_time_by_class, summarize, with_step
 from twin.sim.collectives import CollectiveModel
 from twin.sim.engine import simulate
 
@@ -66,8 +66,9 @@ def simulate_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
                   collectives: CollectiveModel | None = None, flops_formula: str = "hardware") -> Summary:
     """The Summary of `plan`'s step, simulated from two short steps when it has many micro-batches.
 
-    Times (step, exposed communication, busy time per op class) are continued
-    linearly; throughput is the full batch's FLOPs over the continued step;
+    Times (step, exposed communication, busy time per op class) and the FLOPs
+    executed are continued linearly; throughput is the full batch's FLOPs (executed,
+    and by formula) over the continued step;
     plan, batch and memory are the full plan's.
     """
     resolved, memory = resolve_step(model, plan, machine, gpus)
@@ -83,17 +84,12 @@ def simulate_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
         return y + extra * (y - x)
 
     step_s = line(a.step_time_s, b.step_time_s)
-    per_gpu = model.flops_per_step(resolved.global_batch, flops_formula) / step_s / gpus
-    scale = per_gpu / (b.tflops_per_gpu * 1e12)
+    executed = line(a.flops_executed, b.flops_executed)  # every micro-batch runs the same ops
+    by_formula = model.flops_per_step(resolved.global_batch, flops_formula)
     return replace(
-        b,
+        with_step(b, step_s, executed, by_formula, machine.device),
         plan=resolved.describe(),
         global_batch=resolved.global_batch,
-        step_time_s=step_s,
-        pflops_total=per_gpu * gpus / 1e15,
-        tflops_per_gpu=per_gpu / 1e12,
-        pct_peak_advertised=b.pct_peak_advertised * scale,
-        pct_peak_empirical=b.pct_peak_empirical * scale,
         exposed_comm_s=line(a.exposed_comm_s, b.exposed_comm_s),
         memory_per_gpu_gb=memory.total / 1e9,
         time_by_class_s={k: line(a.time_by_class_s.get(k, 0.0), v) for k, v in b.time_by_class_s.items()},

@@ -11,20 +11,29 @@ for B sequences of length s, l layers, hidden h, vocabulary V:
 - "hardware" (full recompute): 96 B s l h^2 (1 + s/(6h) + V/(16 l h))
 
 Both the AxoNN paper and the Frontier authors' code report throughput with the
-recompute form, so that is the default in every throughput figure here, and
-the report always names the formula it used. Both formulas assume ffn = 4h;
-for other ffn sizes they are still what the papers would report.
+recompute form, so that is the default formula here, and the report always
+names the formula it used. Both formulas assume ffn = 4h;
+for other ffn sizes they are still what the papers would report. They are the
+published-comparable figure only: the achieved throughput and % of peak count
+the FLOPs of the ops the schedule executes (twin.report), since the formulas
+overcount a plan that recomputes less or a model with a narrower ffn.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from twin import limits
 from twin.errors import TwinError
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 FLOPS_FORMULAS = ("hardware", "model")
+
+
+# What each shape field counts (twin.limits): a checked range, so a typo cannot build a model no machine holds.
+_FIELD_RANGES = {"layers": limits.LAYERS, "hidden": limits.WIDTH, "heads": limits.WIDTH, "seq": limits.SEQ_LEN,
+                 "vocab": limits.VOCAB, "ffn": limits.WIDTH}
 
 
 @dataclass(frozen=True)
@@ -43,9 +52,8 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.ffn == 0:
             object.__setattr__(self, "ffn", 4 * self.hidden)
-        for field in ("layers", "hidden", "heads", "seq", "vocab", "ffn"):
-            if getattr(self, field) <= 0:
-                raise TwinError(f"model {field}={getattr(self, field)} must be a positive integer")
+        for field, allowed in _FIELD_RANGES.items():
+            limits.check_count(getattr(self, field), f"model {field}", allowed)
         if self.hidden % self.heads:
             raise TwinError(
                 f"model hidden={self.hidden} is not divisible by heads={self.heads}; "
@@ -164,9 +172,10 @@ def parse_model_spec(text: str, name: str = "custom") -> ModelSpec:
             kwargs[key] = value
             continue
         try:
-            kwargs[key] = int(value)
+            number = int(value)
         except ValueError:
             raise TwinError(f"--model-spec {key}={value!r} is not an integer") from None
+        kwargs[key] = limits.check_count(number, f"--model-spec {key}", _FIELD_RANGES[key])  # ffn=0 included
     return ModelSpec(name=name, **kwargs)  # type: ignore[arg-type]
 
 

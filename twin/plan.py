@@ -35,8 +35,10 @@ NN/NT/TN layouts as AxoNN does in its first batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
+from twin import limits
 from twin.errors import TwinError
 from twin.model import ModelSpec
 
@@ -116,6 +118,10 @@ class ParallelPlan:
 
 
 _INT_KEYS = {"gx", "gy", "gz", "gdata", "mbs", "ga", "global_batch", "pp", "vpp", "zero"}
+# What each integer key counts (twin.limits). mbs and ga, when left out, are chosen by the twin: a user gives
+# them positive or not at all (no 0 meaning "choose").
+_INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
+               "zero": limits.Range(0, 3, "(a ZeRO stage)")}
 _BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp"}
 _ALIASES = {"tp": "gx", "dp": "gdata"}  # Megatron-LM's names
 _WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS}  # key -> its allowed values
@@ -146,11 +152,10 @@ def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
         seen[key] = given
         if key in _INT_KEYS:
             try:
-                values[key] = int(raw)
+                value = int(raw)
             except ValueError:
                 raise TwinError(f"--plan: {key}={raw!r} is not an integer") from None
-            if values[key] < (0 if key in ("mbs", "ga", "zero") else 1):  # type: ignore[operator]
-                raise TwinError(f"--plan: {key}={raw} must be a positive integer")
+            values[key] = limits.check_count(value, f"--plan: {given}", _INT_RANGES.get(key, limits.DEGREE))
         elif key in _BOOL_KEYS:
             if raw.lower() not in _BOOL_WORDS:
                 raise TwinError(f"--plan: {key}={raw!r} must be 0 or 1")
@@ -159,6 +164,13 @@ def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
             values[key] = _checked_word(key, raw)
     plan = base or ParallelPlan()
     return replace(plan, **values)  # type: ignore[arg-type]
+
+
+def plan_keys(text: str) -> set[str]:
+    """The keys a plan text gives, under their canonical names (tp -> gx, dp -> gdata): for commands that
+    must refuse a key another flag also sets."""
+    keys = {item.partition("=")[0].strip().lower() for item in text.split(",") if item.strip()}
+    return {_ALIASES.get(k, k) for k in keys}
 
 
 def _checked_word(key: str, value: str) -> str:
@@ -242,6 +254,13 @@ def validate_pipeline_micro_batches(plan: ParallelPlan, micro_batches: int) -> N
             f"--plan: interleaved 1F1B (vpp={plan.vpp}) needs the micro-batch count ({micro_batches}) to be a "
             f"multiple of pp={plan.pp} and at least pp; change mbs, ga or the global batch"
         )
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of n, smallest first, in O(sqrt n): micro-batch sizes and degrees are divisors of batches
+    and GPU counts, which may be large (trial division up to n hung on a batch of 10^8 sequences)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def with_micro_batch(plan: ParallelPlan, mbs: int) -> ParallelPlan:

@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -111,23 +113,83 @@ class ProfiledRun:
         return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+_GIVE = "give the file torch.profiler's export_chrome_trace wrote"
+
+
 def _read_trace(path: str) -> tuple[list[dict], int | None]:
-    """The trace's events, and its job rank where Kineto recorded one (``distributedInfo.rank``)."""
-    opener = gzip.open if path.endswith(".gz") else open
-    try:
-        with opener(path, "rt") as f:
-            doc = json.load(f)
-    except OSError as e:
-        raise TwinError(f"trace {path}: cannot read it ({e.strerror or e}); check the path") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, EOFError) as e:
-        raise TwinError(f"trace {path}: not a JSON trace ({' '.join(str(e).split())}); give the file "
-                        "torch.profiler's export_chrome_trace wrote") from None
+    """The trace's events, and its job rank where Kineto recorded one (``distributedInfo.rank``).
+
+    Every way a file can be wrong (unreadable, a truncated or corrupt gzip, not UTF-8, not JSON, JSON of
+    another shape, a span of infinite or NaN time) is a one-line TwinError here, before the twin's side of
+    the comparison is simulated."""
+    doc = _parse(path, _text(path, _read_bytes(path)))
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
-        raise TwinError(f"trace {path}: no traceEvents list; give the file torch.profiler's export_chrome_trace wrote")
+        raise TwinError(f"trace {path}: no traceEvents list (the file is a JSON {_json_type(doc)}); {_GIVE}")
+    events = [e for e in events if isinstance(e, dict)]
+    _check_times(path, events)
     info = doc.get("distributedInfo") if isinstance(doc, dict) else None
     rank = info.get("rank") if isinstance(info, dict) else None
-    return [e for e in events if isinstance(e, dict)], rank if isinstance(rank, int) else None
+    return events, rank if type(rank) is int else None
+
+
+def _read_bytes(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise TwinError(f"trace {path}: cannot read it ({e.strerror or e}); check the path") from None
+
+
+def _text(path: str, raw: bytes) -> str:
+    """The JSON text: gunzipped where the file is gzip (by its first bytes; a .gz name must be), UTF-8."""
+    if raw[:2] == GZIP_MAGIC:
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError; a cut file ends early
+            raise TwinError(f"trace {path}: a truncated or corrupt gzip file ({' '.join(str(e).split())}); "
+                            f"{_GIVE}, whole") from None
+    elif path.endswith(".gz"):
+        raise TwinError(f"trace {path}: named .gz but not gzip-compressed (its first bytes are not 1f 8b); {_GIVE}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TwinError(f"trace {path}: not a JSON trace (byte {e.start} is not UTF-8); {_GIVE}") from None
+
+
+def _parse(path: str, text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TwinError(f"trace {path}: not a JSON trace ({e.msg} at line {e.lineno} column {e.colno}); "
+                        f"{_GIVE}") from None
+    except (RecursionError, ValueError) as e:  # nested too deep; an integer of thousands of digits
+        what = "nested too deeply" if isinstance(e, RecursionError) else " ".join(str(e).split())[:80]
+        raise TwinError(f"trace {path}: not a JSON trace ({what}); {_GIVE}") from None
+
+
+def _json_type(x) -> str:
+    """What a JSON reader calls a parsed value's type, for messages."""
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return names.get(type(x), "null")
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check_times(path: str, events: list[dict]) -> None:
+    """A complete event's start and duration must be finite: JSON's 1e999 reads as infinity (and Python's
+    json as NaN), which would make every step and class total infinite or NaN."""
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        for key in ("ts", "dur"):
+            value = e.get(key)
+            if _is_number(value) and not math.isfinite(value):
+                raise TwinError(f"trace {path}: event {str(e.get('name'))[:60]!r} has {key} = {value}, not a finite "
+                                f"time; the trace is corrupt: {_GIVE}")
 
 
 def _device_of(event: dict):
@@ -138,7 +200,7 @@ def _device_of(event: dict):
 def _is_span(event: dict) -> bool:
     """A complete event with a start and a duration (a negative one is not a span: ignored)."""
     ts, dur = event.get("ts"), event.get("dur")
-    return event.get("ph") == "X" and isinstance(ts, (int, float)) and isinstance(dur, (int, float)) and dur >= 0
+    return event.get("ph") == "X" and _is_number(ts) and _is_number(dur) and dur >= 0
 
 
 def _step_windows(events: list[dict], category: str, device=None) -> list[tuple[float, float]]:
@@ -183,6 +245,9 @@ def load_profiled_run(path: str, steps: int | None = None, device=None) -> Profi
     if steps is not None:
         if steps < 1:
             raise TwinError(f"--steps {steps} must be at least 1 (how many steps the trace covers)")
+        if steps > len(kernels):
+            raise TwinError(f"--steps {steps} is more than the trace's {len(kernels)} kernels on device {device}; "
+                            "give the number of training steps the trace covers")
         start, end = min(e["ts"] for e in kernels), max(e["ts"] + e["dur"] for e in kernels)
         windows, steps_from = [(start + i * (end - start) / steps, start + (i + 1) * (end - start) / steps)
                                for i in range(steps)], "--steps"

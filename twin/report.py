@@ -1,13 +1,30 @@
 """What a simulated (or measured) step amounts to: the numbers a user asks for.
 
-Throughput uses the FLOP formula named in `flops_formula` (default the
-recompute, "hardware", form of Narayanan et al., as the AxoNN and Frontier
-papers report). Exposed communication is the time on the critical rank when a
-communication op is in flight and no compute op is: what overlap did not hide.
+Two throughputs, because they answer two questions:
+
+- achieved (`pflops_total`, `tflops_per_gpu`, `pct_peak_advertised`,
+  `pct_peak_empirical`): the FLOPs the schedule's compute ops actually execute
+  (every rank's GEMMs, attention and element-wise work: `flops_executed`) over
+  the step time. It counts recompute only where the plan recomputes and the
+  model's real ffn width, so no plan can report more than the device does.
+- by formula (`formula_pflops_total`, `formula_tflops_per_gpu`,
+  `formula_pct_peak_advertised`, `formula_pct_peak_empirical`, from
+  `flops_by_formula`): the FLOPs of Narayanan et al.'s formula named in
+  `flops_formula` ("hardware", the recompute form the AxoNN and Frontier papers
+  report, or "model": useful work, which over the peak is MFU) over the same
+  step time. It is what published TFLOP/s figures are, so comparisons with
+  papers (twin.validate) use it; it assumes full recompute and ffn = 4h, so
+  it can exceed the peak on plans that differ.
+
+Exposed communication is the time on the critical rank when a communication op
+is in flight and no compute op is: what overlap did not hide. JSON carries only
+finite numbers (to_json_dict refuses others: a NaN there is a bug upstream).
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 
@@ -15,7 +32,7 @@ import numpy as np
 
 from topologies.overrides import describe_overrides
 from twin.errors import TwinError
-from twin.ir import Program, op_class
+from twin.ir import Program, Schedule, op_class
 from twin.sim.engine import RankTimeline, SimRun
 
 
@@ -28,11 +45,17 @@ class Summary:
     global_batch: int
     seq: int
     step_time_s: float
-    flops_formula: str
-    pflops_total: float
-    tflops_per_gpu: float
-    pct_peak_advertised: float
-    pct_peak_empirical: float
+    flops_executed: float  # the step's compute ops, every rank: what the achieved figures divide
+    pflops_total: float  # achieved, all GPUs
+    tflops_per_gpu: float  # achieved
+    pct_peak_advertised: float  # achieved
+    pct_peak_empirical: float  # achieved
+    flops_formula: str  # "hardware" or "model": the formula of the formula_* figures
+    flops_by_formula: float
+    formula_pflops_total: float
+    formula_tflops_per_gpu: float
+    formula_pct_peak_advertised: float  # MFU when flops_formula is "model"
+    formula_pct_peak_empirical: float
     exposed_comm_s: float
     memory_per_gpu_gb: float
     time_by_class_s: dict[str, float]
@@ -41,7 +64,31 @@ class Summary:
     machine_overrides: dict[str, float] = field(default_factory=dict)  # --set FIELD=VALUE over the machine file
 
     def to_json_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a dict that JSON can hold: NonFiniteSummary if any number is NaN or infinite."""
+        doc = asdict(self)
+        _check_finite(doc, "")
+        return doc
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """Strict JSON text (no NaN or Infinity literals, which JSON does not have)."""
+        return json.dumps(self.to_json_dict(), indent=indent, allow_nan=False)
+
+
+class NonFiniteSummary(ValueError):
+    """A summary number is NaN or infinite: a bug in whatever produced it, not something to print as JSON."""
+
+
+def _check_finite(value, path: str) -> None:
+    """Raise NonFiniteSummary naming the first non-finite number under `value` (dicts and lists walked)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_finite(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _check_finite(item, f"{path}[{i}]")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise NonFiniteSummary(f"summary field {path} is {value}: a bug upstream (the simulation or measurement "
+                               "that produced it); refusing to write it as JSON")
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
@@ -112,8 +159,11 @@ def format_summary(s: Summary) -> str:
         *([f"  {describe_overrides(s.machine_overrides)}"] if s.machine_overrides else []),
         f"  step time              {s.step_time_s:10.3f} s",
         f"  throughput             {s.pflops_total:10.1f} PF/s total, {s.tflops_per_gpu:.1f} TF/s per GPU "
-        f"({s.flops_formula} FLOPs)",
+        "(FLOPs executed)",
         f"  % of peak              {s.pct_peak_advertised:10.1f} % advertised, {s.pct_peak_empirical:.1f} % empirical",
+        f"{'  by ' + s.flops_formula + ' formula':<25}{s.formula_pflops_total:10.1f} PF/s total, "
+        f"{s.formula_tflops_per_gpu:.1f} TF/s per GPU, {s.formula_pct_peak_advertised:.1f} % advertised "
+        f"({_FORMULA_NOTE.get(s.flops_formula, 'Narayanan et al.')})",
         f"  exposed communication  {s.exposed_comm_s:10.3f} s ({100 * s.exposed_comm_s / s.step_time_s:.1f} % of step)"
         if s.step_time_s > 0 else "  exposed communication  0",
         f"  memory per GPU         {s.memory_per_gpu_gb:10.1f} GB",
@@ -125,22 +175,68 @@ def format_summary(s: Summary) -> str:
     return "\n".join(lines)
 
 
+# What the formula figure means, on its line of the text summary.
+_FORMULA_NOTE = {"hardware": "as papers report", "model": "MFU"}
+
+
+def executed_flops_by_class(schedule: Schedule) -> dict[str, float]:
+    """FLOPs of every compute op the schedule runs, summed over all ranks, per op class (gemm, attention,
+    elementwise). A Program is run by each of its ranks, so its ops count once per rank."""
+    totals: dict[str, float] = defaultdict(float)
+    for program in schedule.programs:
+        for op in program.ops:
+            if not op.is_comm:
+                totals[op_class(op.work)] += len(program.ranks) * op.work.flops
+    return dict(sorted(totals.items()))
+
+
+def executed_flops(schedule: Schedule) -> float:
+    """FLOPs the step's compute ops execute, all ranks together: the work behind the achieved throughput."""
+    return sum(executed_flops_by_class(schedule).values())
+
+
+def throughput_fields(step_time_s: float, gpus: int, flops_executed: float, flops_by_formula: float,
+                      device=None) -> dict[str, float]:
+    """The Summary's throughput fields, achieved and by formula, for a step of `step_time_s` on `gpus` GPUs.
+
+    `device` (a topologies DeviceSpec) gives the peaks the percentages are of;
+    without one they are 0. A step of no time has no throughput (0), not an
+    infinite one."""
+    peak = device.peak_flop_per_s if device is not None else 0.0
+    empirical = device.empirical_gemm_flop_per_s if device is not None else 0.0
+    out: dict[str, float] = {"flops_executed": flops_executed, "flops_by_formula": flops_by_formula}
+    for prefix, flops in (("", flops_executed), ("formula_", flops_by_formula)):
+        per_gpu = flops / step_time_s / gpus if step_time_s > 0 else 0.0
+        out[f"{prefix}pflops_total"] = per_gpu * gpus / 1e15
+        out[f"{prefix}tflops_per_gpu"] = per_gpu / 1e12
+        out[f"{prefix}pct_peak_advertised"] = 100 * per_gpu / peak if peak else 0.0
+        out[f"{prefix}pct_peak_empirical"] = 100 * per_gpu / empirical if empirical else 0.0
+    return out
+
+
+def with_step(s: Summary, step_time_s: float, flops_executed: float, flops_by_formula: float,
+              device=None) -> Summary:
+    """`s` for another step time and amount of work, every throughput figure recomputed from them (what
+    twin.micro_batches needs when it continues a short step to the full batch)."""
+    return replace(s, step_time_s=step_time_s,
+                   **throughput_fields(step_time_s, s.gpus, flops_executed, flops_by_formula, device))
+
+
 def summarize_timelines(schedule, timelines: list[RankTimeline], step_time_s: float, machine_name: str,
                         device=None, wall_s: float = 0.0, flops_formula: str = "hardware") -> Summary:
     """The Summary of a step from its timelines, simulated (`summarize`) or measured (the executor).
 
     The critical timeline is the rank that finishes last. `device` (a
     topologies DeviceSpec) gives the peaks the percentages are of; without one
-    they are 0. `simulated_ranks` counts the timelines, `sim_wall_s` is the
-    wall time of the simulation or measurement.
+    they are 0. `flops_formula` names the formula of the formula_* figures
+    (the achieved ones count the schedule's own ops). `simulated_ranks` counts
+    the timelines, `sim_wall_s` is the wall time of the simulation or
+    measurement.
     """
     info = schedule.info
-    flops = info.flops_hardware if flops_formula == "hardware" else info.flops_model
+    by_formula = info.flops_hardware if flops_formula == "hardware" else info.flops_model
     timeline = _last_to_finish(timelines)
     program = schedule.programs[timeline.program]
-    per_gpu = flops / step_time_s / schedule.world_size if step_time_s > 0 else 0.0
-    peak = device.peak_flop_per_s if device is not None else 0.0
-    empirical = device.empirical_gemm_flop_per_s if device is not None else 0.0
     return Summary(
         machine=machine_name,
         model=info.model,
@@ -150,10 +246,7 @@ def summarize_timelines(schedule, timelines: list[RankTimeline], step_time_s: fl
         seq=info.seq,
         step_time_s=step_time_s,
         flops_formula=flops_formula,
-        pflops_total=per_gpu * schedule.world_size / 1e15,
-        tflops_per_gpu=per_gpu / 1e12,
-        pct_peak_advertised=100 * per_gpu / peak if peak else 0.0,
-        pct_peak_empirical=100 * per_gpu / empirical if empirical else 0.0,
+        **throughput_fields(step_time_s, schedule.world_size, executed_flops(schedule), by_formula, device),
         exposed_comm_s=exposed_comm_s(program, timeline),
         memory_per_gpu_gb=info.memory_per_gpu_bytes / 1e9,
         time_by_class_s=time_by_class(program, timeline),

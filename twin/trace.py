@@ -9,11 +9,10 @@ measured step open side by side.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from typing import Iterable
 
 from twin.ir import Program, op_class, work_type_name
+from twin.outputs import atomic_path
 from twin.sim.engine import RankTimeline
 
 
@@ -40,16 +39,5 @@ def trace_events(programs: Iterable[Program], timelines: Iterable[RankTimeline])
 def write_trace(path: str, programs: Iterable[Program], timelines: Iterable[RankTimeline], metadata: dict) -> None:
     """Write atomically: a failure never leaves a half-written trace."""
     doc = {"traceEvents": trace_events(programs, timelines), "displayTimeUnit": "ms", "otherData": metadata}
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".trace-", suffix=".json")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a trace is an ordinary output file
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, separators=(",", ":"))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        json.dump(doc, f, separators=(",", ":"), allow_nan=False)

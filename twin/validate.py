@@ -124,9 +124,11 @@ def check_machine_files(files: dict[str, str]) -> None:
             raise TwinError(f"--machine-file {name}={path}: that file describes {found!r}; give a file of {name}")
 
 
-def _cached(name: str, inputs: dict, machine: Machine, compute: Callable[[], dict]) -> dict:
+def _cached(name: str, inputs: dict, machine: Machine, compute: Callable[[], dict], shape: type | None = None
+            ) -> dict:
+    """compute(), or its cached result (an entry not of `shape` is discarded and computed again)."""
     key = cache.cache_key(f"validate-{name}", inputs, cache.machine_text(machine))
-    hit = cache.load("validate", key)
+    hit = cache.load("validate", key, shape=shape)
     if hit is not None:
         return hit
     doc = compute()
@@ -134,12 +136,24 @@ def _cached(name: str, inputs: dict, machine: Machine, compute: Callable[[], dic
     return doc
 
 
+def paper_rate(model_name: str, global_batch: int, gpus: int, step_time_s: float) -> dict[str, float]:
+    """A predicted step's throughput as the papers computed theirs: the recompute ("hardware") form of
+    Narayanan's formula (reference/published.md, A and B) over the twin's step time.
+
+    Not the Summary's achieved figure, which counts the FLOPs the schedule's ops
+    execute (twin.report): a paper's formula figure set beside the twin's formula
+    figure compares step times, which is what the twin really predicts."""
+    per_gpu = get_model(model_name).flops_per_step(global_batch, "hardware") / step_time_s / gpus
+    return {"pflops_total": per_gpu * gpus / 1e15, "tflops_per_gpu": per_gpu / 1e12}
+
+
 def best_plan(machine_name: str, model_name: str, gpus: int, batch: int, space: SearchSpace, jobs: int | None) -> dict:
-    """The search's best plan: its plan, step and throughput (search results are cached by twin.search)."""
+    """The search's best plan: its plan, step and throughput by the papers' formula (search results are cached
+    by twin.search)."""
     result = search(get_model(model_name), gpus, batch, machine_for(machine_name), space, top=1, jobs=jobs)
     best = result.ranked[0]
-    return {"plan": best.plan, "step_time_s": best.step_time_s, "pflops_total": best.pflops_total,
-            "tflops_per_gpu": best.tflops_per_gpu, "candidates": result.candidates}
+    return {"plan": best.plan, "step_time_s": best.step_time_s, **paper_rate(model_name, batch, gpus, best.step_time_s),
+            "candidates": result.candidates}
 
 
 def axonn_plan(machine_name: str, model_name: str, gpus: int, batch: int) -> dict:
@@ -155,8 +169,8 @@ def axonn_plan(machine_name: str, model_name: str, gpus: int, batch: int) -> dic
         ranked = sorted(by_grid, key=lambda g: (comm_time_s(model, g, batch, machine_name), g.describe()))
         steps = [cached_step(model, by_grid[g], machine, gpus) for g in ranked[:MEASURED_TOP]]
         best = min(steps, key=lambda s: s.step_time_s)
-        return {"plan": best.plan, "step_time_s": best.step_time_s, "pflops_total": best.pflops_total,
-                "tflops_per_gpu": best.tflops_per_gpu, "candidates": len(steps)}
+        return {"plan": best.plan, "step_time_s": best.step_time_s,
+                **paper_rate(model_name, best.global_batch, gpus, best.step_time_s), "candidates": len(steps)}
 
     inputs = {"model": model_name, "gpus": gpus, "batch": batch, "top": MEASURED_TOP}
     return _cached("axonn-plan", inputs, machine, compute)
@@ -167,21 +181,31 @@ def cached_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: in
     run (the Frontier paper's 1T on 1,024 GCDs is in three rows) simulate it once."""
     resolved, _ = resolve_step(model, plan, machine, gpus)
     inputs = {"model": asdict(model), "gpus": gpus, "plan": resolved.describe(), "batch": resolved.global_batch}
-    return Summary(**_cached("step", inputs, machine, lambda: asdict(simulate_step(model, resolved, machine, gpus))))
+    return Summary(**_cached("step", inputs, machine, lambda: asdict(simulate_step(model, resolved, machine, gpus)),
+                             shape=Summary))
 
 
 def simulate_plan(machine_name: str, model_name: str, gpus: int, plan_text: str, batch: int) -> dict:
     s = cached_step(get_model(model_name), parse_plan(f"{plan_text},global_batch={batch}"),
                     machine_for(machine_name), gpus)
     compute_s = sum(v for k, v in s.time_by_class_s.items() if k in ("gemm", "attention", "elementwise"))
-    return {"plan": s.plan, "step_time_s": s.step_time_s, "pflops_total": s.pflops_total,
-            "tflops_per_gpu": s.tflops_per_gpu, "compute_s": compute_s}
+    return {"plan": s.plan, "step_time_s": s.step_time_s, **paper_rate(model_name, s.global_batch, gpus, s.step_time_s),
+            "compute_s": compute_s}
 
 
 def scaling_points(model_name: str, plan_text: str, batch: int, counts: list[int], mode: str) -> list[dict]:
+    """The Frontier paper's scaling curves. Its weak-scaling efficiency is of its reported TF/s per GCD, a
+    formula figure: each point's throughput, and the weak efficiency, are the papers' formula over the step
+    (paper_rate); strong efficiency is of step times alone, as twin.scale computes it."""
     plan = parse_plan(f"{plan_text},global_batch={batch}")
-    points = scaling(get_model(model_name), plan, machine_for("frontier"), counts, mode, step=cached_step)
-    return [asdict(p) for p in points]
+    points = [asdict(p) for p in scaling(get_model(model_name), plan, machine_for("frontier"), counts, mode,
+                                         step=cached_step)]
+    for p in points:
+        p.update(paper_rate(model_name, p["global_batch"], p["gpus"], p["step_time_s"]))
+    if mode == "weak":
+        for p in points:
+            p["efficiency"] = p["tflops_per_gpu"] / points[0]["tflops_per_gpu"]
+    return points
 
 
 def table_iii_quantity(pub) -> str:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from twin import limits
 from twin.errors import TwinError
+from twin.limits import count_flag
+from twin.outputs import check_outputs
 
 WORST_SHOWN = 5
 
@@ -26,10 +28,10 @@ def _progress(args: argparse.Namespace):
 
 
 def _jobs(args: argparse.Namespace) -> int:
-    """--jobs as twin search reads it, but never more processes than cores."""
+    """--jobs as twin search reads it (at most every core)."""
     from twin.search.rank import worker_count
 
-    return min(worker_count(args.jobs), worker_count(None))
+    return worker_count(args.jobs)
 
 
 def _overrides(args: argparse.Namespace):
@@ -76,12 +78,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
                         "not both or neither")
     base = _overrides(args)
     machine = load_machine(args.machine, base)
-    source = args.runs or args.carry_from
-    out = os.path.abspath(args.output)
-    if out in (os.path.abspath(machine.path), os.path.abspath(source)):
-        raise TwinError(f"-o {args.output} would overwrite an input of this command; name a new file")
-    if not os.path.isdir(os.path.dirname(out)):
-        raise TwinError(f"-o {args.output}: folder {os.path.dirname(out)} does not exist; create it or choose another")
+    check_outputs({"-o": args.output}, {"--machine": machine.path, "--runs": args.runs, "--from": args.carry_from},
+                  {"-o": ("toml",)})
     names = tuple(n.strip() for n in args.params.split(",") if n.strip()) if args.params else DEFAULT_PARAMETERS
     params = fit_parameters(machine, names)
     if args.carry_from:
@@ -208,7 +206,8 @@ def add_fit_parser(sub) -> None:
     p.add_argument("--folds", type=int, default=5, help="k of the k-fold cross-validation (default 5; 0: none)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
                    help="replace a number of the machine file before fitting (repeatable); written into the output")
-    p.add_argument("--jobs", type=int, help="processes for the simulations (default and most: every core)")
+    p.add_argument("--jobs", type=count_flag(limits.JOBS),
+                   help="processes for the simulations (default and most: every core)")
     p.add_argument("--progress", action="store_true", help="show progress bars even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print the fit as one JSON object")
     p.set_defaults(func=cmd_fit)

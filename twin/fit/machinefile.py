@@ -11,13 +11,12 @@ loader would reject is never left behind.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from topologies.machine import load_machine
 from twin.errors import TwinError
+from twin.outputs import atomic_path
 
 _HEADER = re.compile(r"^\s*\[([A-Za-z0-9_.]+)\]\s*(#.*)?$")
 
@@ -54,14 +53,6 @@ def rewrite(text: str, values: dict[str, tuple[float, str]]) -> str:
 def write_fitted(base_path: str, values: dict[str, tuple[float, str]], output: str) -> None:
     """Write the fitted file to `output` atomically, after checking that it loads."""
     text = rewrite(Path(base_path).read_text(encoding="utf-8"), values)
-    directory = os.path.dirname(os.path.abspath(output))
-    fd, tmp = tempfile.mkstemp(suffix=".toml", dir=directory, prefix=".fitted-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+    with atomic_path(output) as tmp:
+        Path(tmp).write_text(text, encoding="utf-8")
         load_machine(tmp)  # the loader's checks, before the file takes its name
-        os.replace(tmp, output)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

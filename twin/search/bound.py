@@ -196,7 +196,7 @@ class BoundModel:
         weights: dict[tuple, float] = {}  # per node-lines key: bytes moved with that lowering
         for (axis, kind, nbytes), count in traffic.items():
             mine, first, touching, node = self._instances(schedule, axis, rank)
-            lowering, protocol = self.collectives.choose(first, kind, nbytes)
+            lowering, protocol = self.collectives.choose(first, kind, nbytes, peers=touching)
             key = (touching, node, kind, lowering.algorithm, protocol)
             weights[key] = weights.get(key, 0.0) + nbytes * count
         if not weights:

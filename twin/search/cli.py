@@ -7,7 +7,9 @@ import json
 import os
 import sys
 
+from twin import limits
 from twin.errors import TwinError
+from twin.limits import count_flag
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -64,17 +66,14 @@ def cmd_search(args: argparse.Namespace) -> int:
         batch = args.global_batch
     else:
         batch = sequences_for_tokens(args.batch_tokens or "16.8M", model.seq)
-    if batch <= 0:
-        raise TwinError("--global-batch must be a positive number of sequences")
+    limits.check_count(batch, "the batch in sequences (--batch-tokens / seq)", limits.SEQUENCES)
     if args.figure:
-        from twin.cli import FIGURE_FORMATS, check_output_path
+        from twin.outputs import FIGURE_FORMATS, check_outputs
 
-        check_output_path(args.figure, "--figure", FIGURE_FORMATS)
+        check_outputs({"--figure": args.figure}, {"--machine": machine.path}, {"--figure": FIGURE_FORMATS})
     axes = _words(args.axes) if args.axes else AXES
-    space = SearchSpace(axes=axes, min_tp=args.min_tp, max_tp=args.max_tp, zero=_ints(args.zero, "--zero"),
+    space = SearchSpace(axes=axes, min_tp=args.min_tp, max_tp=args.max_tp or 0, zero=_ints(args.zero, "--zero"),
                         recompute=_words(args.recompute), mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else ())
-    if args.robustness < 0 or args.robustness == 1:
-        raise TwinError(f"--robustness {args.robustness}: give how many of the top plans to re-simulate, at least 2")
     bar = ProgressBar(not args.json and (args.progress or sys.stderr.isatty()))
     moves = None
     try:
@@ -138,25 +137,30 @@ def add_parsers(sub) -> None:
     from twin.cli import add_machine_and_model_arguments
 
     add_machine_and_model_arguments(p)
-    p.add_argument("--gpus", type=int, required=True, help="number of GPUs (GCDs on Frontier)")
+    p.add_argument("--gpus", type=count_flag(limits.GPUS), required=True, help="number of GPUs (GCDs on Frontier)")
     p.add_argument("--batch-tokens", help="tokens per step, e.g. 16.8M (default; AxoNN's batch): rounded to a sequence "
                    "count with the most factors of two within the digits given")
-    p.add_argument("--global-batch", type=int, help="sequences per step (instead of --batch-tokens)")
-    p.add_argument("--top", type=int, default=10, help="how many plans to rank (default 10)")
+    p.add_argument("--global-batch", type=count_flag(limits.SEQUENCES),
+                   help="sequences per step (instead of --batch-tokens)")
+    p.add_argument("--top", type=count_flag(limits.Range(1, 100_000, "plans")), default=10,
+                   help="how many plans to rank (default 10)")
     p.add_argument("--axes", help="axes to search, from gx,gy,gz,gdata,pp (default all; gx,gy,gz,gdata = AxoNN "
                                   "only: at tens of thousands of GPUs far fewer plans, a search in about half a minute "
                                   "instead of a few minutes)")
-    p.add_argument("--min-tp", type=int, default=1, help="smallest gx*gy*gz (default 1)")
-    p.add_argument("--max-tp", type=int, default=0, help="largest gx*gy*gz (default: no limit)")
+    p.add_argument("--min-tp", type=count_flag(limits.DEGREE), default=1, help="smallest gx*gy*gz (default 1)")
+    p.add_argument("--max-tp", type=count_flag(limits.DEGREE), help="largest gx*gy*gz (default: no limit)")
     p.add_argument("--zero", default="0", help="ZeRO stages to try over gdata, e.g. 0,1 (default 0)")
-    p.add_argument("--recompute", default="full", help="recompute modes to try, from full,selective,none (default full)")
-    p.add_argument("--mbs", default="auto", help="micro-batch sizes to try, e.g. 1,2,4; auto (default): the largest that "
+    p.add_argument("--recompute", default="full",
+                   help="recompute modes to try, from full,selective,none (default full)")
+    p.add_argument("--mbs", default="auto",
+                   help="micro-batch sizes to try, e.g. 1,2,4; auto (default): the largest that "
                    "fits without a pipeline, every power of two that fits with one")
-    p.add_argument("--exhaustive", action="store_true", help="simulate every valid plan (slow; the ranking is the same)")
-    p.add_argument("--robustness", type=int, default=0, metavar="N",
+    p.add_argument("--exhaustive", action="store_true",
+                   help="simulate every valid plan (slow; the ranking is the same)")
+    p.add_argument("--robustness", type=count_flag(limits.Range(2, 1000, "plans")), metavar="N",
                    help="after ranking, move each estimate of the machine file by 20%% each way and re-simulate the "
                    "top N plans under it: does the winner stay first? (2 x estimates x N simulations)")
-    p.add_argument("--jobs", type=int, help="processes (default: every core)")
+    p.add_argument("--jobs", type=count_flag(limits.JOBS), help="processes (default and most: every core)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
     p.add_argument("--figure", help="write the search landscape (every plan's step time by memory use) to this PNG")
     p.add_argument("--landscape", action="store_true", help="with --json: include every valid plan's bound and step")
@@ -167,7 +171,8 @@ def add_parsers(sub) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from twin.validate import validate
-    from twin.validate_table import markdown_table, update_readme
+    from twin.outputs import check_outputs
+    from twin.validate_table import markdown_table, readme_parts, update_readme
 
     if args.runs:
         from twin.fit.cli import validate_runs
@@ -181,8 +186,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for s in sections:
         if s not in ("A", "B"):
             raise TwinError(f"--sections: unknown section {s!r}; use A (AxoNN), B (the Frontier paper) or A,B")
-    if args.readme and not os.path.exists(args.readme):
-        raise TwinError(f"--readme {args.readme}: no such file")
+    if args.readme:
+        readme_parts(args.readme)  # markers present, before minutes of work
+        check_outputs({"--readme": args.readme})
     files = _machine_files(args.machine_files)
     overrides = _validate_overrides(args.overrides, files)
     what_if = "--set" if overrides else "--machine-file" if files else None
@@ -306,7 +312,8 @@ def add_validate_parser(sub) -> None:
     p.add_argument("--machine", action="append", default=[], help="with --runs: a machine (name or .toml, e.g. a "
                    "`twin fit` output); repeat it to compare machines side by side")
     p.add_argument("--assume", help="with --runs: plan and model fields the CSV does not say, e.g. attention=unfused")
-    p.add_argument("--jobs", type=int, help="processes for the searches (default: every core)")
+    p.add_argument("--jobs", type=count_flag(limits.JOBS),
+                   help="processes for the searches (default and most: every core)")
     p.add_argument("--progress", action="store_true", help="report each task on stderr even when not a terminal")
     p.add_argument("--json", action="store_true", help="print the rows and the error summary as JSON")
     p.set_defaults(func=cmd_validate)

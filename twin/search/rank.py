@@ -104,10 +104,13 @@ Progress = Callable[[str, int, int], None]  # (phase, done, total)
 
 
 def worker_count(jobs: int | None) -> int:
-    """--jobs as a process count: every core when not given; a one-line error below 1."""
+    """--jobs as a process count: every core this process may use when not given, and never more (more
+    processes than cores only slow the simulations down, and a thousand forks exhaust memory); a one-line error
+    below 1."""
     if jobs is not None and jobs < 1:
         raise TwinError(f"--jobs {jobs} must be at least 1 (or leave it out: every core)")
-    return jobs or os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(jobs or cores, cores)
 
 
 def search(model: ModelSpec, gpus: int, global_batch: int, machine: Machine, space: SearchSpace | None = None,
@@ -124,7 +127,7 @@ def search(model: ModelSpec, gpus: int, global_batch: int, machine: Machine, spa
               "top": top, "exhaustive": exhaustive}
     key = cache.cache_key("search", inputs, cache.machine_text(machine))
     if use_cache:
-        hit = cache.load("search", key)
+        hit = cache.load("search", key, shape=SearchResult)
         if hit is not None:
             return replace(SearchResult.from_json_dict(hit), cached=True)
     start = time.perf_counter()

@@ -24,7 +24,7 @@ from itertools import product
 from twin.errors import TwinError
 from twin.memory import memory_per_gpu, usable_bytes
 from twin.model import ModelSpec
-from twin.plan import RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan, validate_plan, with_micro_batch
+from twin.plan import RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan, divisors, validate_plan, with_micro_batch
 
 AXES = ("gx", "gy", "gz", "gdata", "pp")
 AXONN_AXES = ("gx", "gy", "gz", "gdata")
@@ -87,10 +87,6 @@ class Space:
     smallest_overflow_gb: float | None  # the plan closest to fitting, when none fits: GB over
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def factorisations(gpus: int, axes: tuple[str, ...]) -> list[dict[str, int]]:
     """Every way to write gpus as a product of one degree per axis (axes not named are 1)."""
     out: list[dict[str, int]] = []
@@ -99,7 +95,7 @@ def factorisations(gpus: int, axes: tuple[str, ...]) -> list[dict[str, int]]:
         if i == len(axes) - 1:
             out.append({**chosen, axes[i]: left})
             return
-        for d in _divisors(left):
+        for d in divisors(left):
             rec(i + 1, left // d, {**chosen, axes[i]: d})
 
     rec(0, gpus, {})
@@ -112,7 +108,7 @@ def _micro_batches(model: ModelSpec, plan: ParallelPlan, space: SearchSpace, usa
     if space.mbs:
         sizes = [m for m in space.mbs if per_rank % m == 0]
     else:  # largest first; with a pipeline, powers of two only
-        sizes = [d for d in range(per_rank, 0, -1) if per_rank % d == 0 and (plan.pp == 1 or d & (d - 1) == 0)]
+        sizes = [d for d in reversed(divisors(per_rank)) if plan.pp == 1 or d & (d - 1) == 0]
     fits = []
     for mbs in sizes:
         trial = with_micro_batch(plan, mbs)

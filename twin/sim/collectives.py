@@ -25,6 +25,15 @@ Algorithms, in a registry by name (what NCCL/RCCL would choose between):
   three phases one after the other.
 - all_to_all is lowered pairwise (every rank sends nbytes / n to each other).
 
+Which algorithms apply to a group depends only on its shape (GroupShape: how
+many members sit on each node it touches), so each algorithm in the registry
+carries its own test, and the tuner only ever times algorithms whose test
+passes. The simulator runs every instance of a symmetric family (twin.sim.
+symmetry) with one algorithm: a family's instances can have different shapes
+(tensor-parallel degree 3 on 8-GPU nodes puts ranks 6-8 across two nodes and
+ranks 9-11 on one), so `choose` takes the other instances as `peers` and picks
+among the algorithms that apply to every one of them.
+
 Per rank and per byte of buffer a ring all-reduce sends 2(n-1)/n, an
 all-gather or reduce-scatter (n-1)/n (buffer = the gathered output / the
 scattered input), a broadcast 1 (pipelined).
@@ -43,7 +52,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import permutations
 from math import log2
-from typing import Callable
+from typing import Callable, Iterable
 
 from topologies.fabric import Fabric
 
@@ -258,15 +267,12 @@ class _Lowerer:
         ppn = max(len(v) for v in nodes.values())
         return Lowering("ring", kind, (dict(loads),), n, len(nodes), ppn)
 
-    def hierarchical(self, gpus: tuple[int, ...], kind: str) -> Lowering | None:
+    def hierarchical(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         """All-reduce as reduce-scatter in each node, all-reduce of each shard across nodes
         over all NICs at once (local rank i with the local rank i of every other node), all-gather
         in each node: three phases, one after the other."""
         nodes = self.by_node(gpus)
-        sizes = {len(v) for v in nodes.values()}
-        if kind != "all_reduce" or len(nodes) < 2 or len(sizes) != 1 or min(sizes) < 2:
-            return None
-        per_node, n_nodes = sizes.pop(), len(nodes)
+        per_node, n_nodes = len(next(iter(nodes.values()))), len(nodes)
         ordered = {node: [node * self.gpn + l for l in sorted(locals_)] for node, locals_ in nodes.items()}
         intra: dict[int, float] = defaultdict(float)
         for members in ordered.values():
@@ -279,10 +285,9 @@ class _Lowerer:
                 inter[link] += load
         return Lowering("hierarchical", kind, (dict(intra), dict(inter), dict(intra)), len(gpus), n_nodes, per_node)
 
-    def tree(self, gpus: tuple[int, ...], kind: str) -> Lowering | None:
+    def tree(self, gpus: tuple[int, ...], kind: str) -> Lowering:
+        """A chain inside each node, NCCL's two mirrored binary trees across the nodes' heads."""
         nodes = self.by_node(gpus)
-        if kind != "all_reduce" or len(nodes) < 2:
-            return None
         loads: dict[int, float] = defaultdict(float)
         heads = []
         for node, locals_ in nodes.items():
@@ -302,9 +307,8 @@ class _Lowerer:
         ppn = max(len(v) for v in nodes.values())
         return Lowering("tree", kind, (dict(loads),), len(gpus), len(nodes), ppn)
 
-    def pairwise(self, gpus: tuple[int, ...], kind: str) -> Lowering | None:
-        if kind != "all_to_all":
-            return None
+    def pairwise(self, gpus: tuple[int, ...], kind: str) -> Lowering:
+        """Every rank sends nbytes / n straight to every other."""
         n = len(gpus)
         loads: dict[int, float] = defaultdict(float)
         for src in gpus:
@@ -315,16 +319,60 @@ class _Lowerer:
         return Lowering("pairwise", kind, (dict(loads),), n, len(nodes), max(len(v) for v in nodes.values()))
 
 
-def _ring(lowerer: _Lowerer, gpus: tuple[int, ...], kind: str) -> Lowering | None:
-    return None if kind == "all_to_all" else lowerer.ring(gpus, kind)
+@dataclass(frozen=True)
+class GroupShape:
+    """Where a group's members sit: all that decides which algorithms apply to it."""
+
+    n_ranks: int
+    per_node: tuple[int, ...]  # members on each node the group touches, in node order
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.per_node)
 
 
-ALGORITHMS: dict[str, Callable[[_Lowerer, tuple[int, ...], str], Lowering | None]] = {
-    "ring": _ring,
-    "tree": lambda lowerer, gpus, kind: lowerer.tree(gpus, kind),
-    "hierarchical": lambda lowerer, gpus, kind: lowerer.hierarchical(gpus, kind),
-    "pairwise": lambda lowerer, gpus, kind: lowerer.pairwise(gpus, kind),
+def _ring_applies(shape: GroupShape, kind: str) -> bool:
+    """Rings carry every kind but all_to_all, on any group (one rank: a ring that moves nothing)."""
+    return kind != "all_to_all"
+
+
+def _tree_applies(shape: GroupShape, kind: str) -> bool:
+    """All-reduce across nodes, as the twin models the tree (NCCL can also run it inside one node, as a bare
+    chain; the twin leaves one node to the ring, as it always has)."""
+    return kind == "all_reduce" and shape.n_nodes >= 2
+
+
+def _hierarchical_applies(shape: GroupShape, kind: str) -> bool:
+    """Shard i of every node meets shard i of every other: the nodes need equal, plural member counts."""
+    return (kind == "all_reduce" and shape.n_nodes >= 2 and len(set(shape.per_node)) == 1
+            and shape.per_node[0] >= 2)
+
+
+def _pairwise_applies(shape: GroupShape, kind: str) -> bool:
+    return kind == "all_to_all"
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An algorithm the tuner may pick: whether it applies to a group, and its lowering where it does."""
+
+    applies: Callable[[GroupShape, str], bool]
+    lower: Callable[[_Lowerer, tuple[int, ...], str], Lowering]
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "ring": Algorithm(_ring_applies, lambda lowerer, gpus, kind: lowerer.ring(gpus, kind)),
+    "tree": Algorithm(_tree_applies, lambda lowerer, gpus, kind: lowerer.tree(gpus, kind)),
+    "hierarchical": Algorithm(_hierarchical_applies, lambda lowerer, gpus, kind: lowerer.hierarchical(gpus, kind)),
+    "pairwise": Algorithm(_pairwise_applies, lambda lowerer, gpus, kind: lowerer.pairwise(gpus, kind)),
 }
+
+
+class NotApplicable(KeyError):
+    """An algorithm asked of a group it does not apply to (a KeyError: the algorithm is not among the group's)."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of its argument
+        return str(self.args[0])
 
 
 class CollectiveModel:
@@ -335,22 +383,45 @@ class CollectiveModel:
         self.tuning = fabric.machine.collectives
         self._lowerer = _Lowerer(fabric)
         self._lowering = lru_cache(maxsize=None)(self._lower)
+        self._shape = lru_cache(maxsize=65536)(self._shape_of)
         self._choice: dict[tuple, tuple[Lowering, str]] = {}
 
-    def _lower(self, gpus: tuple[int, ...], kind: str, algorithm: str) -> Lowering | None:
-        return ALGORITHMS[algorithm](self._lowerer, gpus, kind)
+    def _shape_of(self, gpus: tuple[int, ...]) -> GroupShape:
+        counts: dict[int, int] = {}
+        for g in gpus:
+            node = self.fabric.node_of(g)
+            counts[node] = counts.get(node, 0) + 1
+        return GroupShape(len(gpus), tuple(counts[node] for node in sorted(counts)))
+
+    def shape(self, gpus: tuple[int, ...]) -> GroupShape:
+        """How the group's members spread over nodes (memoised: every instance of a family is asked)."""
+        return self._shape(gpus)
+
+    def applicable(self, gpus: tuple[int, ...], kind: str) -> tuple[str, ...]:
+        """The names of the algorithms that apply to this collective on this group, in registry order."""
+        shape = self._shape(gpus)
+        return tuple(name for name, algorithm in ALGORITHMS.items() if algorithm.applies(shape, kind))
+
+    def _lower(self, gpus: tuple[int, ...], kind: str, algorithm: str) -> Lowering:
+        return ALGORITHMS[algorithm].lower(self._lowerer, gpus, kind)
 
     def lowerings(self, gpus: tuple[int, ...], kind: str) -> tuple[Lowering, ...]:
         """Every algorithm that applies to this collective."""
-        found = (self._lowering(gpus, kind, algorithm) for algorithm in ALGORITHMS)
-        return tuple(lowering for lowering in found if lowering is not None)
+        return tuple(self._lowering(gpus, kind, algorithm) for algorithm in self.applicable(gpus, kind))
 
     def lowering(self, gpus: tuple[int, ...], kind: str, algorithm: str) -> Lowering:
-        """One algorithm's lowering (only it is computed: the simulator lowers every instance)."""
-        lowering = self._lowering(gpus, kind, algorithm)
-        if lowering is None:
-            raise KeyError(algorithm)
-        return lowering
+        """One algorithm's lowering (only it is computed: the simulator lowers every instance).
+
+        NotApplicable (a KeyError) when the algorithm does not apply to this
+        group: a caller that lowers several groups with one choice must have
+        named them all to `choose` as peers."""
+        if algorithm not in self.applicable(gpus, kind):
+            shape = self._shape(gpus)
+            raise NotApplicable(f"{algorithm} does not apply to {kind} on {shape.n_ranks} rank(s) spread "
+                                f"{list(shape.per_node)} over {shape.n_nodes} node(s); applicable: "
+                                f"{', '.join(self.applicable(gpus, kind))} (pass every group lowered with one "
+                                "choice to CollectiveModel.choose as peers)")
+        return self._lowering(gpus, kind, algorithm)
 
     def transfer(self, src_gpu: int, dst_gpu: int) -> Lowering:
         """A point-to-point send: one byte on every link of the route per byte sent."""
@@ -392,18 +463,35 @@ class CollectiveModel:
         bandwidth_term = nbytes * lowering.bottleneck_s_per_byte(self.fabric) / self.bw_fraction(lowering.kind, protocol)
         return self.latency_s(lowering, protocol) + bandwidth_term
 
-    def choose(self, gpus: tuple[int, ...], kind: str, nbytes: float) -> tuple[Lowering, str]:
-        """The (algorithm, protocol) NCCL's tuner would pick: the fastest alone (memoised: a step asks for the
-        same collective once per layer)."""
-        key = (gpus, kind, nbytes)
+    def choose(self, gpus: tuple[int, ...], kind: str, nbytes: float,
+               peers: Iterable[tuple[int, ...]] = ()) -> tuple[Lowering, str]:
+        """The (algorithm, protocol) NCCL's tuner would pick for `gpus`: the fastest alone.
+
+        `peers`: the other groups that will run this collective with the same
+        choice (the instances of a symmetric family, twin.sim.symmetry). Only
+        algorithms that apply to `gpus` and to every peer are candidates; they
+        are timed on `gpus` alone, as before, so where the peers add no
+        restriction the choice is the one `gpus` would get by itself.
+        Memoised: a step asks for the same collective once per layer.
+        """
+        candidates = self._common(gpus, kind, peers)
+        key = (gpus, kind, nbytes, candidates)
         if key in self._choice:
             return self._choice[key]
         best = None
-        for lowering in self.lowerings(gpus, kind):
+        for algorithm in candidates:
+            lowering = self._lowering(gpus, kind, algorithm)
             for protocol in self.tuning.protocols:
                 t = self.time_alone_s(lowering, protocol, nbytes)
                 if best is None or t < best[0]:
                     best = (t, lowering, protocol)
-        assert best is not None, f"no algorithm for {kind}"
+        if best is None:  # every group has ring or pairwise: a kind outside the IR's
+            raise ValueError(f"no collective algorithm applies to {kind!r}")
         self._choice[key] = best[1], best[2]
         return best[1], best[2]
+
+    def _common(self, gpus: tuple[int, ...], kind: str, peers: Iterable[tuple[int, ...]]) -> tuple[str, ...]:
+        """The algorithms that apply to `gpus` and to every peer, in registry order."""
+        common = self.applicable(gpus, kind)
+        shapes = {self._shape(peer) for peer in peers}
+        return tuple(name for name in common if all(ALGORITHMS[name].applies(shape, kind) for shape in shapes))

@@ -80,8 +80,14 @@ class FlowTypes:
         choices: dict[tuple[int, str, float], tuple[str, str]] = {}
         per_op: list[dict[int, CommCall]] = []
 
-        def first_gpus(family: int) -> tuple[int, ...]:
-            return tuple(gpu_of[r] for r in sym.families[family].instances[0])
+        gpus_of_family: dict[int, tuple[tuple[int, ...], ...]] = {}
+
+        def family_gpus(family: int) -> tuple[tuple[int, ...], ...]:
+            """Every instance of the family, as GPUs: one choice of algorithm must apply to them all."""
+            if family not in gpus_of_family:
+                gpus_of_family[family] = tuple(tuple(gpu_of[r] for r in members)
+                                               for members in sym.families[family].instances)
+            return gpus_of_family[family]
 
         position = _positions(schedule, sym)
         for c, prog_index in enumerate(sym.programs):
@@ -95,7 +101,9 @@ class FlowTypes:
                     counters[work.group] += 1
                     choice_key = (family, work.kind, work.nbytes)
                     if choice_key not in choices:
-                        lowering, protocol = model.choose(first_gpus(family), work.kind, work.nbytes)
+                        instances = family_gpus(family)
+                        lowering, protocol = model.choose(instances[0], work.kind, work.nbytes,
+                                                          peers=instances[1:])
                         choices[choice_key] = (lowering.algorithm, protocol)
                     algorithm, protocol = choices[choice_key]
                     type_id = type_ids.setdefault((family, work.kind, algorithm, protocol), len(type_ids))
