@@ -178,6 +178,9 @@ CASES: list[tuple[str, list[str]]] = [
     ("fit folds 1", ["fit", "--machine", "frontier", "--runs", "{runs}", "--folds", "1", "--params",
                      "device.hbm_efficiency", "-o", "{tmp}/f.toml"]),
     ("fit output format", ["fit", "--machine", "frontier", "--runs", "{runs}", "-o", "{tmp}/f.txt"]),
+    ("runs step time nan", ["validate", "--runs", "{runs_nan}", "--machine", "frontier"]),
+    ("runs batch huge", ["validate", "--runs", "{runs_huge}", "--machine", "frontier"]),
+    ("runs binary", ["validate", "--runs", "{runs_binary}", "--machine", "frontier"]),
     ("fit jobs 0", ["fit", "--machine", "frontier", "--runs", "{runs}", "--jobs", "0", "-o", "{tmp}/f.toml"]),
     # machines, models, presets
     ("machines unknown", ["machines", "atlantis"]),
@@ -230,13 +233,18 @@ def files(tmp_path_factory) -> dict[str, str]:
     runs = tmp / "runs.csv"
     runs.write_text("layers,hidden,heads,seq,gpus,plan,global_batch,step_time_s\n"
                     "2,64,4,32,2,tp=2,4,0.01\n2,64,4,32,2,tp=2,8,0.02\n")
+    header = "layers,hidden,heads,seq,gpus,plan,global_batch,step_time_s\n"
+    (tmp / "runs-nan.csv").write_text(header + "2,64,4,32,2,tp=2,4,nan\n")
+    (tmp / "runs-huge.csv").write_text(header + f"2,64,4,32,2,tp=2,{10**23},1\n")  # hung on its divisors
+    (tmp / "runs-binary.csv").write_bytes(b"\xff\xfe\x00garbage")
     plain = tmp / "plain.md"
     plain.write_text("# a README without the accuracy markers\n")
     readonly = tmp / "readonly.json"
     readonly.write_text("{}")
     readonly.chmod(stat.S_IRUSR | stat.S_IRGRP)
     return {"tmp": str(tmp), "cache": str(tmp_path_factory.mktemp("cache")), "sched": str(sched),
-            "machine": str(machine), "runs": str(runs), "plain": str(plain), "readonly": str(readonly)}
+            "machine": str(machine), "runs": str(runs), "plain": str(plain), "readonly": str(readonly),
+            **{f"runs_{kind}": str(tmp / f"runs-{kind}.csv") for kind in ("nan", "huge", "binary")}}
 
 
 def test_the_table_is_large_and_distinct():

@@ -200,8 +200,8 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
             f"--plan: {degrees} = {plan.world_size} GPUs, but --gpus is {n_gpus}; "
             "make the product of the degrees equal the GPU count"
         )
-    if plan.global_batch <= 0:
-        raise TwinError("--global-batch must be a positive number of sequences")
+    # every path checks the batch here (flags, plan text, measured-run files, code), before any work sized by it
+    limits.check_count(plan.global_batch, "--global-batch", limits.SEQUENCES)
     if plan.zero not in ZERO_STAGES:
         raise TwinError(f"--plan: zero={plan.zero} is not a ZeRO stage; use 0, 1, 2 or 3")
     for key in _WORD_KEYS:  # a plan made in code has not been through parse_plan
