@@ -183,7 +183,7 @@ def _decode_op(d: Any, where: str) -> Op:
 
 def _decode_work(op: dict[str, Any], where: str) -> Any:
     kind = op["type"]
-    if kind not in WORK_TYPES:
+    if not isinstance(kind, str) or kind not in WORK_TYPES:  # a list or object here is not hashable either
         raise TwinError(f"{where}.type {kind!r} is not a work type: use one of {', '.join(WORK_TYPES)}")
     return _decode_dataclass(WORK_TYPES[kind], op["work"], f"{where}.work")
 

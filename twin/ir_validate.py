@@ -343,9 +343,14 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
+MAX_AMOUNT = 1e30  # FLOPs or bytes of one op or step: a zettascale step is 1e21; beyond this, ratios overflow
+
+
 def _bad_size(name: str, value: float) -> str | None:
     if not (value >= 0 and math.isfinite(value)):
         return f"{name}={value} must be a finite number >= 0"
+    if value > MAX_AMOUNT:
+        return f"{name}={value:g} is beyond any step (at most {MAX_AMOUNT:g})"
     return None
 
 
