@@ -7,18 +7,25 @@ section A) one step is simulated with a hand-chosen plan (the minimum
 tensor-parallel size AxoNN's launcher used for the model, inside a node where
 possible; not searched, not tuned to the published number), then a GPT-320B
 step on 32,768 Frontier GCDs, then the full per-rank simulation of a 512-GPU
-plan next to its symmetry-reduced twin. Prints one table with simulated step
-time, predicted and published PF/s, and wall time, then each speed target
-with the ratio measured/target (< 1 meets it).
+plan next to its symmetry-reduced twin, then the rings of one 72-GPU NVLink
+domain (gb200-nvl72.toml) and a GPT step on 64 such racks (4,608 GPUs). Each
+case runs in a process of its own, which reports its peak resident memory
+(the interpreter and imports, about a hundred MB, included: BASELINE is that
+of a process that only starts). Prints one table with simulated step time,
+predicted and published PF/s, wall time and peak memory, then each speed
+target with the ratio measured/target (< 1 meets it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import resource
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -45,13 +52,48 @@ PLANS = {
 }
 BIG = ("frontier", 32768, "GPT-320B", "gx=8,gy=1,gz=32,gdata=128")
 FULL = ("frontier", 512, "GPT-5B", "gx=8,gy=1,gz=2,gdata=32")
-TARGET_ROW_S, TARGET_BIG_S, TARGET_FULL_S = 2.0, 5.0, 60.0
+# 64 racks of 72; 4,608 sequences (9.4M tokens): AxoNN's 8,192 does not split over 72 data-parallel groups
+NVL72 = ("gb200-nvl72", 4608, "GPT-320B", "gx=8,gy=1,gz=8,gdata=72", False, 4608)
+TARGET_ROW_S, TARGET_BIG_S, TARGET_FULL_S, TARGET_RINGS_S = 2.0, 5.0, 60.0, 1.0
 
 
-def run_case(machine_name: str, gpus: int, model_name: str, plan_text: str, full: bool = False) -> dict:
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _in_child(fn: Callable, args: tuple) -> dict:
+    result = fn(*args)
+    result["peak_mb"] = _peak_mb()
+    return result
+
+
+def isolated(fn: Callable, *args) -> dict:
+    """fn(*args) in a forked process of its own, with that process's peak resident memory (MB) added."""
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        return pool.apply(_in_child, (fn, args))
+
+
+def _nothing() -> dict:
+    return {}
+
+
+def nvl72_rings() -> dict:
+    """The rings of one 72-GPU NVLink domain, as the collective model packs them (twin.sim.collectives)."""
+    from topologies.fabric import Fabric
+    from twin.sim.collectives import pack_rings
+
+    machine = load_machine(NVL72[0])
+    n = machine.node.gpus_per_node
+    start = time.perf_counter()
+    rings = pack_rings(tuple(range(n)), Fabric(machine, n).ring_arcs())
+    return {"gpus": n, "rings": len(rings), "wall_s": time.perf_counter() - start}
+
+
+def run_case(machine_name: str, gpus: int, model_name: str, plan_text: str, full: bool = False,
+             batch: int = AXONN_BATCH_SEQUENCES) -> dict:
     machine = load_machine(machine_name)
     start = time.perf_counter()
-    plan = parse_plan(f"{plan_text},global_batch={AXONN_BATCH_SEQUENCES}")
+    plan = parse_plan(f"{plan_text},global_batch={batch}")
     built = build_step(get_model(model_name), plan, machine, gpus)
     run = simulate(built.schedule, machine, full=full)
     wall = time.perf_counter() - start
@@ -70,29 +112,37 @@ def main() -> int:
     parser.add_argument("--skip-full", action="store_true", help="skip the slow full per-rank simulation")
     args = parser.parse_args()
 
+    baseline = isolated(_nothing)["peak_mb"]
     rows = []
     for pub in AXONN_TABLE_III:
-        row = run_case(pub.machine, pub.gpus, pub.model, PLANS[(pub.machine, pub.model)])
+        row = isolated(run_case, pub.machine, pub.gpus, pub.model, PLANS[(pub.machine, pub.model)])
         row["published_pflops"] = pub.pflops_total
         rows.append(row)
-    big = run_case(*BIG)
-    full = None if args.skip_full else run_case(*FULL, full=True)
-    reduced = run_case(*FULL)
+    big = isolated(run_case, *BIG)
+    full = None if args.skip_full else isolated(run_case, *FULL, True)
+    reduced = isolated(run_case, *FULL)
+    rings = isolated(nvl72_rings)
+    nvl72 = isolated(run_case, *NVL72)
 
     if args.json:
-        print(json.dumps({"rows": rows, "gpt320b_32768": big, "full_512": full, "reduced_512": reduced}, indent=2))
+        print(json.dumps({"rows": rows, "gpt320b_32768": big, "full_512": full, "reduced_512": reduced,
+                          "nvl72_rings": rings, "nvl72_4608": nvl72, "baseline_peak_mb": baseline}, indent=2))
         return 0
     print(f"{'machine':<11}{'GPUs':>6} {'model':<9}{'plan':<27}{'step s':>8}{'pred PF/s':>10}{'pub PF/s':>9}"
-          f"{'pred/pub':>9}{'% emp':>7}{'wall s':>8}")
+          f"{'pred/pub':>9}{'% emp':>7}{'wall s':>8}{'peak MB':>9}")
     for r in rows:
         plan = ",".join(r["plan"].split(",")[:5])
         print(f"{r['machine']:<11}{r['gpus']:>6} {r['model']:<9}{plan:<27}{r['step_time_s']:>8.2f}"
               f"{r['pflops_total']:>10.1f}{r['published_pflops']:>9.1f}{r['pflops_total'] / r['published_pflops']:>9.2f}"
-              f"{r['pct_peak_empirical']:>7.1f}{r['wall_s']:>8.2f}")
-    for label, r in (("GPT-320B on 32,768 Frontier GCDs", big), ("reduced 512-GPU plan", reduced), ("full 512-GPU plan", full)):
+              f"{r['pct_peak_empirical']:>7.1f}{r['wall_s']:>8.2f}{r['peak_mb']:>9.0f}")
+    for label, r in (("GPT-320B on 32,768 Frontier GCDs", big), ("reduced 512-GPU plan", reduced),
+                     ("full 512-GPU plan", full), ("GPT-320B on 4,608 GB200 GPUs (64 NVL72 racks)", nvl72)):
         if r is not None:
             print(f"{label}: step {r['step_time_s']:.3f} s, {r['pflops_total']:.1f} PF/s, "
-                  f"{r['simulated_ranks']} rank(s) simulated, wall {r['wall_s']:.2f} s ({r['plan']})")
+                  f"{r['simulated_ranks']} rank(s) simulated, wall {r['wall_s']:.2f} s, peak {r['peak_mb']:.0f} MB "
+                  f"({r['plan']})")
+    print(f"rings of one 72-GPU NVLink domain: {rings['rings']} in {rings['wall_s']:.3f} s, peak {rings['peak_mb']:.0f} MB")
+    print(f"(peak MB: the simulating process's peak resident memory; a process that only starts: {baseline:.0f} MB)")
     print("\ntargets (ratio = measured / target, < 1 meets it):")
     worst = max(r["wall_s"] for r in rows)
     print(f"  every published row under {TARGET_ROW_S:.0f} s: worst {worst:.2f} s, ratio {worst / TARGET_ROW_S:.2f}")
@@ -102,6 +152,8 @@ def main() -> int:
               f"ratio {full['wall_s'] / TARGET_FULL_S:.2f}")
         same = abs(full["step_time_s"] - reduced["step_time_s"]) <= 1e-9 * full["step_time_s"]
         print(f"  full and reduced step times equal: {same} ({full['step_time_s']:.6f} s vs {reduced['step_time_s']:.6f} s)")
+    print(f"  rings of a 72-GPU NVLink domain under {TARGET_RINGS_S:.0f} s: {rings['wall_s']:.3f} s, "
+          f"ratio {rings['wall_s'] / TARGET_RINGS_S:.2f}")
     return 0
 
 
