@@ -242,3 +242,22 @@ def test_the_measured_vs_predicted_figure_is_a_png(tmp_path):
                                             ("cluster", [3.0, 9.0], {"a": [2.5, 9.5], "b": [3.1, 8.0]})], "t")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["fit.png"]  # written whole, no temporary left
+
+
+def test_a_number_on_its_upper_bound_is_probed_downward_not_called_idle():
+    """hbm_efficiency = 1 (the executor's calibrated files) sits on its upper bound: a step that depends on it
+    must not be reported as depending on nothing (a forward difference would be clamped back to 1)."""
+    from types import SimpleNamespace
+
+    from twin.fit.params import FitParameter
+    from twin.fit.solve import _drop_idle
+
+    param = FitParameter("device.hbm_efficiency", 0.1, 1.0, "efficiency")
+
+    class Steps:  # a step of 1 s of element-wise work at efficiency 1, slower at lower efficiency
+        def steps(self, x):
+            return np.array([1.0 / min(float(np.exp(x[0])), 1.0)])
+
+    runs = [SimpleNamespace(step_time_s=1.2)]
+    kept, idle = _drop_idle((param,), Steps(), np.log([1.0]), runs, np.arange(1), explicit=True)
+    assert kept == (param,) and idle == ()

@@ -363,7 +363,7 @@ def _drop_idle(params, surrogate: Surrogate, start: np.ndarray, runs, rows: np.n
     """The parameters some run depends on, and the names of those none does (an error if they were asked for)."""
     measured = np.array([runs[i].step_time_s for i in rows])
     J = _jacobian(lambda x: surrogate.steps(x) / measured - 1, start, surrogate.steps(start) / measured - 1,
-                  np.full(len(params), np.inf))
+                  np.log([p.upper for p in params]))  # a number on its upper bound is probed downward
     idle = tuple(p.path for p, n in zip(params, np.linalg.norm(J, axis=0)) if n == 0.0)
     if idle and explicit:
         raise TwinError(f"{idle[0]} has no effect on any of these runs; leave it out of --params")
