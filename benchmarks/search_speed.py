@@ -16,9 +16,10 @@ times the search over every axis (pipelines too, the command's default) on
 the same case: about 12,700 plans, minutes rather than seconds.
 
 Each runs with EXATWIN_CACHE_DIR pointing at a fresh temporary folder, so
-nothing earlier is reused. Prints one table: wall time, target, ratio
-(measured / target, < 1 meets it), and what the search did (plans, how many
-simulated, the best plan).
+nothing earlier is reused, and in a process of its own (peak_memory.py), so
+that its peak memory, workers included, is its own. Prints one table: wall
+time, target, ratio (measured / target, < 1 meets it), peak memory, and what
+the search did (plans, how many simulated, the best plan).
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peak_memory import baseline_mb, isolated  # noqa: E402
 
 from topologies.machine import load_machine  # noqa: E402
 from twin.model import get_model  # noqa: E402
@@ -40,6 +44,34 @@ from twin.search.space import AXES, AXONN_AXES, SearchSpace  # noqa: E402
 from twin.validate import validate  # noqa: E402
 
 SEARCH_TARGET_S, VALIDATE_TARGET_S = 60.0, 180.0
+
+
+def search_case(label: str, axes: tuple[str, ...], jobs: int | None) -> dict:
+    """One search of GPT-320B on 32,768 Frontier GCDs, as a row (run by peak_memory.isolated)."""
+    machine, model = load_machine("frontier"), get_model("GPT-320B")
+    start = time.perf_counter()
+    screened_at: list[float] = []  # when the last plan's screening bound came back
+
+    def progress(phase: str, done: int, total: int) -> None:
+        if phase == "screening" and done == total and not screened_at:
+            screened_at.append(time.perf_counter() - start)
+
+    r = search(model, 32768, 8192, machine, SearchSpace(axes=axes), top=10, jobs=jobs, progress=progress)
+    wall = time.perf_counter() - start
+    ratios = sorted(p.bound_s / p.step_time_s for p in r.landscape if p.step_time_s)
+    return {"case": f"search GPT-320B on 32768 GCDs, {label}", "wall_s": wall,
+            "target_s": SEARCH_TARGET_S if axes == AXONN_AXES else None, "plans": r.candidates,
+            "bounded": r.bounded, "simulated": r.simulated,
+            "best": r.ranked[0].plan, "best_step_s": r.ranked[0].step_time_s,
+            "screening_s": screened_at[0] if screened_at else None,
+            "bound_over_step": {"min": ratios[0], "median": ratios[len(ratios) // 2], "max": ratios[-1]}}
+
+
+def validate_case(jobs: int | None) -> dict:
+    start = time.perf_counter()
+    v = validate(jobs=jobs)
+    return {"case": "twin validate (cold)", "wall_s": time.perf_counter() - start,
+            "target_s": VALIDATE_TARGET_S, "rows": len(v.rows), "mean_abs_error": v.mean_abs_error}
 
 
 def main() -> int:
@@ -52,47 +84,30 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as cache:
         os.environ["EXATWIN_CACHE_DIR"] = cache
-        machine, model = load_machine("frontier"), get_model("GPT-320B")
         cases = [("AxoNN axes, cold", AXONN_AXES), ("AxoNN axes, cached", AXONN_AXES)]
         if args.all_axes:
             cases.append(("every axis, cold", AXES))
-        for label, axes in cases:
-            start = time.perf_counter()
-            screened_at: list[float] = []  # when the last plan's screening bound came back
-
-            def progress(phase: str, done: int, total: int) -> None:
-                if phase == "screening" and done == total and not screened_at:
-                    screened_at.append(time.perf_counter() - start)
-
-            r = search(model, 32768, 8192, machine, SearchSpace(axes=axes), top=10, jobs=args.jobs, progress=progress)
-            wall = time.perf_counter() - start
-            ratios = sorted(p.bound_s / p.step_time_s for p in r.landscape if p.step_time_s)
-            rows.append({"case": f"search GPT-320B on 32768 GCDs, {label}", "wall_s": wall,
-                         "target_s": SEARCH_TARGET_S if axes == AXONN_AXES else None, "plans": r.candidates,
-                         "bounded": r.bounded, "simulated": r.simulated,
-                         "best": r.ranked[0].plan, "best_step_s": r.ranked[0].step_time_s,
-                         "screening_s": screened_at[0] if screened_at else None,
-                         "bound_over_step": {"min": ratios[0], "median": ratios[len(ratios) // 2], "max": ratios[-1]}})
+        for label, axes in cases:  # each in a process of its own, for its peak memory; the cache is on disk
+            rows.append(isolated(search_case, label, axes, args.jobs))
         if not args.skip_validate:
-            start = time.perf_counter()
-            v = validate(jobs=args.jobs)
-            rows.append({"case": "twin validate (cold)", "wall_s": time.perf_counter() - start,
-                         "target_s": VALIDATE_TARGET_S, "rows": len(v.rows), "mean_abs_error": v.mean_abs_error})
+            rows.append(isolated(validate_case, args.jobs))
+    baseline = baseline_mb()
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"rows": rows, "baseline_peak_mb": baseline}, indent=2))
         return 0
-    print(f"{'case':<48}{'wall s':>9}{'target s':>10}{'ratio':>7}  notes")
+    print(f"{'case':<48}{'wall s':>9}{'target s':>10}{'ratio':>7}{'peak MB':>9}  notes")
     for r in rows:
         target = f"{r['target_s']:>10.0f}{r['wall_s'] / r['target_s']:>7.2f}" if r["target_s"] else f"{'-':>10}{'-':>7}"
         notes = (f"{r['plans']} plans, {r['bounded']} fully bounded, {r['simulated']} simulated; "
                  f"best {r['best'].split(',recompute')[0]} {r['best_step_s']:.2f} s") if "plans" in r else f"{r['rows']} rows"
-        print(f"{r['case']:<48}{r['wall_s']:>9.1f}{target}  {notes}")
+        print(f"{r['case']:<48}{r['wall_s']:>9.1f}{target}{r['peak_mb']:>9.0f}  {notes}")
     for r in rows:
         if r.get("screening_s") is not None and "cached" not in r["case"]:
             q = r["bound_over_step"]
             print(f"{r['case']}: every plan screened after {r['screening_s']:.1f} s; bound / simulated step over the "
                   f"simulated plans: min {q['min']:.2f}, median {q['median']:.2f}, max {q['max']:.2f}")
-    print("(plans whose bound was not below the 10th best step were never simulated)")
+    print("(plans whose bound was not below the 10th best step were never simulated; peak MB: the case's process "
+          f"and its workers, a process that only starts: {baseline:.0f} MB)")
     print(f"(cores: {os.cpu_count()}, jobs: {args.jobs or os.cpu_count()}; ratio < 1 meets the target)")
     return 0
 

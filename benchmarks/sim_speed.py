@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import resource
 import sys
 import time
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peak_memory import baseline_mb, isolated  # noqa: E402
 
 from topologies.machine import load_machine  # noqa: E402
 from twin.build import build_step  # noqa: E402
@@ -55,26 +55,6 @@ FULL = ("frontier", 512, "GPT-5B", "gx=8,gy=1,gz=2,gdata=32")
 # 64 racks of 72; 4,608 sequences (9.4M tokens): AxoNN's 8,192 does not split over 72 data-parallel groups
 NVL72 = ("gb200-nvl72", 4608, "GPT-320B", "gx=8,gy=1,gz=8,gdata=72", False, 4608)
 TARGET_ROW_S, TARGET_BIG_S, TARGET_FULL_S, TARGET_RINGS_S = 2.0, 5.0, 60.0, 1.0
-
-
-def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def _in_child(fn: Callable, args: tuple) -> dict:
-    result = fn(*args)
-    result["peak_mb"] = _peak_mb()
-    return result
-
-
-def isolated(fn: Callable, *args) -> dict:
-    """fn(*args) in a forked process of its own, with that process's peak resident memory (MB) added."""
-    with multiprocessing.get_context("fork").Pool(1) as pool:
-        return pool.apply(_in_child, (fn, args))
-
-
-def _nothing() -> dict:
-    return {}
 
 
 def nvl72_rings() -> dict:
@@ -112,7 +92,7 @@ def main() -> int:
     parser.add_argument("--skip-full", action="store_true", help="skip the slow full per-rank simulation")
     args = parser.parse_args()
 
-    baseline = isolated(_nothing)["peak_mb"]
+    baseline = baseline_mb()
     rows = []
     for pub in AXONN_TABLE_III:
         row = isolated(run_case, pub.machine, pub.gpus, pub.model, PLANS[(pub.machine, pub.model)])

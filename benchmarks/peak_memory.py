@@ -1,0 +1,61 @@
+"""Run a benchmark case in a process of its own and report its peak resident memory (issue 15).
+
+A process's peak RSS (getrusage's ru_maxrss) only grows, so cases measured in
+one process would each report the largest so far. Each case runs in a forked
+process instead; its peak is the larger of its own and its children's (a
+search's or validation's worker processes), in MB. The interpreter and the
+imports are included: `baseline_mb()` is a process that does nothing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import resource
+from typing import Callable
+
+
+def _peak_mb() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # the largest waited-for child
+    return max(own, children) / 1024  # Linux reports KiB
+
+
+def _in_child(conn, fn: Callable, args: tuple) -> None:
+    try:
+        result = fn(*args)
+        result["peak_mb"] = _peak_mb()
+        conn.send(("ok", result))
+    except BaseException as e:  # the parent re-raises it: a case's error is the benchmark's error
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+        # Leave at once: a worker pool the case shut down without waiting (twin validate's second process)
+        # would otherwise be joined here forever; its workers see their pipes close and end.
+        os._exit(0)
+
+
+def isolated(fn: Callable, *args) -> dict:
+    """fn(*args) (returning a dict) in a forked process of its own, with "peak_mb" added.
+
+    A plain Process, not a Pool worker: those are daemonic and may not start the worker processes a search
+    or a validation starts."""
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_in_child, args=(send, fn, args))
+    child.start()
+    send.close()
+    status, value = receive.recv()
+    child.join()
+    if status != "ok":
+        raise RuntimeError(f"{fn.__name__}{args}: {value}")
+    return value
+
+
+def _nothing() -> dict:
+    return {}
+
+
+def baseline_mb() -> float:
+    """The peak memory of a case that does nothing: what every case's figure includes."""
+    return isolated(_nothing)["peak_mb"]
