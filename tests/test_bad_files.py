@@ -386,6 +386,19 @@ def test_the_unedited_trace_compares(capsys, tmp_path):
     assert rc == 0 and "all_gather" in out, err
 
 
+@pytest.mark.parametrize("compressed", [True, False], ids=["gzip-bomb", "too-large"])
+def test_a_trace_beyond_the_cap_is_one_line_before_it_fills_memory(capsys, tmp_path, monkeypatch, compressed):
+    """A gzip file that expands past MAX_TRACE_BYTES (here lowered to 1 MB; the real cap is 4 GiB) is refused
+    after reading no more than the cap, and so is a plain file that large."""
+    from twin import profiler_trace
+
+    monkeypatch.setattr(profiler_trace, "MAX_TRACE_BYTES", 1 << 20)
+    padding = b" " * (4 << 20)  # JSON whitespace: 4 MB of it compresses to a few KB
+    data = json.dumps(base_trace()).encode() + padding
+    write = text_file("trace.json.gz" if compressed else "trace.json", gzip.compress(data) if compressed else data)
+    check_case(capsys, tmp_path, write, compare_trace, "more than")
+
+
 # ---- search cache entries ------------------------------------------------------------------------------------
 
 

@@ -41,6 +41,7 @@ collective times do.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import math
 import re
@@ -134,22 +135,40 @@ def _read_trace(path: str) -> tuple[list[dict], int | None]:
     return events, rank if type(rank) is int else None
 
 
+# The largest trace, as JSON text, the twin reads: one rank's torch.profiler trace of a few steps is tens to
+# hundreds of MB; parsing JSON takes several times its size in memory, so more than this would exhaust a
+# workstation. The cap holds for the file and for what a gzip file decompresses to (a "gzip bomb" of a few KB
+# can expand to many GB).
+MAX_TRACE_BYTES = 4 << 30
+
+
+def _too_large(path: str, what: str) -> TwinError:
+    return TwinError(f"trace {path}: {what} more than {MAX_TRACE_BYTES >> 30} GiB of JSON, beyond what the twin "
+                     "reads; profile fewer steps (--profile-steps, torch.profiler's schedule)")
+
+
 def _read_bytes(path: str) -> bytes:
     try:
         with open(path, "rb") as f:
-            return f.read()
+            raw = f.read(MAX_TRACE_BYTES + 1)
     except OSError as e:
         raise TwinError(f"trace {path}: cannot read it ({e.strerror or e}); check the path") from None
+    if len(raw) > MAX_TRACE_BYTES:
+        raise _too_large(path, "it holds")
+    return raw
 
 
 def _text(path: str, raw: bytes) -> str:
     """The JSON text: gunzipped where the file is gzip (by its first bytes; a .gz name must be), UTF-8."""
     if raw[:2] == GZIP_MAGIC:
         try:
-            raw = gzip.decompress(raw)
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as unzipped:
+                raw = unzipped.read(MAX_TRACE_BYTES + 1)  # never more than the cap, however it was compressed
         except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError; a cut file ends early
             raise TwinError(f"trace {path}: a truncated or corrupt gzip file ({' '.join(str(e).split())}); "
                             f"{_GIVE}, whole") from None
+        if len(raw) > MAX_TRACE_BYTES:
+            raise _too_large(path, "it decompresses to")
     elif path.endswith(".gz"):
         raise TwinError(f"trace {path}: named .gz but not gzip-compressed (its first bytes are not 1f 8b); {_GIVE}")
     try:
