@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from compare_local import BUSY_CORES, PLANS, model_of  # noqa: E402
+from compare_local import BUSY_CORES, DEEP, PLANS, SMALL, model_of  # noqa: E402
 from executor.calibrate import calibrate_host  # noqa: E402
 from executor.launch import WorkerOptions, other_load, wait_for_quiet  # noqa: E402
 from topologies.machine import load_machine  # noqa: E402
@@ -54,8 +54,6 @@ PARAMS = ["device.kernel_overhead_us", "device.hbm_efficiency", "device.attentio
 
 def _named(model: str) -> str:
     """compare_local's model names: "small" and "deep" stand for its specs."""
-    from compare_local import DEEP, SMALL
-
     return {"small": SMALL, "deep": DEEP}.get(model, model)
 
 

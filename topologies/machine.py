@@ -309,6 +309,12 @@ def list_machines() -> list[str]:
     return sorted(p.stem for p in _DIR.glob("*.toml"))
 
 
+def machine_file(name_or_path: str) -> Path:
+    """The file a --machine value names (a bare name is a file of this package), without loading it;
+    a one-line TwinError when there is none."""
+    return _resolve(name_or_path)
+
+
 def _resolve(name_or_path: str) -> Path:
     looks_like_path = name_or_path.endswith(".toml") or "/" in name_or_path or "\\" in name_or_path
     known = ", ".join(list_machines())

@@ -106,10 +106,10 @@ def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
 
 def machine_file(name_or_path: str | None) -> str | None:
     """The file a --machine value names, if it names one (a bad name is reported when the machine is loaded)."""
-    from topologies.machine import load_machine
+    from topologies.machine import machine_file as resolve
 
     try:
-        return str(load_machine(name_or_path).path) if name_or_path else None
+        return str(resolve(name_or_path)) if name_or_path else None
     except TwinError:
         return None
 

@@ -29,6 +29,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from twin.errors import TwinError
+from twin.outputs import write_text
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
@@ -144,9 +147,6 @@ def store(kind: str, key: str, doc: dict) -> None:
     folder = cache_dir() / kind
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{key}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, folder / f"{key}.json")
-    except OSError:
+        write_text(str(folder / f"{key}.json"), json.dumps(doc))
+    except (OSError, TwinError):
         pass  # a read-only home is no reason to fail a search

@@ -179,9 +179,10 @@ def _polynomial_cycle(members: tuple[int, ...], arcs: Arcs, used: dict[tuple[int
     On a node switch (every pair one equal arc) and on regular direct-link nodes it finds a ring without
     backtracking; on an irregular node it may find fewer rings than an exhaustive search could, never a
     ring that is not one."""
+    inside = set(members)
     for floor in sorted({bw for bw, _ in arcs.values()}, reverse=True):
         left = {(a, b): count - used.get((a, b), 0) for (a, b), (bw, count) in arcs.items()
-                if bw >= floor and a in members and b in members}
+                if bw >= floor and a in inside and b in inside}
         found = _warnsdorff(members, {k: v for k, v in left.items() if v > 0}, closed)
         if found is not None:
             return found
