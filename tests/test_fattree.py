@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from topologies import Fabric, load_machine
+from topologies.networks.graph import network_graph, node_graph
 from topologies.machine import FatTreeSpec
 from twin.errors import TwinError
 
@@ -101,7 +102,7 @@ def test_estimates_stay_visible(dgx):
 
 
 def test_node_graph_has_a_switch_and_no_direct_gpu_links(dgx):
-    g = dgx.node_graph()
+    g = node_graph(dgx)
     assert not any(u[0] == v[0] == "gpu" for u, v in g.edges())
     sw = [(u, v, d) for u, v, d in g.edges(data=True) if "nvswitch" in (u[0], v[0])]
     assert len(sw) == 2 * 8
@@ -180,7 +181,7 @@ def test_fat_tree_fabric_for_64_nodes(fab64):
 @pytest.mark.parametrize("n_nodes", [1, 25, 64])
 def test_fabric_links_match_the_network_graph(dgx, n_nodes):
     fab = Fabric(dgx, n_nodes * GPN)
-    g = dgx.network_graph(n_nodes)
+    g = network_graph(dgx, n_nodes)
     edges = {_endpoints(fab, i) for i in range(fab.n_links)}
     assert len(edges) == fab.n_links == g.number_of_edges()
     assert edges == set(g.edges())

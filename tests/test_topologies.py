@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from topologies import Fabric, dragonfly, list_machines, load_machine, place_ranks
+from topologies import Fabric, list_machines, load_machine, place_ranks
+from topologies.networks import dragonfly, layout
+from topologies.networks.graph import network_graph, node_graph
 from twin.errors import TwinError
 
 TOPO_DIR = Path(__file__).resolve().parents[1] / "topologies"
@@ -197,7 +199,7 @@ def test_units_are_si(frontier):
 
 
 def test_frontier_node_graph_is_the_published_link_table(frontier):
-    g = frontier.node_graph()
+    g = node_graph(frontier)
     pairs = {frozenset((u[1], v[1])): d["bw_bytes_per_s"] for u, v, d in g.edges(data=True) if d["kind"] == "xgmi"}
     gbs = {200: [(0, 1), (2, 3), (4, 5), (6, 7)], 100: [(0, 6), (2, 4)],
            50: [(0, 2), (1, 3), (4, 6), (5, 7), (1, 5), (3, 7)]}
@@ -210,14 +212,14 @@ def test_frontier_node_graph_is_the_published_link_table(frontier):
 
 @pytest.mark.parametrize("name,gbs", [("perlmutter", 100), ("alps", 150)])
 def test_nvidia_nodes_are_fully_connected(name, gbs):
-    g = load_machine(name).node_graph()
+    g = node_graph(load_machine(name))
     gpu_edges = [(u, v, d) for u, v, d in g.edges(data=True) if u[0] == v[0] == "gpu"]
     assert len(gpu_edges) == 12
     assert all(d["bw_bytes_per_s"] == gbs * 1e9 and d["kind"] == "nvlink" for *_, d in gpu_edges)
 
 
 def test_network_graph_of_two_nodes(frontier):
-    g = frontier.network_graph(2)
+    g = network_graph(frontier, 2)
     # 2 x (8 GCDs + 4 NICs) + 32 switches of one group.
     assert g.number_of_nodes() == 2 * 12 + 32
     # 2 x (24 xGMI + 8 attach + 8 NIC<->switch) + 32 x 31 local, no global.
@@ -346,10 +348,31 @@ def test_routes_are_symmetric_in_length(frontier):
 def test_fabric_links_match_the_network_graph(frontier_minimal):
     for machine, n_nodes in [(frontier_minimal, 2), (frontier_minimal, 260), (_minimal(load_machine("alps")), 230)]:
         fab = Fabric(machine, n_nodes * machine.node.gpus_per_node)
-        g = machine.network_graph(n_nodes)
+        g = network_graph(machine, n_nodes)
         edges = {_endpoints(fab, i) for i in range(fab.n_links)}
         assert len(edges) == fab.n_links == g.number_of_edges()
         assert edges == set(g.edges())
+
+
+@pytest.mark.parametrize("name", ["frontier", "alps", "dgx-a100", "gb200-nvl72"])
+def test_network_routes_follow_the_described_links(name):
+    """Every network route chains described links from the source NIC's switch to the destination's: the
+    ids the simulator routes over and the edges the graph draws come from one description (the Layout)."""
+    m = load_machine(name)
+    if m.network.kind == "dragonfly":
+        m = _minimal(m)
+    n_nodes = min(m.max_nodes, 3 * m.network.nodes_per_group + 1)
+    net = layout(m.network, len(m.node.nics), n_nodes)
+    ends = [b.ends(i) for b in net.blocks for i in range(b.size)]
+    assert len(ends) == net.n_links == len(net.names()) == len(net.kinds())
+    for ns, nd in itertools.product([0, 1, n_nodes // 2, n_nodes - 1], repeat=2):
+        for k in range(len(m.node.nics)):
+            at = net.attach(ns, k)
+            for i in net.path(ns, nd, k):
+                u, v = ends[i]
+                assert u == at, (name, ns, nd, k, net.names()[i])
+                at = v
+            assert at == net.attach(nd, k)
 
 
 def test_full_frontier_job_fabric(frontier_minimal):

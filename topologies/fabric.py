@@ -15,17 +15,14 @@ Link ids, in order:
   port up (device -> switch) and down; then per NIC k its attach link up
   (device -> NIC) and down, its injection link (NIC -> switch) and its
   ejection link (switch -> NIC);
-* the network's own links, laid out by its kind's module:
-  ``topologies.dragonfly.Links`` (local, global links and adaptive-routing
-  pools) or ``topologies.fattree.Links`` (per leaf switch a spine pool up and
-  down). That module also routes between the NICs' switches.
+* the network's own links, as its kind's ``Layout`` lists them
+  (``topologies.networks``): a dragonfly's local and global links and
+  adaptive-routing pools, a fat tree's spine pool up and down per leaf. The
+  layout also routes between the NICs' switches.
 
-A network module's ``Links`` is built as ``Links(net, nics_per_node,
-n_nodes, base, nic_efficiency)`` and offers ``capacity_bytes_per_s`` and
-``kind`` (arrays over its ids, starting at ``base``),
-``names()``, ``nic_switch(node, nic)`` (the name of the switch a NIC is
-cabled to) and ``path(src_node, dst_node, nic)`` (link ids between the two
-nodes' switches for that NIC).
+Both parts are read from the descriptions the networkx graphs are drawn
+from (``topologies.networks.node.node_links`` and the layout's
+``LinkBlock``s), so a link here is an edge of ``topologies.networks.graph.network_graph``.
 
 Capacities are peak per direction times the achieved/peak efficiency of the
 link's kind (``node.link_efficiency``; switch-to-switch links use its
@@ -42,8 +39,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from topologies.machine import NETWORK_KINDS, Machine
-from twin.errors import TwinError
+from topologies.errors import InputError
+from topologies.networks import layout
+from topologies.networks.node import NETWORK, local_name, network_nic, node_links
+from topologies.specs import Machine
 
 
 def _best_paths(n: int, n_vertices: int, bw: dict[tuple[int, int], float]) -> dict[tuple[int, int], tuple[int, ...]]:
@@ -82,57 +81,43 @@ def _best_paths(n: int, n_vertices: int, bw: dict[tuple[int, int], float]) -> di
 class Fabric:
     """All directed links a job of n_gpus uses, with integer ids, and minimal routes between GPUs."""
 
-    def __init__(self, machine: Machine, n_gpus: int):
+    def __init__(self, machine: Machine, n_gpus: int) -> None:
         if n_gpus < 1:
-            raise TwinError(f"n_gpus: must be >= 1, got {n_gpus}")
+            raise InputError(f"n_gpus: must be >= 1, got {n_gpus}")
         if n_gpus > machine.max_gpus:
-            raise TwinError(f"n_gpus: {n_gpus} exceeds the {machine.max_gpus} GPUs of machine "
-                            f"'{machine.name}'; use at most {machine.max_gpus}")
+            raise InputError(f"n_gpus: {n_gpus} exceeds the {machine.max_gpus} GPUs of machine "
+                             f"'{machine.name}'; use at most {machine.max_gpus}")
         self.machine, self.n_gpus = machine, n_gpus
         node, net = machine.node, machine.network
         self._gpn = gpn = node.gpus_per_node
         self.n_nodes = n_nodes = -(-n_gpus // gpn)
         eff = node.link_efficiency
 
-        # Per-node template: offsets within a node's block. Local vertices:
-        # devices 0..gpn-1, the node switch (if any) gpn.
-        cap, kind = [], []
-        label: list[tuple[str, int | None]] = []  # name template, NIC index if it names a switch
-        self._offset: dict[tuple[int, int], int] = {}
-
-        def add(a: int, b: int, bw: float, link_kind: str, name: str) -> None:
-            self._offset[(a, b)] = len(cap)
-            cap.append(bw * eff[link_kind])
-            kind.append(link_kind)
-            label.append((name, None))
-
-        for link in node.links:
-            for a, b in ((link.a, link.b), (link.b, link.a)):
-                add(a, b, link.bw_bytes_per_s, link.kind, f"gpu{a}->gpu{b}")
+        # Per-node template: each of node_links' links at its offset within a node's block. Local vertices
+        # for routing inside a node: devices 0..gpn-1, the node switch (if any) gpn.
+        links = node_links(node)
+        cap = [link.bw_bytes_per_s * eff[link.kind] for link in links]
+        kind = [link.kind for link in links]
+        # Name template (the network switch as "{sw}"), and the NIC index where it names that switch.
+        self._label = [(f"{local_name(link.u)}->{local_name(link.v)}", network_nic(link)) for link in links]
         sw = node.switch
-        if sw is not None:
-            for i in range(gpn):
-                add(i, gpn, sw.bw_bytes_per_s, sw.link_kind, f"gpu{i}->{sw.kind}")
-                add(gpn, i, sw.bw_bytes_per_s, sw.link_kind, f"{sw.kind}->gpu{i}")
-        self._nic_base = len(cap)  # NIC k: base + 4k + (0 up, 1 down, 2 inject, 3 eject)
+        local = {("gpu", i): i for i in range(gpn)} | ({(sw.kind, 0): gpn} if sw is not None else {})
+        self._offset = {(local[link.u], local[link.v]): i for i, link in enumerate(links)
+                        if link.u in local and link.v in local}
+        at = {(link.u, link.v): i for i, link in enumerate(links)}
+        self._nic_hops: list[tuple[int, int, int, int]] = []  # per NIC: attach up, injection, ejection, attach down
         for nic in node.nics:
-            g, k = nic.attach_gpu, nic.index
-            up = nic.attach_bw_bytes_per_s * eff["attach"]
-            port = nic.bw_bytes_per_s * eff["nic"]
-            cap += [up, up, port, port]
-            kind += ["attach", "attach", "nic", "nic"]
-            label += [(f"gpu{g}->nic{k}", None), (f"nic{k}->gpu{g}", None),
-                      (f"nic{k}->{{sw}}", k), (f"{{sw}}->nic{k}", k)]
+            gpu, port, far = ("gpu", nic.attach_gpu), ("nic", nic.index), (NETWORK, nic.index)
+            self._nic_hops.append((at[gpu, port], at[port, far], at[far, port], at[port, gpu]))
         self._block = block = len(cap)
         self._nic_gpu = [nic.attach_gpu for nic in node.nics]
 
         # The network's links, after the node blocks.
-        self._net = NETWORK_KINDS[net.kind].Links(net, len(node.nics), n_nodes, n_nodes * block,
-                                                 node.network_link_efficiency)
-        self.capacity_bytes_per_s = np.concatenate(
-            [np.tile(np.asarray(cap, dtype=float), n_nodes), self._net.capacity_bytes_per_s])
-        self.link_kind = kind * n_nodes + self._net.kind
-        self._label = label
+        self._layout = layout(net, len(node.nics), n_nodes)
+        self._net_base = n_nodes * block
+        net_cap = self._layout.capacity_bytes_per_s(node.network_link_efficiency)
+        self.capacity_bytes_per_s = np.concatenate([np.tile(np.asarray(cap, dtype=float), n_nodes), net_cap])
+        self.link_kind = kind * n_nodes + self._layout.kinds()
         self._names: list[str] | None = None
 
         # Local routing tables.
@@ -167,9 +152,9 @@ class Fabric:
             for n in range(self.n_nodes):
                 for lab, k in self._label:
                     if k is not None:
-                        lab = lab.format(sw=self._net.nic_switch(n, k))
+                        lab = lab.format(sw=self._layout.nic_switch(n, k))
                     names.append(f"n{n}:{lab}")
-            self._names = names + self._net.names()
+            self._names = names + self._layout.names()
         return self._names
 
     def node_of(self, gpu: int) -> int:
@@ -220,9 +205,9 @@ class Fabric:
         lowest NIC index.
         """
         if not 0 <= local_gpu < self._gpn:
-            raise TwinError(f"local_gpu: {local_gpu} is outside 0..{self._gpn - 1}")
+            raise InputError(f"local_gpu: {local_gpu} is outside 0..{self._gpn - 1}")
         if not self._nic_gpu:
-            raise TwinError(f"node.nics: machine '{self.machine.name}' has no NIC; add [[node.nics]] entries")
+            raise InputError(f"node.nics: machine '{self.machine.name}' has no NIC; add [[node.nics]] entries")
         return self._nearest[local_gpu]
 
     def _pick_nic(self, g: int) -> int:
@@ -257,19 +242,20 @@ class Fabric:
     def _route(self, src: int, dst: int, nic: int | None) -> tuple[int, ...]:
         for name, gpu in (("src_gpu", src), ("dst_gpu", dst)):
             if not 0 <= gpu < self.n_gpus:
-                raise TwinError(f"{name}: GPU {gpu} is outside this job's 0..{self.n_gpus - 1}")
+                raise InputError(f"{name}: GPU {gpu} is outside this job's 0..{self.n_gpus - 1}")
         ns, ls = divmod(src, self._gpn)
         nd, ld = divmod(dst, self._gpn)
         if ns == nd:
             return tuple(ns * self._block + o for o in self._path_links.get((ls, ld), ()))
         k = self.nearest_nic(ls) if nic is None else nic
         if not 0 <= k < len(self._nic_gpu):
-            raise TwinError(f"nic: {k} is outside 0..{len(self._nic_gpu) - 1} for machine '{self.machine.name}'")
+            raise InputError(f"nic: {k} is outside 0..{len(self._nic_gpu) - 1} for machine '{self.machine.name}'")
         att = self._nic_gpu[k]
-        bs, bd, nb = ns * self._block, nd * self._block, self._nic_base + 4 * k
+        bs, bd = ns * self._block, nd * self._block
+        up, inject, eject, down = self._nic_hops[k]
         ids = [bs + o for o in self._path_links.get((ls, att), ())]
-        ids += [bs + nb, bs + nb + 2]
-        ids += self._net.path(ns, nd, k)
-        ids += [bd + nb + 3, bd + nb + 1]
+        ids += [bs + up, bs + inject]
+        ids += [self._net_base + i for i in self._layout.path(ns, nd, k)]
+        ids += [bd + eject, bd + down]
         ids += [bd + o for o in self._path_links.get((att, ld), ())]
         return tuple(ids)

@@ -1,307 +1,49 @@
-"""A machine: its device, node, network and collective tuning, in SI units.
+"""Reading a machine file: TOML in human units -> a checked ``Machine`` in SI units.
 
 A machine is a TOML file in this package (frontier.toml, perlmutter.toml,
-alps.toml, dgx-a100.toml) or anywhere on disk: a new machine is a new file,
-not new code.
-The files use human units named in each key (``hbm_bw_gb_per_s``,
-``kernel_overhead_us``); ``load_machine`` converts them once, here, so that
-everything downstream works in bytes, seconds and flop/s (1 GB = 1e9 bytes).
-The file's numbers with their sources stay available in ``Machine.sources``.
+alps.toml, dgx-a100.toml, ...) or anywhere on disk: a new machine is a new
+file, not new code. The files use human units named in each key
+(``hbm_bw_gb_per_s``, ``kernel_overhead_us``); ``load_machine`` converts them
+once, here, so that everything downstream works in bytes, seconds and flop/s
+(1 GB = 1e9 bytes). The file's numbers with their sources stay available in
+``Machine.sources``. Every check a file must pass lives here too, and each
+failure is a one-line ``InputError`` naming the file, the field and the fix
+(``topologies.schema`` reads the numbers; ``topologies.overrides`` applies
+``--set`` values first).
 
 A node is devices joined by direct links (``[[node.links]]``) and/or a node
 switch every device has a port on (``[node.switch]``, NVSwitch). The network
 ``kind`` picks a spec and a module placing its switches (``NETWORK_KINDS``):
-"dragonfly" (``DragonflySpec``, ``topologies.dragonfly``) or "fat_tree"
-(``FatTreeSpec``, ``topologies.fattree``). Both specs offer ``kind``,
-``max_nodes``, ``nodes_per_group``, ``n_groups``, ``link_bw_bytes_per_s``
-and ``describe()``.
+"dragonfly" (``DragonflySpec``, ``topologies.networks.dragonfly``) or
+"fat_tree" (``FatTreeSpec``, ``topologies.networks.fattree``).
 
-A network has no per-switch or per-NIC latency field: the simulator charges a
-transfer's latency from the collective tuning model alone (``[collectives]``:
-NCCL's base and per-hop latencies, which include the NIC and switch hops), so
-such a field would be parsed and settable but change nothing.
-
-``node_graph`` and ``network_graph`` return networkx graphs for inspection
-and figures; the simulator's hot path uses ``topologies.fabric.Fabric``.
+The dataclasses a file becomes are in ``topologies.specs``; they are
+importable from here as well, as they always were.
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
 
-import networkx as nx
-
-from topologies import dragonfly, fattree
-from topologies.schema import Fields, Sourced
+from topologies.errors import InputError
+from topologies.networks import NETWORK_KINDS, dragonfly
 from topologies.overrides import Override, apply_overrides
-from twin.errors import TwinError
-from twin.ir import COLLECTIVE_KINDS
+from topologies.schema import Fields, Sourced
+from topologies.specs import (
+    ALGORITHMS, COLLECTIVE_KINDS, LAYOUTS, NODE_SWITCHES, PROTOCOLS, ROUTINGS, CollectiveTuning, DeviceSpec,
+    DragonflySpec, FatTreeSpec, GemmMeasurement, Machine, NetworkSpec, NicSpec, NodeLink, NodeSpec, NodeSwitch,
+)
 
 __all__ = [
     "Sourced", "GemmMeasurement", "DeviceSpec", "NodeLink", "NicSpec", "NodeSwitch", "NodeSpec", "NetworkSpec",
     "DragonflySpec", "FatTreeSpec", "NETWORK_KINDS", "CollectiveTuning", "Machine",
-    "load_machine", "list_machines",
+    "load_machine", "list_machines", "machine_file",
+    "LAYOUTS", "ALGORITHMS", "PROTOCOLS", "ROUTINGS", "NODE_SWITCHES", "COLLECTIVE_KINDS", "GB", "TFLOP", "US",
 ]
 
 _DIR = Path(__file__).resolve().parent
 GB, TFLOP, US = 1e9, 1e12, 1e-6
-LAYOUTS = ("NN", "NT", "TN")
-ALGORITHMS = ("ring", "tree")
-PROTOCOLS = ("ll", "ll128", "simple")
-
-
-@dataclass(frozen=True)
-class GemmMeasurement:
-    """One GEMM timed on the device (``[[device.gemm_measured]]``): its shape, its layout and the rate it ran at.
-
-    Where a machine file has such measurements, the compute model runs a GEMM
-    at the rate measured for the nearest measured shape, carried to its own
-    shape by the shape model (twin.sim.compute): a measurement at the shapes a
-    run uses replaces the tile/wave/k-loop estimates there."""
-
-    m: int
-    n: int
-    k: int
-    layout: str  # "NN", "NT" or "TN"
-    flop_per_s: float
-
-
-@dataclass(frozen=True)
-class DeviceSpec:
-    """One accelerator as a process sees it (a GCD on MI250X)."""
-
-    name: str
-    peak_flop_per_s: float
-    empirical_gemm_flop_per_s: float
-    hbm_bytes: float
-    hbm_bw_bytes_per_s: float
-    compute_units: int
-    gemm_tile_m: int
-    gemm_tile_n: int
-    gemm_k_half: float
-    layout_efficiency: dict[str, float]  # "NN", "NT", "TN" -> rate relative to the best layout
-    tn_penalty_min_dim: int  # the TN penalty applies when min(m, n, k) >= this
-    attention_efficiency: float  # flash attention rate / empirical GEMM rate
-    hbm_efficiency: float  # achieved / peak HBM bandwidth for streaming kernels
-    comm_compute_slowdown: float  # fraction of compute rate lost while a collective runs
-    kernel_overhead_s: float
-    attention_overhead_s: float = 0.0  # fixed time per attention call beyond kernel_overhead_s (optional key)
-    # The least time between two ops one rank's host thread issues (framework, Python, driver); 0: the host
-    # always keeps ahead of the device. Optional key launch_interval_us; see twin.sim.engine's host model.
-    launch_interval_s: float = 0.0
-    gemm_measured: tuple[GemmMeasurement, ...] = ()  # GEMMs timed on this device (optional [[device.gemm_measured]])
-
-
-@dataclass(frozen=True)
-class NodeLink:
-    """Direct links between two local devices; bandwidth is the pair's peak per direction."""
-
-    a: int
-    b: int
-    count: int
-    bw_bytes_per_s: float
-    kind: str
-
-
-@dataclass(frozen=True)
-class NicSpec:
-    index: int
-    attach_gpu: int
-    bw_bytes_per_s: float  # port peak per direction
-    attach_bw_bytes_per_s: float  # device <-> NIC path peak per direction
-
-
-# Switch kinds a node may hold -> the link kind of its ports. "loopback": the ranks of one
-# host talking through the OS (gloo over TCP loopback), as `twin calibrate` describes a host.
-NODE_SWITCHES = {"nvswitch": "nvlink", "loopback": "loopback"}
-
-
-@dataclass(frozen=True)
-class NodeSwitch:
-    """A switch inside the node that every local device has one port on (NVSwitch).
-
-    Modelled as one vertex: each device has an uplink and a downlink of
-    ``bw_bytes_per_s`` to it, so device-to-device traffic crosses two links
-    and a device's port, not a pair's link, is the bottleneck. The switch
-    fabric itself (six NVSwitch chips on a DGX A100) is taken to be
-    non-blocking.
-    """
-
-    kind: str  # graph vertex name, e.g. "nvswitch"
-    link_kind: str  # kind of the device <-> switch links, e.g. "nvlink"
-    links_per_gpu: int  # physical links bundled in each device's port
-    bw_bytes_per_s: float  # per device port, peak per direction
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    gpus_per_node: int
-    links: tuple[NodeLink, ...]
-    nics: tuple[NicSpec, ...]  # sorted by index, indices 0..n-1
-    link_efficiency: dict[str, float]  # link kinds + "nic" + "attach" (+ optional "network")
-
-    @property
-    def network_link_efficiency(self) -> float:
-        """Switch-to-switch links: the "network" entry where given, else the NIC's."""
-        return self.link_efficiency.get("network", self.link_efficiency["nic"])
-    switch: NodeSwitch | None = None
-
-
-ROUTINGS = ("minimal", "adaptive")
-
-
-@dataclass(frozen=True)
-class DragonflySpec:
-    """A Slingshot-style dragonfly (see ``topologies.dragonfly``)."""
-
-    kind: ClassVar[str] = "dragonfly"
-    nodes_per_group: int
-    switches_per_group: int
-    endpoint_ports_per_switch: int
-    global_links_per_group_pair: int
-    link_bw_bytes_per_s: float
-    n_groups: int
-    routing: str = "minimal"  # "minimal" | "adaptive" (see topologies.fabric)
-
-    @property
-    def max_nodes(self) -> int:
-        return self.n_groups * self.nodes_per_group
-
-    def describe(self) -> str:
-        return f"dragonfly, {self.n_groups} groups x {self.nodes_per_group} nodes, {self.routing} routing"
-
-
-@dataclass(frozen=True)
-class FatTreeSpec:
-    """A rail-optimized two-level fat tree (see ``topologies.fattree``).
-
-    ``nodes_per_group`` and ``n_groups`` name the leaf groups (scalable
-    units) in the dragonfly's terms, so code that prints a network's groups
-    works on both kinds.
-    """
-
-    kind: ClassVar[str] = "fat_tree"
-    nodes_per_leaf_group: int  # nodes whose NIC k shares leaf switch k (a scalable unit)
-    n_nodes: int
-    link_bw_bytes_per_s: float
-    oversubscription: float  # leaf downlink / uplink bandwidth; 1 = full bisection
-
-    @property
-    def max_nodes(self) -> int:
-        return self.n_nodes
-
-    @property
-    def nodes_per_group(self) -> int:
-        return self.nodes_per_leaf_group
-
-    @property
-    def n_groups(self) -> int:
-        return -(-self.n_nodes // self.nodes_per_leaf_group)
-
-    @property
-    def leaf_uplink_bw_bytes_per_s(self) -> float:
-        """Peak per direction of one leaf switch's uplinks, all together."""
-        return self.nodes_per_leaf_group * self.link_bw_bytes_per_s / self.oversubscription
-
-    def describe(self) -> str:
-        return (f"fat_tree, {self.n_groups} leaf groups x {self.nodes_per_leaf_group} nodes, "
-                f"oversubscription {self.oversubscription:g}")
-
-
-NetworkSpec = DragonflySpec | FatTreeSpec
-
-
-@dataclass(frozen=True)
-class CollectiveTuning:
-    """NCCL/RCCL's latency/bandwidth tuning model inputs (NVIDIA/nccl tuning.cc)."""
-
-    protocols: tuple[str, ...]  # protocols the library may use on this machine
-    base_latency_s: dict[tuple[str, str], float]  # (algorithm, protocol)
-    intra_hop_latency_s: dict[str, float]  # per protocol
-    inter_hop_latency_s: dict[str, float]  # per protocol
-    protocol_bw_fraction: dict[str, float]  # per protocol
-    # Optional per collective kind (a library whose kinds differ, e.g. gloo's reduce-scatter):
-    kind_latency_s: dict[str, float] = field(default_factory=dict)  # added to the algorithm's latency
-    kind_bw_fraction: dict[str, float] = field(default_factory=dict)  # achieved / fitted port bandwidth
-
-    def kind_fraction(self, kind: str) -> float:
-        return self.kind_bw_fraction.get(kind, 1.0)
-
-
-@dataclass(frozen=True)
-class Machine:
-    name: str
-    description: str
-    device: DeviceSpec
-    node: NodeSpec
-    network: NetworkSpec
-    collectives: CollectiveTuning
-    sources: dict[str, Sourced]  # dotted key path -> number as written, with provenance
-    path: str
-    overrides: tuple[Override, ...] = ()  # (dotted path, value) set on the command line over the file
-
-    @property
-    def max_nodes(self) -> int:
-        return self.network.max_nodes
-
-    @property
-    def max_gpus(self) -> int:
-        return self.max_nodes * self.node.gpus_per_node
-
-    def node_graph(self) -> nx.DiGraph:
-        """One node: ("gpu", i), ("nic", k) and, with a node switch, (switch.kind, 0).
-
-        Each link is two directed edges. Attributes: bw_bytes_per_s (peak per
-        direction), kind, count (physical links bundled). A node switch has one
-        edge each way per device: devices talk through it, not directly.
-        """
-        g = nx.DiGraph(name=f"{self.name} node")
-        g.add_nodes_from(("gpu", i) for i in range(self.node.gpus_per_node))
-        g.add_nodes_from(("nic", nic.index) for nic in self.node.nics)
-        for link in self.node.links:
-            attrs = dict(bw_bytes_per_s=link.bw_bytes_per_s, kind=link.kind, count=link.count)
-            g.add_edge(("gpu", link.a), ("gpu", link.b), **attrs)
-            g.add_edge(("gpu", link.b), ("gpu", link.a), **attrs)
-        sw = self.node.switch
-        if sw is not None:
-            attrs = dict(bw_bytes_per_s=sw.bw_bytes_per_s, kind=sw.link_kind, count=sw.links_per_gpu)
-            for i in range(self.node.gpus_per_node):
-                g.add_edge(("gpu", i), (sw.kind, 0), **attrs)
-                g.add_edge((sw.kind, 0), ("gpu", i), **attrs)
-        for nic in self.node.nics:
-            attrs = dict(bw_bytes_per_s=nic.attach_bw_bytes_per_s, kind="attach", count=1)
-            g.add_edge(("gpu", nic.attach_gpu), ("nic", nic.index), **attrs)
-            g.add_edge(("nic", nic.index), ("gpu", nic.attach_gpu), **attrs)
-        return g
-
-    def network_graph(self, n_nodes: int) -> nx.DiGraph:
-        """The first ``n_nodes`` nodes and every switch they use.
-
-        Node vertices are the ``node_graph`` ones with the node inserted:
-        ("gpu", node, i), ("nic", node, k), ("nvswitch", node, 0). The
-        network's switches and links come from its kind's module, which also
-        gives ``Fabric`` its link table, so the two match link for link:
-        ``topologies.dragonfly`` (("switch", group, s); "nic", "local",
-        "global" edges) or ``topologies.fattree`` (("leaf", unit, rail),
-        ("spine", 0); "nic", "spine_pool" edges). Attributes as in
-        ``node_graph``.
-        """
-        if not 1 <= n_nodes <= self.max_nodes:
-            raise TwinError(f"n_nodes: {n_nodes} is outside 1..{self.max_nodes} for machine '{self.name}'")
-        g = nx.DiGraph(name=f"{self.name} {n_nodes} nodes")
-        local = self.node_graph()
-        for n in range(n_nodes):
-            g.add_nodes_from((kind, n, i) for kind, i in local.nodes)
-            for (ku, u), (kv, v), attrs in local.edges(data=True):
-                g.add_edge((ku, n, u), (kv, n, v), **attrs)
-        NETWORK_KINDS[self.network.kind].add_network(g, self.network, self.node.nics, n_nodes)
-        return g
-
-
-# ---------------------------------------------------------------- loading
 
 
 def list_machines() -> list[str]:
@@ -311,7 +53,7 @@ def list_machines() -> list[str]:
 
 def machine_file(name_or_path: str) -> Path:
     """The file a --machine value names (a bare name is a file of this package), without loading it;
-    a one-line TwinError when there is none."""
+    a one-line InputError when there is none."""
     return _resolve(name_or_path)
 
 
@@ -321,11 +63,11 @@ def _resolve(name_or_path: str) -> Path:
     if looks_like_path:
         path = Path(name_or_path)
         if not path.is_file():
-            raise TwinError(f"machine: file '{name_or_path}' not found; pass an existing .toml file or one of {known}")
+            raise InputError(f"machine: file '{name_or_path}' not found; pass an existing .toml file or one of {known}")
         return path
     path = _DIR / f"{name_or_path}.toml"
     if not path.is_file():
-        raise TwinError(f"machine: unknown machine '{name_or_path}'; known: {known} (or a path to a .toml file)")
+        raise InputError(f"machine: unknown machine '{name_or_path}'; known: {known} (or a path to a .toml file)")
     return path
 
 
@@ -336,12 +78,12 @@ def load_machine(name_or_path: str, overrides: tuple[Override, ...] = ()) -> Mac
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except OSError as e:
-        raise TwinError(f"machine: cannot read '{path}': {e.strerror}; check the path and permissions") from e
+        raise InputError(f"machine: cannot read '{path}': {e.strerror}; check the path and permissions") from e
     except UnicodeDecodeError as e:
-        raise TwinError(f"{path}: not a text file (byte {e.start} is not UTF-8); give a machine .toml file") from None
+        raise InputError(f"{path}: not a text file (byte {e.start} is not UTF-8); give a machine .toml file") from None
     except tomllib.TOMLDecodeError as e:
         msg = " ".join(str(e).split())
-        raise TwinError(f"{path}: invalid TOML ({msg}); fix the syntax") from e
+        raise InputError(f"{path}: invalid TOML ({msg}); fix the syntax") from e
     apply_overrides(data, overrides, path.name)
     sources: dict[str, Sourced] = {}
     top = Fields(data, "", str(path) + (" (with --set)" if overrides else ""), sources)
@@ -524,8 +266,6 @@ def _fat_tree(f: Fields, node: NodeSpec) -> FatTreeSpec:
 
 
 _NETWORK_READERS = {"dragonfly": _dragonfly, "fat_tree": _fat_tree}
-# Network kind -> the module placing its switches (graph, Fabric link table).
-NETWORK_KINDS = {"dragonfly": dragonfly, "fat_tree": fattree}
 
 
 def _per_protocol(f: Fields, allowed: tuple[str, ...], check: str, scale: float) -> dict[str, float]:

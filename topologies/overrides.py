@@ -21,7 +21,7 @@ import math
 import re
 from typing import Any
 
-from twin.errors import TwinError
+from topologies.errors import InputError
 
 _STEP = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[(\d+)\])?$")
 
@@ -29,18 +29,18 @@ Override = tuple[str, float]
 
 
 def parse_override(text: str) -> Override:
-    """``PATH=VALUE`` -> (path, value); a one-line TwinError naming the fix otherwise."""
+    """``PATH=VALUE`` -> (path, value); a one-line InputError naming the fix otherwise."""
     path, sep, value = text.partition("=")
     path, value = path.strip(), value.strip()
     if not sep or not path or not value:
-        raise TwinError(f"--set {text!r} must be FIELD=VALUE, e.g. device.attention_efficiency=0.5; "
+        raise InputError(f"--set {text!r} must be FIELD=VALUE, e.g. device.attention_efficiency=0.5; "
                         "`twin machines NAME` lists the fields")
     try:
         number = float(value)
     except ValueError:
-        raise TwinError(f"--set {path}: value {value!r} is not a number") from None
+        raise InputError(f"--set {path}: value {value!r} is not a number") from None
     if not math.isfinite(number):
-        raise TwinError(f"--set {path}: value {value!r} must be finite")
+        raise InputError(f"--set {path}: value {value!r} must be finite")
     return path, number
 
 
@@ -82,7 +82,7 @@ def apply_overrides(data: dict[str, Any], overrides: tuple[Override, ...], origi
         if entry is None:
             close = difflib.get_close_matches(path, number_paths(data), n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]}?" if close else f"; `twin machines` lists the fields of {origin}"
-            raise TwinError(f"--set {path}: {origin} has no such number{hint}")
+            raise InputError(f"--set {path}: {origin} has no such number{hint}")
         was = entry["value"]
         if isinstance(was, int) and not isinstance(was, bool) and value.is_integer():
             value = int(value)

@@ -13,8 +13,8 @@ A pure function: no machine state, no global counters.
 
 from __future__ import annotations
 
-from topologies.machine import Machine
-from twin.errors import TwinError
+from topologies.errors import InputError
+from topologies.specs import Machine
 
 
 def place_ranks(n_ranks: int, machine: Machine) -> list[int]:
@@ -34,8 +34,8 @@ def place_ranks(n_ranks: int, machine: Machine) -> list[int]:
     rank 5 on GPU 1 of node 1.
     """
     if n_ranks < 1:
-        raise TwinError(f"n_ranks: must be >= 1, got {n_ranks}")
+        raise InputError(f"n_ranks: must be >= 1, got {n_ranks}")
     if n_ranks > machine.max_gpus:
-        raise TwinError(f"n_ranks: {n_ranks} exceeds the {machine.max_gpus} GPUs of machine "
+        raise InputError(f"n_ranks: {n_ranks} exceeds the {machine.max_gpus} GPUs of machine "
                         f"'{machine.name}'; use at most {machine.max_gpus} ranks")
     return list(range(n_ranks))

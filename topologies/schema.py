@@ -15,7 +15,7 @@ the table holding it carries a table-level ``source`` or ``estimate``.
 ``Fields`` walks one TOML table. It returns values in the file's units (the
 caller converts to SI), records each number's provenance under its dotted
 path (``node.links[3].bw_per_direction_gb_per_s``), and turns each mistake
-into a one-line ``TwinError`` naming the file, the field and the fix. It also
+into a one-line ``InputError`` naming the file, the field and the fix. It also
 rejects keys nobody read, so a typo fails loudly instead of being ignored.
 
 Every number, whatever reads it, passes one check here (``Fields.bounds``):
@@ -34,7 +34,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
-from twin.errors import TwinError
+from topologies.errors import InputError
 
 NOTE_KEYS = ("source", "estimate", "fitted")
 
@@ -111,7 +111,7 @@ def _note(x: Any) -> str | None:
 class Fields:
     """A view of one TOML table that records provenance and reports errors."""
 
-    def __init__(self, table: dict[str, Any], path: str, origin: str, sources: dict[str, Sourced]):
+    def __init__(self, table: dict[str, Any], path: str, origin: str, sources: dict[str, Sourced]) -> None:
         self._table = table
         self._path = path
         self._origin = origin
@@ -126,8 +126,8 @@ class Fields:
         return f"{self._path}.{key}" if self._path else key
 
     def fail(self, key: str | None, message: str) -> NoReturn:
-        """Raise a TwinError naming the file and the field."""
-        raise TwinError(f"{self._origin}: field '{self.where(key)}' {message}")
+        """Raise an InputError naming the file and the field."""
+        raise InputError(f"{self._origin}: field '{self.where(key)}' {message}")
 
     def _get(self, key: str) -> Any:
         if key not in self._table:

@@ -1,0 +1,170 @@
+"""Where endpoints and global links sit in a Slingshot dragonfly: one ``Layout`` for its graph and its link table.
+
+Vendors publish the shape of a dragonfly (groups, switches per group, links
+per group pair) but not the cabling, so the rules below are estimates chosen
+to respect the published port counts. They live in this one module, and both
+the inspection graph (``topologies.networks.graph.network_graph``) and the simulator's link
+table (``Fabric``) are read from its ``Layout`` (see
+``topologies.networks.links``), so the two cannot disagree.
+
+Endpoint rule [estimate]. An HPE Cray EX chassis holds 16 nodes and four
+switch blades; a node's NIC k is cabled to the chassis' k-th switch. In
+general: the nodes of a group are cut into blocks of
+``endpoint_ports_per_switch`` consecutive nodes, and NIC k of every node in
+block b attaches to switch ``b * nics_per_node + k``. Each switch then has at
+most ``endpoint_ports_per_switch`` endpoints, and jobs that keep to one NIC
+index ("rail") inside a block stay on one switch.
+
+Global link rule [estimate]. Group g numbers its peers h = 0, 1, ... skipping
+itself (``p = h if h < g else h - 1``); link j of the pair (g, h) leaves g
+from switch ``(p * links_per_pair + j) % switches_per_group``. The links of a
+pair therefore start on consecutive, distinct switches, and each group's
+global ports spread evenly over its switches (Frontier: 73 x 4 = 292 ports
+over 32 switches, at most 10 per switch of the 16 a Rosetta switch has).
+
+Minimal routing with ECMP spreading. Between two groups, a message between
+nodes u and v uses link ``(u + v) % links_per_pair``: deterministic, the same
+in both directions, and spread over the parallel links the way adaptive
+routing spreads flows. Non-minimal (UGAL) paths are not modelled.
+
+Adaptive routing (Slingshot's UGAL-style routing) [estimate]: traffic
+leaving a group spreads over all its global links, minimally or through an
+intermediate group, so its bottleneck is the group's pooled global
+bandwidth: links_per_pair x (n_groups - 1) links, halved because a
+non-minimal path crosses two global links. The pool assumes the rest of the
+machine is idle; local hops inside the groups are left out (a switch's 31
+local ports carry more than its 16 endpoints can inject).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from topologies.networks.links import Layout as LayoutBase
+from topologies.networks.links import LinkBlock, Vertex
+
+if TYPE_CHECKING:  # pragma: no cover
+    from topologies.specs import DragonflySpec as NetworkSpec
+
+
+def nic_switch(net: NetworkSpec, nics_per_node: int, node: int, nic: int) -> tuple[int, int]:
+    """(group, switch) that NIC ``nic`` of machine node ``node`` attaches to."""
+    group, slot = divmod(node, net.nodes_per_group)
+    return group, (slot // net.endpoint_ports_per_switch) * nics_per_node + nic
+
+
+def switches_needed(net: NetworkSpec, nics_per_node: int) -> int:
+    """Switches a full group needs under the endpoint rule."""
+    blocks = -(-net.nodes_per_group // net.endpoint_ports_per_switch)
+    return blocks * nics_per_node
+
+
+def global_port(net: NetworkSpec, group: int, peer: int, link: int) -> int:
+    """Switch of ``group`` that owns global link ``link`` towards ``peer``."""
+    p = peer if peer < group else peer - 1
+    return (p * net.global_links_per_group_pair + link) % net.switches_per_group
+
+
+def global_link_index(net: NetworkSpec, src_node: int, dst_node: int) -> int:
+    """Which of the parallel global links a message between two nodes takes."""
+    return (src_node + dst_node) % net.global_links_per_group_pair
+
+
+class Layout(LayoutBase):
+    """The dragonfly groups a job's first ``n_nodes`` nodes use: switches ("switch", group, s) and links.
+
+    Link ids, in order: per used group, the all-to-all local links between
+    its switches ("local", "g0:sw3->sw7"); per pair of used groups, each
+    global link in both directions ("global", "g0->g1#2"; parallel links
+    between the same two switches are one graph edge with a larger count);
+    with adaptive routing, per used group a global egress and ingress pool
+    ("global_pool", "g0:global-out", not drawn).
+    """
+
+    def __init__(self, net: NetworkSpec, nics_per_node: int, n_nodes: int) -> None:
+        self.net, self.nics = net, nics_per_node
+        S, L = net.switches_per_group, net.global_links_per_group_pair
+        self.n_groups = n_groups = -(-n_nodes // net.nodes_per_group)
+        self._pairs = [(ga, gb) for ga in range(n_groups) for gb in range(ga + 1, n_groups)]
+        self._pair_index = {pair: i for i, pair in enumerate(self._pairs)}
+        bw = net.link_bw_bytes_per_s
+        local = LinkBlock("local", n_groups * S * (S - 1), bw, self._local_name, self._local_ends)
+        glob = LinkBlock("global", 2 * L * len(self._pairs), bw, self._global_name, self._global_ends)
+        self._global_base = local.size
+        self._pool_base = local.size + glob.size
+        self.blocks = (local, glob)
+        if net.routing == "adaptive":
+            self.blocks += (LinkBlock("global_pool", 2 * n_groups, bw, self._pool_name,
+                                      scale=L * (net.n_groups - 1) / 2),)
+
+    # ------------------------------------------------------------ the links, by index
+    def _local(self, i: int) -> tuple[int, int, int]:
+        """(group, a, b) of local link i: group-major, then a, then b skipping a."""
+        S = self.net.switches_per_group
+        group, rest = divmod(i, S * (S - 1))
+        a, b = divmod(rest, S - 1)
+        return group, a, b + (b >= a)
+
+    def _local_ends(self, i: int) -> tuple[Vertex, Vertex]:
+        group, a, b = self._local(i)
+        return ("switch", group, a), ("switch", group, b)
+
+    def _local_name(self, i: int) -> str:
+        group, a, b = self._local(i)
+        return f"g{group}:sw{a}->sw{b}"
+
+    def _local_link(self, group: int, a: int, b: int) -> int:
+        S = self.net.switches_per_group
+        return (group * S + a) * (S - 1) + (b - (b > a))
+
+    def _global(self, i: int) -> tuple[int, int, int]:
+        """(from group, to group, j) of global link i: per pair, per parallel link j, both directions."""
+        pair, rest = divmod(i, 2 * self.net.global_links_per_group_pair)
+        j, back = divmod(rest, 2)
+        ga, gb = self._pairs[pair]
+        return (gb, ga, j) if back else (ga, gb, j)
+
+    def _global_ends(self, i: int) -> tuple[Vertex, Vertex]:
+        ga, gb, j = self._global(i)
+        return ("switch", ga, global_port(self.net, ga, gb, j)), ("switch", gb, global_port(self.net, gb, ga, j))
+
+    def _global_name(self, i: int) -> str:
+        ga, gb, j = self._global(i)
+        return f"g{ga}->g{gb}#{j}"
+
+    def _global_link(self, ga: int, gb: int, j: int) -> int:
+        pair = self._pair_index[(min(ga, gb), max(ga, gb))]
+        return self._global_base + 2 * (pair * self.net.global_links_per_group_pair + j) + (ga > gb)
+
+    def _pool_name(self, i: int) -> str:
+        group, inbound = divmod(i, 2)
+        return f"g{group}:global-{'in' if inbound else 'out'}"
+
+    # ------------------------------------------------------------ switches and routes
+    def switches(self) -> list[Vertex]:
+        return [("switch", g, s) for g in range(self.n_groups) for s in range(self.net.switches_per_group)]
+
+    def attach(self, node: int, nic: int) -> Vertex:
+        return ("switch", *nic_switch(self.net, self.nics, node, nic))
+
+    def switch_name(self, switch: Vertex) -> str:
+        return f"sw{switch[1]}.{switch[2]}"
+
+    def path(self, src_node: int, dst_node: int, nic: int) -> list[int]:
+        """Same group: one local hop (none on one switch). Other group, minimal routing: local hop to the
+        switch owning the global link, the global link (one of the pair's parallel links, ECMP-spread), local
+        hop. Adaptive: the source group's egress pool and the destination group's ingress pool."""
+        net = self.net
+        ga, sa = nic_switch(net, self.nics, src_node, nic)
+        gb, sb = nic_switch(net, self.nics, dst_node, nic)
+        if ga == gb:
+            return [] if sa == sb else [self._local_link(ga, sa, sb)]
+        if net.routing == "adaptive":
+            return [self._pool_base + 2 * ga, self._pool_base + 2 * gb + 1]
+        j = global_link_index(net, src_node, dst_node)
+        out_sw, in_sw = global_port(net, ga, gb, j), global_port(net, gb, ga, j)
+        ids = [] if sa == out_sw else [self._local_link(ga, sa, out_sw)]
+        ids.append(self._global_link(ga, gb, j))
+        if in_sw != sb:
+            ids.append(self._local_link(gb, in_sw, sb))
+        return ids
