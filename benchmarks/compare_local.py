@@ -40,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from executor.calibrate import calibrate_host  # noqa: E402
+from executor.calibrate_host import calibrate_host  # noqa: E402
 from executor.compare import simulate_and_execute  # noqa: E402
 from executor.launch import WorkerOptions, other_load, wait_for_quiet  # noqa: E402
 from topologies.machine import load_machine  # noqa: E402

@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from topologies.machine import load_machine  # noqa: E402
-from twin.fit.cli import _spearman  # noqa: E402
+from twin.cli.runs import spearman as _spearman  # noqa: E402
 from twin.fit.machinefile import write_fitted  # noqa: E402
 from twin.fit.params import fit_parameters  # noqa: E402
 from twin.fit.solve import fit, simulate_runs  # noqa: E402

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compare_local import BUSY_CORES, DEEP, PLANS, SMALL, model_of  # noqa: E402
-from executor.calibrate import calibrate_host  # noqa: E402
+from executor.calibrate_host import calibrate_host  # noqa: E402
 from executor.launch import WorkerOptions, other_load, wait_for_quiet  # noqa: E402
 from topologies.machine import load_machine  # noqa: E402
 from twin.build import build_step  # noqa: E402

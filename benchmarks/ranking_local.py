@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from executor.calibrate import calibrate_host  # noqa: E402
+from executor.calibrate_host import calibrate_host  # noqa: E402
 from executor.launch import WorkerOptions, other_load, run_local, wait_for_quiet  # noqa: E402
 from executor.measured import load_measured  # noqa: E402
 from topologies.machine import load_machine  # noqa: E402

@@ -40,14 +40,14 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
 executor.machinefile writes the machine file (each number "measured on
 <host> by twin calibrate on <date>") and, beside it, NAME.calibration.json
 with every measurement, the fitted value and what the simulator's own models
-predict from the written file, so the file can be audited.
+predict from the written file, so the file can be audited;
+executor.calibrate_host runs the three on this host.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -342,25 +342,3 @@ def _fit_collectives(cm: list[Sample], errors: dict) -> tuple[float, float, floa
     kind_latency = {k: float(b - base) for k, b in zip(kinds, bases)}
     kind_fraction = {k: float(fastest / i) if i > 0 else 1.0 for k, i in zip(kinds, inv)}
     return 1.0 / fastest, base, float(hop), kind_latency, kind_fraction
-
-
-def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = REPEATS,
-                   wall_limit_s: float = 900.0) -> tuple[Fit, dict, object]:
-    """Run the microbenchmarks on `nproc` local ranks (`opts`: executor.launch.WorkerOptions), fit, write
-    `output` and its calibration JSON. Returns (fit, the JSON document, the executor.measured.Measured run)."""
-    from executor.launch import run_local
-    from executor.machinefile import host_description, write_machine
-    from executor.measured import load_measured
-    from twin.ir_io import save_schedule
-
-    os.makedirs(out_dir, exist_ok=True)
-    schedule, what = calibration_schedule(nproc, repeats)
-    path = os.path.join(out_dir, "calibration-schedule.json")
-    save_schedule(schedule, path)
-    run_local(schedule, path, nproc, out_dir, opts, wall_limit_s)
-    measured = load_measured(out_dir, schedule)
-    samples = collect(list(measured.steps), what)
-    fitted = fit(samples)
-    host = {**host_description(nproc), "compute_nice": getattr(opts, "compute_nice", 0)}
-    doc = write_machine(output, fitted, samples, host, measured.dtype)
-    return fitted, doc, measured

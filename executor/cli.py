@@ -15,6 +15,7 @@ import os
 import sys
 
 from twin import limits
+from twin.cli.args import machine_file
 from twin.errors import TwinError
 from twin.limits import count_flag, real_flag
 from twin.outputs import DEFAULT_DIR, check_outputs
@@ -97,8 +98,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     nproc = args.nproc or schedule.world_size
     out = _out_dir(args, args.schedule, "numerics" if args.check_numerics else "run")
-    from twin.cli import machine_file
-
     check_outputs({"--trace": args.trace}, {"SCHEDULE": args.schedule, "--machine": machine_file(args.machine)})
     machine = None if args.check_numerics else _machine_for_peaks(args.machine)
     opts = _worker_options(args, check_numerics=args.check_numerics, machine=machine,
@@ -168,7 +167,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     _require_torch("calibrate")
     import time
 
-    from executor.calibrate import calibrate_host, calibration_schedule
+    from executor.calibrate import calibration_schedule
+    from executor.calibrate_host import calibrate_host
     if args.output is None:  # the default goes to out/, never into the repository
         os.makedirs(DEFAULT_DIR, exist_ok=True)
         args.output = os.path.join(DEFAULT_DIR, "local.toml")
@@ -250,7 +250,7 @@ def _add_exec_options(p: argparse.ArgumentParser, steps: int = 5, warmup: int = 
                    help="folder for the ranks' files, trace and summary (default {DEFAULT_DIR}/<command>-<schedule>)")
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add run, calibrate and compare to twin's subcommands."""
     p = sub.add_parser(
         "run", help="execute a schedule with torch.distributed (torchrun): measured trace and summary",

@@ -196,7 +196,7 @@ def test_a_hung_rank_times_out_instead_of_hanging(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_calibrate_writes_a_machine_the_simulator_loads(tmp_path):
-    from executor.calibrate import calibrate_host
+    from executor.calibrate_host import calibrate_host
 
     path = tmp_path / "here.toml"
     fitted, doc, _ = calibrate_host(2, str(path), str(tmp_path / "cal"), WorkerOptions(steps=1, warmup=0), repeats=1,

@@ -1,4 +1,4 @@
-"""`twin fit` and `twin validate --runs`: learn a machine from measured runs, and predict measured runs in bulk."""
+"""`twin fit`: learn a machine's remaining costs from measured runs, and write them into a fitted machine file."""
 
 from __future__ import annotations
 
@@ -11,58 +11,13 @@ from pathlib import Path
 import numpy as np
 
 from twin import limits
+from twin.cli.args import overrides_from_args
+from twin.cli.runs import count_noun, describe_run, error_stats, finite, job_count, run_progress
 from twin.errors import TwinError
 from twin.limits import count_flag
 from twin.outputs import check_outputs
 
 WORST_SHOWN = 5
-
-
-def _progress(args: argparse.Namespace):
-    """A tqdm wrapper on stderr when it is a terminal (or --progress), else None."""
-    if args.json or not (args.progress or sys.stderr.isatty()):
-        return None
-    from tqdm import tqdm
-
-    return lambda it, total=None: tqdm(it, total=total, file=sys.stderr, leave=False, unit="run")
-
-
-def _jobs(args: argparse.Namespace) -> int:
-    """--jobs as twin search reads it (at most every core)."""
-    from twin.search.rank import worker_count
-
-    return worker_count(args.jobs)
-
-
-def _overrides(args: argparse.Namespace):
-    from topologies.overrides import parse_override
-
-    return tuple(parse_override(t) for t in args.overrides)
-
-
-def describe_run(run) -> str:
-    """One line naming a run: where it is, its size and its plan."""
-    if run.schedule:
-        return f"{run.where}: {Path(run.schedule).name} on {run.gpus} ranks"
-    p = run.plan
-    plan = f"tp={p.gx},pp={p.pp},dp={p.gdata},mbs={p.mbs}"
-    return (f"{run.where}: {run.label + ' ' if run.label else ''}h={run.model.hidden} L={run.model.layers} "
-            f"on {run.gpus} GPUs {plan} gb={p.global_batch}")
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
-def _finite(x: float) -> float | None:
-    """x, or None where it is not a number (a spread from as many runs as parameters; a rank correlation of a
-    constant): JSON has no NaN."""
-    return float(x) if np.isfinite(x) else None
-
-
-def _error_stats(e: np.ndarray) -> dict[str, float]:
-    return {"mean_abs_pct": 100 * float(np.abs(e).mean()), "mean_pct": 100 * float(e.mean()),
-            "max_abs_pct": 100 * float(np.abs(e).max())}
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -76,7 +31,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     if bool(args.runs) == bool(args.carry_from):
         raise TwinError("give --runs (fit on measured runs) or --from FITTED.toml (carry a fit to this machine), "
                         "not both or neither")
-    base = _overrides(args)
+    base = overrides_from_args(args)
     machine = load_machine(args.machine, base)
     check_outputs({"-o": args.output}, {"--machine": machine.path, "--runs": args.runs, "--from": args.carry_from},
                   {"-o": ("toml",)})
@@ -87,8 +42,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     check_calibration_file(args.runs)
     runs = load_runs(args.runs, args.assume or "")
     say = (lambda line: None) if args.json else (lambda line: print(f"  {line}", file=sys.stderr))
-    result = fit(runs, args.machine, base, params, folds=args.folds, jobs=_jobs(args), explicit=bool(args.params),
-                 progress=_progress(args), say=say)
+    result = fit(runs, args.machine, base, params, folds=args.folds, jobs=job_count(args), explicit=bool(args.params),
+                 progress=run_progress(args), say=say)
     cv = f", {args.folds}-fold cross-validated error {100 * np.abs(result.cv_errors).mean():.1f}%" \
         if result.cv_errors is not None else ""
     assumed = f", assuming {args.assume}" if args.assume else ""
@@ -98,7 +53,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         here = machine.sources.get(p.path)
         was = (f"was {here.value:.4g} ({here.provenance})" if here is not None
                else f"absent from the file, started at {start:.4g}")
-        note = (f"twin fit on {Path(args.runs).name} ({_count(len(runs), 'run')}{assumed}), {today}: mean step error "
+        note = (f"twin fit on {Path(args.runs).name} ({count_noun(len(runs), 'run')}{assumed}), {today}: mean step error "
                 f"{100 * np.abs(result.errors_after).mean():.1f}%{cv}; {was}")
         values[p.path] = (value, note)
     for path, value in base:  # what-ifs of the base file become part of the fitted one, marked as such
@@ -145,11 +100,11 @@ def _fit_json(result, args: argparse.Namespace) -> dict:
         "machine": result.machine, "runs_file": args.runs, "runs": len(result.runs), "assume": args.assume or "",
         "output": args.output, "passes": result.passes, "wall_s": result.wall_s, "folds": result.folds,
         "parameters": [{"path": p.path, "meaning": p.meaning, "file_value": s, "fitted": v,
-                        "std": _finite(e), "lower": p.lower, "upper": p.upper}
+                        "std": finite(e), "lower": p.lower, "upper": p.upper}
                        for p, s, v, e in zip(result.params, result.start, result.values, result.std)],
         "left_out": list(result.dropped),
-        "errors": {"machine_file": _error_stats(result.errors_before), "fitted": _error_stats(result.errors_after),
-                   "cross_validated": _error_stats(result.cv_errors) if result.cv_errors is not None else None},
+        "errors": {"machine_file": error_stats(result.errors_before), "fitted": error_stats(result.errors_after),
+                   "cross_validated": error_stats(result.cv_errors) if result.cv_errors is not None else None},
         "worst": [{"run": describe_run(result.runs[i]), "measured_s": result.runs[i].step_time_s,
                    "predicted_s": result.runs[i].step_time_s * (1 + result.errors_after[i]),
                    "error_pct": 100 * result.errors_after[i]} for i in order],
@@ -157,7 +112,7 @@ def _fit_json(result, args: argparse.Namespace) -> dict:
 
 
 def _print_fit(result, doc: dict, args: argparse.Namespace) -> None:
-    print(f"twin fit: {result.machine} on {args.runs} ({_count(len(result.runs), 'run')}"
+    print(f"twin fit: {result.machine} on {args.runs} ({count_noun(len(result.runs), 'run')}"
           + (f"; assumed {args.assume}" if args.assume else "") + ")")
     print(f"  {'parameter':<42}{'file':>10}{'fitted':>11}{'± std':>10}  meaning")
     for p in doc["parameters"]:
@@ -180,7 +135,8 @@ def _print_fit(result, doc: dict, args: argparse.Namespace) -> None:
           f"it as --machine {args.output}")
 
 
-def add_fit_parser(sub) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add fit to twin's subcommands."""
     p = sub.add_parser(
         "fit", help="learn a machine's remaining costs from measured runs -> a fitted machine file",
         description="Fit a few physically named numbers of a machine file (the host's time per op, the device's "
@@ -211,69 +167,3 @@ def add_fit_parser(sub) -> None:
     p.add_argument("--progress", action="store_true", help="show progress bars even when stderr is not a terminal")
     p.add_argument("--json", action="store_true", help="print the fit as one JSON object")
     p.set_defaults(func=cmd_fit)
-
-
-# ---------------------------------------------------------------- twin validate --runs
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    def ranks(x: np.ndarray) -> np.ndarray:
-        order = np.argsort(x, kind="stable")
-        r = np.empty(len(x))
-        r[order] = np.arange(len(x))
-        for value in np.unique(x):
-            tied = x == value
-            r[tied] = r[tied].mean()
-        return r
-    ra, rb = ranks(a), ranks(b)
-    if ra.std() == 0 or rb.std() == 0:
-        return float("nan")
-    return float(np.corrcoef(ra, rb)[0, 1])
-
-
-def validate_runs(args: argparse.Namespace) -> int:
-    """Every run of --runs predicted on each --machine: per-row errors, their mean, and the order within each label."""
-    from topologies.machine import load_machine
-    from twin.fit.solve import simulate_runs
-    from twin.runs import load_runs
-
-    if not args.machine:
-        raise TwinError("--runs needs --machine (repeatable: each machine becomes a column)")
-    runs = load_runs(args.runs, args.assume or "")
-    measured = np.array([r.step_time_s for r in runs])
-    columns = {}
-    notes = []
-    for name in args.machine:
-        machine = load_machine(name)
-        fitted_on = {s.fitted for s in machine.sources.values() if s.fitted and Path(args.runs).name in s.fitted}
-        if fitted_on:
-            notes.append(f"note: {name} was fitted on {Path(args.runs).name}: its column is in-sample, "
-                         "not a prediction")
-        paths = simulate_runs(runs, name, [()] * len(runs), _jobs(args), _progress(args))
-        columns[name] = np.array([p.step_s for p in paths])
-    labels = sorted({r.label for r in runs})
-    doc = {"runs_file": args.runs, "assume": args.assume or "", "machines": list(columns), "notes": notes, "rows": [
-        {"run": describe_run(r), "label": r.label, "measured_s": r.step_time_s,
-         "predicted_s": {n: float(c[i]) for n, c in columns.items()},
-         "error_pct": {n: 100 * float(c[i] / r.step_time_s - 1) for n, c in columns.items()}}
-        for i, r in enumerate(runs)],
-        "summary": {n: {**_error_stats(c / measured - 1), "spearman_by_label": {
-            label: _finite(_spearman(measured[sel], c[sel])) for label in labels
-            if (sel := np.array([r.label == label for r in runs])).sum() > 2}} for n, c in columns.items()}}
-    if args.json:
-        print(json.dumps(doc, indent=2))
-        return 0
-    names = list(columns)
-    print(f"{'run':<70}{'measured':>10}" + "".join(f"{n[-22:]:>24}" for n in names))
-    for row in doc["rows"]:
-        cells = "".join(f"{1e3 * row['predicted_s'][n]:>14.1f} ({row['error_pct'][n]:+5.1f}%)" for n in names)
-        print(f"{row['run'][-70:]:<70}{1e3 * row['measured_s']:>8.1f}ms{cells}")
-    for n in names:
-        s = doc["summary"][n]
-        order = ", ".join(f"{k or 'all'} {'n/a' if v is None else f'{v:.2f}'}"
-                          for k, v in s["spearman_by_label"].items())
-        print(f"\n{n}: mean |error| {s['mean_abs_pct']:.1f}%, mean {s['mean_pct']:+.1f}%, max {s['max_abs_pct']:.1f}%"
-              f" over {_count(len(runs), 'run')}; Spearman (measured vs predicted order) by label: {order}")
-    for note in notes:
-        print(note)
-    return 0

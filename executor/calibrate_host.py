@@ -1,0 +1,34 @@
+"""Calibrate this host: run the microbenchmarks with the executor, fit them, write the machine file.
+
+The orchestration apart from executor.calibrate (the microbenchmark schedule and the fit, pure functions)
+and executor.machinefile (the file it writes, which needs the fit's types): so neither imports the other's
+caller, and the import graph has no cycle (tests/test_import_graph.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from executor.calibrate import REPEATS, Fit, calibration_schedule, collect, fit
+
+
+def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = REPEATS,
+                   wall_limit_s: float = 900.0) -> tuple[Fit, dict, object]:
+    """Run the microbenchmarks on `nproc` local ranks (`opts`: executor.launch.WorkerOptions), fit, write
+    `output` and its calibration JSON. Returns (fit, the JSON document, the executor.measured.Measured run)."""
+    from executor.launch import run_local
+    from executor.machinefile import host_description, write_machine
+    from executor.measured import load_measured
+    from twin.ir_io import save_schedule
+
+    os.makedirs(out_dir, exist_ok=True)
+    schedule, what = calibration_schedule(nproc, repeats)
+    path = os.path.join(out_dir, "calibration-schedule.json")
+    save_schedule(schedule, path)
+    run_local(schedule, path, nproc, out_dir, opts, wall_limit_s)
+    measured = load_measured(out_dir, schedule)
+    samples = collect(list(measured.steps), what)
+    fitted = fit(samples)
+    host = {**host_description(nproc), "compute_nice": getattr(opts, "compute_nice", 0)}
+    doc = write_machine(output, fitted, samples, host, measured.dtype)
+    return fitted, doc, measured

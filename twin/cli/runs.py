@@ -1,0 +1,75 @@
+"""What `twin fit` and `twin validate --runs` share: naming a measured run, summarising prediction errors, and
+reading their --jobs and --progress."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable
+
+import numpy as np
+
+from twin.cli.args import shows_progress
+
+if TYPE_CHECKING:
+    from twin.runs import MeasuredRun
+
+
+def run_progress(args: argparse.Namespace) -> Callable[..., Iterable] | None:
+    """A tqdm wrapper on stderr when it is a terminal (or --progress), else None."""
+    if not shows_progress(args):
+        return None
+    from tqdm import tqdm
+
+    return lambda it, total=None: tqdm(it, total=total, file=sys.stderr, leave=False, unit="run")
+
+
+def job_count(args: argparse.Namespace) -> int:
+    """--jobs as twin search reads it (at most every core)."""
+    from twin.search.rank import worker_count
+
+    return worker_count(args.jobs)
+
+
+def describe_run(run: MeasuredRun) -> str:
+    """One line naming a run: where it is, its size and its plan."""
+    if run.schedule:
+        return f"{run.where}: {Path(run.schedule).name} on {run.gpus} ranks"
+    p = run.plan
+    plan = f"tp={p.gx},pp={p.pp},dp={p.gdata},mbs={p.mbs}"
+    return (f"{run.where}: {run.label + ' ' if run.label else ''}h={run.model.hidden} L={run.model.layers} "
+            f"on {run.gpus} GPUs {plan} gb={p.global_batch}")
+
+
+def count_noun(n: int, noun: str) -> str:
+    """"1 run", "2 runs"."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def finite(x: float) -> float | None:
+    """x, or None where it is not a number (a spread from as many runs as parameters; a rank correlation of a
+    constant): JSON has no NaN."""
+    return float(x) if np.isfinite(x) else None
+
+
+def error_stats(e: np.ndarray) -> dict[str, float]:
+    """Mean |error|, mean error and max |error| of relative errors `e`, in percent."""
+    return {"mean_abs_pct": 100 * float(np.abs(e).mean()), "mean_pct": 100 * float(e.mean()),
+            "max_abs_pct": 100 * float(np.abs(e).max())}
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(x: np.ndarray) -> np.ndarray:
+        order = np.argsort(x, kind="stable")
+        r = np.empty(len(x))
+        r[order] = np.arange(len(x))
+        for value in np.unique(x):
+            tied = x == value
+            r[tied] = r[tied].mean()
+        return r
+    ra, rb = ranks(a), ranks(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])

@@ -1,0 +1,134 @@
+"""`twin search`: rank every valid plan for a model, GPU count and batch by simulated step time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from twin import limits
+from twin.cli.args import ProgressBar, add_machine_and_model_arguments, comma_words, machine_and_model, shows_progress
+from twin.errors import TwinError
+from twin.limits import count_flag
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise TwinError(f"{flag} {text!r} must be comma-separated integers, e.g. 0,1") from None
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from topologies.overrides import describe_overrides
+    from twin.figures import landscape_figure
+    from twin.search.batch import sequences_for_tokens
+    from twin.search.rank import search
+    from twin.search.space import AXES, SearchSpace
+
+    machine, model = machine_and_model(args)
+    if args.global_batch is not None and args.batch_tokens is not None:
+        raise TwinError("give one of --global-batch (sequences) and --batch-tokens (tokens)")
+    if args.global_batch is not None:
+        batch = args.global_batch
+    else:
+        batch = sequences_for_tokens(args.batch_tokens or "16.8M", model.seq)
+    limits.check_count(batch, "the batch in sequences (--batch-tokens / seq)", limits.SEQUENCES)
+    if args.figure:
+        from twin.outputs import FIGURE_FORMATS, check_outputs
+
+        check_outputs({"--figure": args.figure}, {"--machine": machine.path}, {"--figure": FIGURE_FORMATS})
+    axes = comma_words(args.axes) if args.axes else AXES
+    space = SearchSpace(axes=axes, min_tp=args.min_tp, max_tp=args.max_tp or 0, zero=_ints(args.zero, "--zero"),
+                        recompute=comma_words(args.recompute), mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else ())
+    bar = ProgressBar(shows_progress(args))
+    moves = None
+    try:
+        result = search(model, args.gpus, batch, machine, space, top=args.top, exhaustive=args.exhaustive,
+                        progress=bar, use_cache=not args.no_cache, jobs=args.jobs)
+        if args.robustness and len(result.ranked) > 1:
+            from twin.plan import parse_plan
+            from twin.sensitivity import ranking_robustness
+
+            ranked = result.ranked[:args.robustness]
+            plans = [parse_plan(f"{r.plan},global_batch={batch}") for r in ranked]
+            moves = ranking_robustness(model, plans, machine, args.gpus,
+                                       progress=lambda done, total: bar("robustness", done, total), jobs=args.jobs)
+    finally:
+        bar.close()
+    if args.figure:
+        title = (f"{result.model} on {result.gpus} {machine.name} GPUs, {batch} x {model.seq} tokens: "
+                 f"{result.candidates} valid plans")
+        landscape_figure(args.figure, result.landscape, title)
+    if args.json:
+        doc = result.to_json_dict(landscape=args.landscape)
+        if args.figure:
+            doc["figure"] = args.figure
+        doc["machine_overrides"] = dict(machine.overrides)
+        if moves is not None:
+            doc["robustness"] = [m.to_json_dict() for m in moves]
+        print(json.dumps(doc, indent=2))
+        return 0
+    how = "from the cache" if result.cached else f"in {result.wall_s:.1f} s"
+    ruled_out = result.candidates - result.simulated
+    print(f"{result.model} on {result.gpus} {machine.name} GPUs, global batch {batch} x {model.seq} tokens "
+          f"({batch * model.seq / 1e6:.1f}M); {result.space}")
+    if machine.overrides:
+        print(describe_overrides(machine.overrides))
+    print(f"{result.candidates} valid plans fit in memory; {result.bounded} given the full lower bound, "
+          f"{result.simulated} simulated, {ruled_out} ruled out by a bound (none of them can enter the top {args.top}) "
+          f"{how}")
+    print(f"{'#':>3} {'step s':>8} {'PF/s':>8} {'TF/s/GPU':>9} {'mem GB':>7} {'exposed s':>9}  plan")
+    for i, r in enumerate(result.ranked, 1):
+        print(f"{i:>3} {r.step_time_s:>8.3f} {r.pflops_total:>8.1f} {r.tflops_per_gpu:>9.1f} {r.memory_per_gpu_gb:>7.1f} "
+              f"{r.exposed_comm_s:>9.3f}  {r.plan}")
+    if moves is not None:
+        from twin.sensitivity import DEFAULT_FACTOR, format_robustness
+
+        print(format_robustness(moves, [r.plan for r in result.ranked[:args.robustness]], DEFAULT_FACTOR))
+    if args.figure:
+        print(f"landscape: {args.figure}")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    """Add search to twin's subcommands."""
+    p = sub.add_parser(
+        "search", help="rank every valid plan by simulated step time",
+        description="Every valid plan for the model, GPU count and batch (factorisations over --axes, ZeRO stages, "
+        "recompute modes, micro-batch sizes; overlap and GEMM tuning on), pruned by memory, then simulated in order "
+        "of lower bounds on their step time (a cheap one for every plan, a tighter one where the cheap one cannot "
+        "decide) until no plan left can enter the top. The ranking equals simulating "
+        "every plan (--exhaustive does). Results are cached in ~/.cache/exatwin (--no-cache). Example: twin search "
+        "--machine frontier --model GPT-320B --gpus 32768 --batch-tokens 16.8M --seq 2048 --top 10",
+    )
+    add_machine_and_model_arguments(p)
+    p.add_argument("--gpus", type=count_flag(limits.GPUS), required=True, help="number of GPUs (GCDs on Frontier)")
+    p.add_argument("--batch-tokens", help="tokens per step, e.g. 16.8M (default; AxoNN's batch): rounded to a sequence "
+                   "count with the most factors of two within the digits given")
+    p.add_argument("--global-batch", type=count_flag(limits.SEQUENCES),
+                   help="sequences per step (instead of --batch-tokens)")
+    p.add_argument("--top", type=count_flag(limits.Range(1, 100_000, "plans")), default=10,
+                   help="how many plans to rank (default 10)")
+    p.add_argument("--axes", help="axes to search, from gx,gy,gz,gdata,pp (default all; gx,gy,gz,gdata = AxoNN "
+                                  "only: at tens of thousands of GPUs far fewer plans, a search in about half a minute "
+                                  "instead of a few minutes)")
+    p.add_argument("--min-tp", type=count_flag(limits.DEGREE), default=1, help="smallest gx*gy*gz (default 1)")
+    p.add_argument("--max-tp", type=count_flag(limits.DEGREE), help="largest gx*gy*gz (default: no limit)")
+    p.add_argument("--zero", default="0", help="ZeRO stages to try over gdata, e.g. 0,1 (default 0)")
+    p.add_argument("--recompute", default="full",
+                   help="recompute modes to try, from full,selective,none (default full)")
+    p.add_argument("--mbs", default="auto",
+                   help="micro-batch sizes to try, e.g. 1,2,4; auto (default): the largest that "
+                   "fits without a pipeline, every power of two that fits with one")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="simulate every valid plan (slow; the ranking is the same)")
+    p.add_argument("--robustness", type=count_flag(limits.Range(2, 1000, "plans")), metavar="N",
+                   help="after ranking, move each estimate of the machine file by 20%% each way and re-simulate the "
+                   "top N plans under it: does the winner stay first? (2 x estimates x N simulations)")
+    p.add_argument("--jobs", type=count_flag(limits.JOBS), help="processes (default and most: every core)")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the result cache")
+    p.add_argument("--figure", help="write the search landscape (every plan's step time by memory use) to this PNG")
+    p.add_argument("--landscape", action="store_true", help="with --json: include every valid plan's bound and step")
+    p.add_argument("--progress", action="store_true", help="show progress bars even when stderr is not a terminal")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_search)
