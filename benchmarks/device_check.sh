@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, as one command for a lent GPU machine (README, "Closing the gap: measurements the twin takes in").
+# The checks that need a GPU, as one command for a lent GPU machine (docs/accuracy-investigation.md, "Closing the gap: measurements the twin takes in").
 #
 # Here, first:   bash benchmarks/device_prepare.sh          (writes device-input/, ignored by git)
 # There:         device `run` with carry ["device-input"], timeout about 600 s:

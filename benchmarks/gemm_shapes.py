@@ -10,7 +10,7 @@ GPU machine, which has no simpy. Without --shapes it finds them itself.
 The twin runs a GEMM at the measured square-GEMM peak times a shape
 efficiency (tile and wave quantisation, the k loop: twin/sim/compute.py)
 and a layout efficiency; the estimates behind the shape model are what the
-accuracy section of the README suspects. This collects every distinct GEMM
+accuracy investigation (docs/accuracy.md, docs/accuracy-investigation.md) suspects. This collects every distinct GEMM
 (m, n, k, layout) of the runs `twin validate` predicts with a plan (AxoNN
 Table III at the plans the search chose; the Frontier paper's script plans),
 weighted by the FLOPs each run spends in it, and:
