@@ -25,6 +25,7 @@ from typing import Callable
 from topologies.machine import Machine
 from twin.build import build_step, resolve_step
 from twin.model import ModelSpec
+from twin.pipeline_depth import simulate_deep
 from twin.plan import ParallelPlan
 from twin.report import Summary, rank_time_by_class, summarize, with_step
 from twin.sim.collectives import CollectiveModel
@@ -72,6 +73,9 @@ def simulate_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
     plan, batch and memory are the full plan's.
     """
     resolved, memory = resolve_step(model, plan, machine, gpus)
+    deep = simulate_deep(model, resolved, machine, gpus, flops_formula)
+    if deep is not None:
+        return replace(deep, memory_per_gpu_gb=memory.total / 1e9)
     points = evaluation_points(resolved)
     if points is None:
         return summarize(simulate(build_step(model, resolved, machine, gpus).schedule, machine,

@@ -62,6 +62,9 @@ class Summary:
     simulated_ranks: int
     sim_wall_s: float
     machine_overrides: dict[str, float] = field(default_factory=dict)  # --set FIELD=VALUE over the machine file
+    # How a step that was not simulated in full was obtained, where that leaves some numbers approximate
+    # (twin.pipeline_depth); empty when every number is the simulation's own
+    continued: str = ""
 
     def to_json_dict(self) -> dict:
         """The fields as a dict that JSON can hold: NonFiniteSummary if any number is NaN or infinite."""
@@ -172,6 +175,8 @@ def format_summary(s: Summary) -> str:
     for name, seconds in sorted(s.time_by_class_s.items(), key=lambda kv: -kv[1]):
         lines.append(f"    {name:<16} {seconds:10.3f} s")
     lines.append(f"  simulated {s.simulated_ranks} rank(s) in {s.sim_wall_s:.2f} s of wall time")
+    if s.continued:
+        lines.append(f"  {s.continued}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,118 @@
+"""A deep pipeline continued from short ones (twin.pipeline_depth) equals the full simulation.
+
+Each case simulates the whole step (every micro-batch, every stage) and
+compares the shortcut's step time, executed FLOPs and throughput with it, to
+1e-6 relative, and the critical rank's exposed communication and busy time
+per op class, which the shortcut continues approximately and says so, to 1%.
+The cases cover a stage per node, data parallelism across nodes (its
+gradient all-reduce shares the NICs with the pipeline's transfers during the
+drain), a boundary across a fat tree's spine, Frontier's dragonfly with
+ZeRO-1, a host-bound machine (a fitted launch interval) and more
+micro-batches than stages by far; and the cases the shortcut must refuse:
+stages that share a node (their boundaries alternate between NVLink and the
+network), step times off the plane, interleaved schedules and pipelines too
+shallow to gain.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from topologies.machine import load_machine
+from topologies.overrides import parse_override
+from twin.build import build_step, resolve_step
+from twin.model import ModelSpec
+from twin.plan import parse_plan
+from twin import pipeline_depth
+from twin.pipeline_depth import MIN_DEPTH, applies, simulate_deep, uniform_stages
+from twin.report import summarize
+from twin.sim.engine import simulate
+
+MODEL = ModelSpec("pipe-test", layers=1, hidden=1024, heads=16, seq=1024)
+FITTED_A100 = "topologies/fitted/dgx-a100-800g.toml"
+
+
+def _case(machine: str, plan: str, pp: int, ga: int, layers_per_stage: int = 1, *overrides: str):
+    m = load_machine(machine, tuple(parse_override(o) for o in overrides))
+    model = replace(MODEL, layers=layers_per_stage * pp)
+    parsed = parse_plan(f"{plan},pp={pp},mbs=1,ga={ga}")
+    gpus = parsed.gx * parsed.gy * parsed.gz * parsed.gdata * pp
+    parsed = replace(parsed, global_batch=ga * parsed.gdata * parsed.gz)
+    resolved, _ = resolve_step(model, parsed, m, gpus)
+    return model, resolved, m, gpus
+
+
+# 32 nodes under one leaf switch, so that no stage boundary crosses the spine
+ONE_LEAF = "network.nodes_per_leaf_group=40"
+
+
+@pytest.mark.parametrize("machine, plan, pp, ga, layers, overrides", [
+    ("dgx-a100", "tp=8,dp=1", 12, 15, 2, ()),           # one stage per node
+    ("dgx-a100", "tp=8,dp=2", 16, 17, 1, (ONE_LEAF,)),  # DP over two nodes: all-reduces share NICs with transfers
+    ("dgx-a100", "tp=8,dp=2", 12, 13, 1, ()),           # 24 nodes on leaves of 20: one boundary crosses the spine
+    ("frontier", "tp=4,dp=2,zero=1", 16, 17, 1, ()),    # ZeRO-1 on Frontier's dragonfly, boundaries across switches
+    (FITTED_A100, "tp=8,dp=1", 12, 30, 1, ()),          # a host thread (fitted launch interval)
+    ("dgx-a100", "tp=8,dp=1", 12, 60, 1, ()),           # many more micro-batches than stages
+])
+def test_shortcut_equals_full_simulation(machine, plan, pp, ga, layers, overrides):
+    """Step time, FLOPs and throughput exact; the critical rank's diagnostics within 1% and said to be
+    approximate."""
+    model, resolved, m, gpus = _case(machine, plan, pp, ga, layers, *overrides)
+    deep = simulate_deep(model, resolved, m, gpus)
+    assert deep is not None, "the shortcut should apply to uniform stages"
+    full = summarize(simulate(build_step(model, resolved, m, gpus).schedule, m))
+    assert deep.step_time_s == pytest.approx(full.step_time_s, rel=1e-6)
+    assert deep.flops_executed == pytest.approx(full.flops_executed, rel=1e-6)
+    assert deep.pflops_total == pytest.approx(full.pflops_total, rel=1e-6)
+    assert deep.formula_pflops_total == pytest.approx(full.formula_pflops_total, rel=1e-6)
+    assert (deep.gpus, deep.global_batch, deep.plan) == (full.gpus, full.global_batch, full.plan)
+    assert "approximate" in deep.continued and not full.continued
+    assert deep.exposed_comm_s == pytest.approx(full.exposed_comm_s, rel=1e-2, abs=1e-9)
+    assert set(deep.time_by_class_s) == set(full.time_by_class_s)
+    for k, v in full.time_by_class_s.items():
+        assert deep.time_by_class_s[k] == pytest.approx(v, rel=1e-2, abs=1e-3 * full.step_time_s), k
+
+
+def test_shortcut_equals_per_rank_simulation():
+    """Against the simulation of every rank (no symmetry reduction), not only the class-reduced one."""
+    model, resolved, m, gpus = _case("dgx-a100", "tp=8,dp=2", 12, 13, 1, ONE_LEAF)
+    deep = simulate_deep(model, resolved, m, gpus)
+    full = simulate(build_step(model, resolved, m, gpus).schedule, m, full=True)
+    assert deep is not None and deep.step_time_s == pytest.approx(full.step_time_s, rel=1e-6)
+
+
+def test_stages_sharing_a_node_are_refused():
+    """tp=2 on 8-GPU nodes: four stages per node, so boundaries alternate between NVLink and the network."""
+    model, resolved, m, gpus = _case("dgx-a100", "tp=2,dp=1", 12, 16)
+    assert not uniform_stages(model, resolved, m, gpus)
+    assert simulate_deep(model, resolved, m, gpus) is None
+
+
+def test_boundaries_on_links_that_could_bind_differently_are_refused():
+    """Frontier, stages of two nodes: some boundaries cross between switches over links that the data-parallel
+    traffic also loads (their shares add up to a whole link), others do not; no stage is like the others."""
+    model, resolved, m, gpus = _case("frontier", "tp=2,dp=8", 12, 14)
+    assert not uniform_stages(model, resolved, m, gpus)
+
+
+def test_non_planar_steps_are_refused(monkeypatch):
+    """The fourth point must lie on the plane of the first three: a step time off it turns the shortcut off."""
+    model, resolved, m, gpus = _case("dgx-a100", "tp=8,dp=1", 12, 15)
+    real = pipeline_depth.summarize
+
+    def bent(run, flops_formula="hardware"):
+        s = real(run, flops_formula)
+        return replace(s, step_time_s=s.step_time_s * (1 + 1e-6 * (s.gpus == 8 * (pipeline_depth.SHORT + 2))))
+
+    monkeypatch.setattr(pipeline_depth, "summarize", bent)
+    assert simulate_deep(model, resolved, m, gpus) is None
+
+
+def test_shallow_interleaved_and_short_batches_are_left_alone():
+    model, resolved, m, gpus = _case("dgx-a100", "tp=8,dp=1", MIN_DEPTH - 1, 12)
+    assert not applies(resolved)
+    model, resolved, m, gpus = _case("dgx-a100", "tp=8,dp=1", 12, 12)  # ga < pp + 1: no steady state
+    assert not applies(resolved)
+    assert not applies(replace(resolved, vpp=2, ga=24))
