@@ -7,6 +7,7 @@ import itertools
 import tomllib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from topologies import Fabric, list_machines, load_machine, place_ranks
@@ -484,3 +485,30 @@ def test_adaptive_routing_uses_the_group_pools(frontier):
     expected = net.global_links_per_group_pair * (net.n_groups - 1) * per_link / 2
     assert fab.capacity_bytes_per_s[pools[0]] == pytest.approx(expected)
     assert "global_pool" not in [kinds[i] for i in fab.route(0, 100 * 8)]  # same group
+
+
+@pytest.mark.parametrize("name, n_gpus, routing", [
+    ("frontier", 8 * 300, None), ("frontier", 8 * 300, "minimal"), ("perlmutter", 4 * 600, None),
+    ("dgx-a100", 8 * 50, None), ("local", 4, None),
+])
+def test_route_loads_sum_the_routes(name, n_gpus, routing):
+    """Fabric.route_loads (numpy, for collectives over many nodes) gives what adding up route() does, on
+    dragonflies (adaptive and minimal routing, across groups), a fat tree across leaves and one node."""
+    machine = load_machine(name)
+    if routing:
+        machine = dataclasses.replace(machine, network=dataclasses.replace(machine.network, routing=routing))
+    fabric = Fabric(machine, n_gpus)
+    rng = np.random.default_rng(7)
+    transfers = [(int(a), int(b), float(w), None if k < 0 else int(k))
+                 for a, b, w, k in zip(rng.integers(0, n_gpus, 400), rng.integers(0, n_gpus, 400),
+                                       rng.random(400), rng.integers(-1, len(machine.node.nics), 400))]
+    expected: dict[int, float] = {}
+    for src, dst, amount, nic in transfers:
+        for link in fabric.route(src, dst, nic):
+            expected[link] = expected.get(link, 0.0) + amount
+    got = fabric.route_loads(transfers)
+    assert set(got) == set(expected)
+    assert all(got[link] == pytest.approx(v, rel=1e-12) for link, v in expected.items())
+    assert fabric.route_loads([]) == {}
+    with pytest.raises(TwinError, match="dst_gpu"):
+        fabric.route_loads([(0, n_gpus, 1.0, None)])

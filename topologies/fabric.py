@@ -37,6 +37,8 @@ The machine's first nodes are used, in order (see ``topologies.placement``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from topologies.errors import InputError
@@ -127,6 +129,15 @@ class Fabric:
         self._path_links = {pair: tuple(self._offset[(p[i], p[i + 1])] for i in range(len(p) - 1))
                             for pair, p in self._path.items()}
         self._nearest = [self._pick_nic(g) for g in range(gpn)]
+        # The same tables as arrays, for route_loads: on-node path link offsets per (from, to), -1 padded.
+        self._nearest_array = np.array(self._nearest, dtype=np.int64)
+        self._nic_gpu_array = np.array(self._nic_gpu, dtype=np.int64)
+        self._nic_hop_array = np.array(self._nic_hops, dtype=np.int64).reshape(-1, 4)
+        longest = max((len(p) for p in self._path_links.values()), default=0)
+        self._path_table = np.full((gpn, gpn, max(longest, 1)), -1, dtype=np.int64)
+        for (a, b), links in self._path_links.items():
+            if a < gpn and b < gpn:
+                self._path_table[a, b, :len(links)] = links
         self._routes: dict[tuple[int, int, int | None], tuple[int, ...]] = {}
 
     # -------------------------------------------------------------- basics
@@ -238,6 +249,50 @@ class Fabric:
         if hit is None:
             hit = self._routes[key] = self._route(src_gpu, dst_gpu, nic)
         return hit
+
+    def route_loads(self, transfers: Iterable[tuple[int, int, float, int | None]]) -> dict[int, float]:
+        """Link id -> summed amount over `transfers` (src_gpu, dst_gpu, amount, nic): what adding each
+        `route(src, dst, nic)` times its amount gives, up to the order of the sums.
+
+        A collective lowered on 32,768 GPUs routes ~10^5 transfers between node heads, which one by one
+        took most of a simulation's time; here they go through numpy together: the on-node paths from a
+        table of every (from, to) device pair, the NIC hops from the NIC's, the network path from the
+        network kind's ``paths``."""
+        rows = list(transfers)
+        if not rows:
+            return {}
+        src, dst = (np.fromiter((r[i] for r in rows), dtype=np.int64, count=len(rows)) for i in (0, 1))
+        amount = np.fromiter((r[2] for r in rows), dtype=float, count=len(rows))
+        nic = np.fromiter((-1 if r[3] is None else r[3] for r in rows), dtype=np.int64, count=len(rows))
+        bad = (src < 0) | (src >= self.n_gpus) | (dst < 0) | (dst >= self.n_gpus) | (nic >= len(self._nic_gpu))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            self._route(int(src[i]), int(dst[i]), rows[i][3])  # raises the one-line error
+        ns, ls = np.divmod(src, self._gpn)
+        nd, ld = np.divmod(dst, self._gpn)
+        away = ns != nd
+        k = np.where(nic >= 0, nic, self._nearest_array[ls])
+        att = self._nic_gpu_array[k]
+        # On-node legs: (node, from, to) = (ns, ls, ld) on one node; (ns, ls, att) and (nd, att, ld) across.
+        leg_node = np.concatenate([ns, nd[away]])
+        leg_from = np.concatenate([ls, att[away]])
+        leg_to = np.concatenate([np.where(away, att, ld), ld[away]])
+        leg_amount = np.concatenate([amount, amount[away]])
+        table = self._path_table[leg_from, leg_to]  # (legs, longest on-node path), -1 padded
+        used = table >= 0
+        ids = [(leg_node[:, None] * self._block + table)[used]]
+        weights = [np.broadcast_to(leg_amount[:, None], table.shape)[used]]
+        hops = self._nic_hop_array[k[away]]  # (transfers across, 4): attach up, injection, ejection, attach down
+        ids += [ns[away, None] * self._block + hops[:, :2], nd[away, None] * self._block + hops[:, 2:]]
+        weights += [np.repeat(amount[away], 2), np.repeat(amount[away], 2)]
+        row, link = self._layout.paths(ns[away], nd[away], k[away])
+        ids.append(self._net_base + link)
+        weights.append(amount[away][row])
+        flat_ids = np.concatenate([i.ravel() for i in ids])
+        total = np.bincount(flat_ids, weights=np.concatenate([w.ravel() for w in weights]),
+                            minlength=len(self.capacity_bytes_per_s))
+        touched = np.unique(flat_ids)
+        return dict(zip(touched.tolist(), total[touched].tolist()))
 
     def _route(self, src: int, dst: int, nic: int | None) -> tuple[int, ...]:
         for name, gpu in (("src_gpu", src), ("dst_gpu", dst)):

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from topologies.networks.links import Layout as LayoutBase
 from topologies.networks.links import LinkBlock, Vertex
 
@@ -149,6 +151,39 @@ class Layout(LayoutBase):
 
     def switch_name(self, switch: Vertex) -> str:
         return f"sw{switch[1]}.{switch[2]}"
+
+    def paths(self, src_nodes: np.ndarray, dst_nodes: np.ndarray, nics: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``path`` for many transfers (``LayoutBase.paths``): with numpy inside a group and under adaptive
+        routing; minimal routes between groups one key at a time."""
+        net, S = self.net, self.net.switches_per_group
+        ga, slot_a = np.divmod(src_nodes, net.nodes_per_group)
+        gb, slot_b = np.divmod(dst_nodes, net.nodes_per_group)
+        sa = (slot_a // net.endpoint_ports_per_switch) * self.nics + nics
+        sb = (slot_b // net.endpoint_ports_per_switch) * self.nics + nics
+        local = np.flatnonzero((ga == gb) & (sa != sb))
+        rows = [local]
+        links = [(ga[local] * S + sa[local]) * (S - 1) + (sb[local] - (sb[local] > sa[local]))]
+        across = np.flatnonzero(ga != gb)
+        if net.routing == "adaptive":
+            rows.append(np.repeat(across, 2))
+            links.append(np.stack([self._pool_base + 2 * ga[across], self._pool_base + 2 * gb[across] + 1],
+                                  axis=1).ravel())
+        else:
+            r, l = LayoutBase.paths(self, src_nodes[across], dst_nodes[across], nics[across])
+            rows.append(across[r])
+            links.append(l)
+        rows_all, links_all = np.concatenate(rows), np.concatenate(links)
+        order = np.argsort(rows_all, kind="stable")
+        return rows_all[order], links_all[order]
+
+    def path_key(self, src_node: int, dst_node: int, nic: int) -> tuple[int, ...]:
+        """The two NICs' (group, switch), and with minimal routing between groups the parallel global link
+        taken, which depends on the nodes."""
+        ga, sa = nic_switch(self.net, self.nics, src_node, nic)
+        gb, sb = nic_switch(self.net, self.nics, dst_node, nic)
+        if ga != gb and self.net.routing != "adaptive":
+            return ga, sa, gb, sb, global_link_index(self.net, src_node, dst_node)
+        return ga, sa, gb, sb
 
     def path(self, src_node: int, dst_node: int, nic: int) -> list[int]:
         """Same group: one local hop (none on one switch). Other group, minimal routing: local hop to the

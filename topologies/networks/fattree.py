@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from topologies.networks.links import Layout as LayoutBase
 from topologies.networks.links import LinkBlock, Vertex
 
@@ -77,6 +79,17 @@ class Layout(LayoutBase):
 
     def switch_name(self, switch: Vertex) -> str:
         return "spine" if switch == SPINE else f"leaf{switch[1]}.{switch[2]}"
+
+    def paths(self, src_nodes: np.ndarray, dst_nodes: np.ndarray, nics: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``path`` for many transfers (``LayoutBase.paths``), with numpy."""
+        a, b = src_nodes // self.net.nodes_per_leaf_group, dst_nodes // self.net.nodes_per_leaf_group
+        rows = np.flatnonzero(a != b)
+        up, down = 2 * (a[rows] * self.nics + nics[rows]), 2 * (b[rows] * self.nics + nics[rows]) + 1
+        return np.repeat(rows, 2), np.stack([up, down], axis=1).ravel()
+
+    def path_key(self, src_node: int, dst_node: int, nic: int) -> tuple[tuple[int, int], tuple[int, int]]:
+        """The two NICs' leaves: a route depends on nothing else."""
+        return leaf_of(self.net, src_node, nic), leaf_of(self.net, dst_node, nic)
 
     def path(self, src_node: int, dst_node: int, nic: int) -> list[int]:
         """None on one leaf; else the source leaf's uplink pool and the destination leaf's downlink pool."""

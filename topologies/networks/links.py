@@ -20,7 +20,7 @@ graph leaves it out.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +84,28 @@ class Layout(ABC):
     @abstractmethod
     def path(self, src_node: int, dst_node: int, nic: int) -> list[int]:
         """Link ids from NIC ``nic``'s switch on ``src_node`` to NIC ``nic``'s switch on ``dst_node``."""
+
+    def paths(self, src_nodes: np.ndarray, dst_nodes: np.ndarray, nics: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Many transfers' paths at once, for ``Fabric.route_loads``: (transfer row, link id) pairs, in each
+        transfer's ``path`` order. This default asks ``path`` once per ``path_key``; a kind may compute them
+        with numpy instead."""
+        rows: list[int] = []
+        links: list[int] = []
+        memo: dict[Hashable, list[int]] = {}
+        for i, (a, b, k) in enumerate(zip(src_nodes.tolist(), dst_nodes.tolist(), nics.tolist())):
+            key = self.path_key(a, b, k)
+            path = memo.get(key)
+            if path is None:
+                path = memo[key] = self.path(a, b, k)
+            rows += [i] * len(path)
+            links += path
+        return np.array(rows, dtype=np.int64), np.array(links, dtype=np.int64)
+
+    def path_key(self, src_node: int, dst_node: int, nic: int) -> Hashable:
+        """What ``path`` depends on: transfers with equal keys take the same links, so ``Fabric.route_loads``
+        finds a path once per key. By default the arguments themselves; a kind whose routes depend only on
+        the switches the NICs are cabled to says so, and routing many transfers gets cheaper."""
+        return src_node, dst_node, nic
 
     def nic_switch(self, node: int, nic: int) -> str:
         """Name of the switch NIC ``nic`` of ``node`` is cabled to."""

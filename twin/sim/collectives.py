@@ -302,7 +302,7 @@ class _Lowerer:
             base = self._single_node_ring(tuple(sorted(locals_)))
             shift = node * self.fabric.links_per_node
             return {link + shift: load for link, load in base.items()}
-        loads: dict[int, float] = defaultdict(float)
+        transfers: list[tuple[int, int, float, int | None]] = []
         node_ids = list(nodes)
         nics = sorted({self.fabric.nearest_nic(l) for l in nodes[node_ids[0]]})
         share = 1.0 / len(nics)
@@ -314,12 +314,11 @@ class _Lowerer:
             for j, node in enumerate(node_ids):
                 chain = node_chains[node][c]
                 base = node * self.gpn
-                for a, b in zip(chain, chain[1:]):
-                    self.add_route(loads, base + a, base + b, share)
+                transfers.extend((base + a, base + b, share, None) for a, b in zip(chain, chain[1:]))
                 next_node = node_ids[(j + 1) % len(node_ids)]
                 entry = next_node * self.gpn + node_chains[next_node][c][0]
-                self.add_route(loads, base + chain[-1], entry, share, nic)
-        return dict(loads)
+                transfers.append((base + chain[-1], entry, share, nic))
+        return self.fabric.route_loads(transfers)
 
     def _ring_on_node_zero(self, locals_: tuple[int, ...]) -> dict[int, float]:
         loads: dict[int, float] = defaultdict(float)
@@ -357,35 +356,29 @@ class _Lowerer:
     def tree(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         """A chain inside each node, NCCL's two mirrored binary trees across the nodes' heads."""
         nodes = self.by_node(gpus)
-        loads: dict[int, float] = defaultdict(float)
+        transfers: list[tuple[int, int, float, int | None]] = []
         heads = []
         for node, locals_ in nodes.items():
             members = tuple(sorted(locals_))
             chain = self._chains(members, members[:1])[0]
             base = node * self.gpn
             for a, b in zip(chain, chain[1:]):  # reduce up the chain, broadcast down
-                self.add_route(loads, base + a, base + b, 1.0)
-                self.add_route(loads, base + b, base + a, 1.0)
+                transfers += [(base + a, base + b, 1.0, None), (base + b, base + a, 1.0, None)]
             heads.append(base + chain[0])
         count = len(heads)
         for order in (list(range(count)), list(reversed(range(count)))):  # two mirrored binary trees
             for pos in range(1, count):
                 child, parent = heads[order[pos]], heads[order[(pos - 1) // 2]]
-                self.add_route(loads, child, parent, 0.5)
-                self.add_route(loads, parent, child, 0.5)
+                transfers += [(child, parent, 0.5, None), (parent, child, 0.5, None)]
         ppn = max(len(v) for v in nodes.values())
-        return Lowering("tree", kind, (dict(loads),), len(gpus), len(nodes), ppn)
+        return Lowering("tree", kind, (self.fabric.route_loads(transfers),), len(gpus), len(nodes), ppn)
 
     def pairwise(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         """Every rank sends nbytes / n straight to every other."""
         n = len(gpus)
-        loads: dict[int, float] = defaultdict(float)
-        for src in gpus:
-            for dst in gpus:
-                if src != dst:
-                    self.add_route(loads, src, dst, 1.0 / n)
+        loads = self.fabric.route_loads((src, dst, 1.0 / n, None) for src in gpus for dst in gpus if src != dst)
         nodes = self.by_node(gpus)
-        return Lowering("pairwise", kind, (dict(loads),), n, len(nodes), max(len(v) for v in nodes.values()))
+        return Lowering("pairwise", kind, (loads,), n, len(nodes), max(len(v) for v in nodes.values()))
 
 
 @dataclass(frozen=True)
