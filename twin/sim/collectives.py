@@ -274,10 +274,6 @@ class _Lowerer:
             nodes.setdefault(self.fabric.node_of(g), []).append(self.fabric.local_of(g))
         return nodes
 
-    def add_route(self, loads: dict[int, float], src: int, dst: int, amount: float, nic: int | None = None) -> None:
-        for link in self.fabric.route(src, dst, nic):
-            loads[link] += amount
-
     def channel_starts(self, locals_: tuple[int, ...], nics: list[int]) -> tuple[int, ...]:
         """Per channel (one per NIC), the member it enters the node at: the one nearest that NIC."""
         starts = []
@@ -321,12 +317,9 @@ class _Lowerer:
         return self.fabric.route_loads(transfers)
 
     def _ring_on_node_zero(self, locals_: tuple[int, ...]) -> dict[int, float]:
-        loads: dict[int, float] = defaultdict(float)
         rings = self._rings(locals_)
-        for ring in rings:
-            for i in range(len(ring)):
-                self.add_route(loads, ring[i], ring[(i + 1) % len(ring)], 1.0 / len(rings))
-        return dict(loads)
+        return self.fabric.route_loads((ring[i], ring[(i + 1) % len(ring)], 1.0 / len(rings), None)
+                                       for ring in rings for i in range(len(ring)))
 
     def ring(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         n = len(gpus)
