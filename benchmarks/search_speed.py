@@ -7,13 +7,13 @@
    target under 60 s;
 2. the same search again: from the cache;
 3. `twin validate` (every row of published.md sections A and B), cold;
-   target under 3 minutes.
+   target under 60 s (issue 15; it was 3 minutes).
 
 It also prints how long the screening bound took for every plan, how
 many plans needed the full bound, and how tight the bound was on the plans
 the search had to simulate (bound / simulated step). With --all-axes it also
 times the search over every axis (pipelines too, the command's default) on
-the same case: about 12,700 plans, minutes rather than seconds.
+the same case: about 12,700 plans, target 30 s (issue 15), minutes today.
 
 Each runs with EXATWIN_CACHE_DIR pointing at a fresh temporary folder, so
 nothing earlier is reused, and in a process of its own (peak_memory.py), so
@@ -43,7 +43,8 @@ from twin.search.rank import search  # noqa: E402
 from twin.search.space import AXES, AXONN_AXES, SearchSpace  # noqa: E402
 from twin.validate import validate  # noqa: E402
 
-SEARCH_TARGET_S, VALIDATE_TARGET_S = 60.0, 180.0
+# AxoNN's axes: the search issue's 60 s; every axis and validate: issue 15's 30 s and 60 s (validate was 180 s)
+SEARCH_TARGET_S, ALL_AXES_TARGET_S, VALIDATE_TARGET_S = 60.0, 30.0, 60.0
 
 
 def search_case(label: str, axes: tuple[str, ...], jobs: int | None) -> dict:
@@ -60,7 +61,7 @@ def search_case(label: str, axes: tuple[str, ...], jobs: int | None) -> dict:
     wall = time.perf_counter() - start
     ratios = sorted(p.bound_s / p.step_time_s for p in r.landscape if p.step_time_s)
     return {"case": f"search GPT-320B on 32768 GCDs, {label}", "wall_s": wall,
-            "target_s": SEARCH_TARGET_S if axes == AXONN_AXES else None, "plans": r.candidates,
+            "target_s": SEARCH_TARGET_S if axes == AXONN_AXES else ALL_AXES_TARGET_S, "plans": r.candidates,
             "bounded": r.bounded, "simulated": r.simulated,
             "best": r.ranked[0].plan, "best_step_s": r.ranked[0].step_time_s,
             "screening_s": screened_at[0] if screened_at else None,
