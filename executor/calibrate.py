@@ -140,7 +140,7 @@ def calibration_schedule(nproc: int, repeats: int = REPEATS) -> tuple[Schedule, 
         w.wait(big)
         w.compute("overlap.done", Elementwise(TINY_BYTES))
     groups = tuple(GroupAxis(f"g{s}", tuple(tuple(range(i, i + s)) for i in range(0, nproc, s))) for s in sizes)
-    info = StepInfo(model="calibration", plan=f"microbenchmarks on {nproc} ranks", global_batch=1, seq=1,
+    info = StepInfo(model="calibration", plan=None, label=f"microbenchmarks on {nproc} ranks", global_batch=1, seq=1,
                     flops_hardware=0.0, flops_model=0.0, memory_per_gpu_bytes=0.0)
     return Schedule(nproc, groups, (Program(tuple(range(nproc)), tuple(w.ops)),), info), what
 

@@ -55,7 +55,7 @@ class Comparison:
 
     def to_json_dict(self) -> dict:
         return {
-            "model": self.schedule.info.model, "plan": self.schedule.info.plan, "ranks": self.schedule.world_size,
+            "model": self.schedule.info.model, "plan": self.schedule.info.plan_text, "ranks": self.schedule.world_size,
             "rank_compared": self.rank, "step": {"simulated_s": self.simulated_step_s, "measured_s": self.measured_step_s,
                                                  "error": self.step_error, "measured_steps_s": list(self.measured_steps_s)},
             "by_class": [{"op_class": r.op_class, "ops": r.ops, "simulated_s": r.simulated_s, "measured_s": r.measured_s,
@@ -107,8 +107,8 @@ def simulate_and_execute(schedule: Schedule, schedule_path: str, machine: str, n
 
 def format_comparison(c: Comparison) -> str:
     lines = [
-        f"{c.schedule.info.model}, plan {c.schedule.info.plan}, {c.schedule.world_size} ranks: simulated vs measured "
-        f"(rank {c.rank}, measured = mean over steps)",
+        f"{c.schedule.info.model}, plan {c.schedule.info.plan_text}, {c.schedule.world_size} ranks: "
+        f"simulated vs measured (rank {c.rank}, measured = mean over steps)",
         f"  {'op class':<16}{'ops':>6}{'simulated s':>14}{'measured s':>13}{'error':>9}",
     ]
     for r in sorted(c.rows, key=lambda r: -r.measured_s):

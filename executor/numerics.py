@@ -13,8 +13,9 @@ that the ops of the linear layers are bound to real float32 tensors:
             dW          dW_part   = dO^T I                       (TN)
             rs_<shard>  dW_shard  = REDUCE_SCATTER(dW_part)
 
-(op names `mbM[.cC].{fwd,rc,bwd}.LINEAR.ROLE`, twin.builders.axonn). Every
-other op runs on scratch buffers as usual. After the step the gradient shards
+(ops found by their tags, twin.ir.OpTag: a linear's block, its layer, the
+pass and the role above; twin.builders.tags). Every other op runs on scratch
+buffers as usual. After the step the gradient shards
 are summed over micro-batches and, unless ZeRO-3 already sharded over
 "z+data", all-reduced over the data group.
 
@@ -29,8 +30,9 @@ rank at positions (x, y, z, d) of the IR's groups,
 - the (n-block, k-block) of W is flattened and sharded over Z (over
   "z+data" with ZeRO-3) in contiguous chunks.
 
-The positions come from the mesh convention (twin.mesh.axonn_mesh over the
-plan recorded in the schedule), never from the IR's groups under test, so a
+The positions come from the mesh convention (twin.mesh.plan_mesh over the
+plan recorded in the schedule, as the builder lays it out), never from the
+IR's groups under test, so a
 wrong group, shard, split or missing wait in the schedule gives wrong
 numbers. Each rank builds the full tensors from fixed seeds and computes the
 reference in float64 on its own (the single-process reference), then compares
@@ -60,34 +62,41 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import zlib
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from twin.errors import TwinError
-from twin.ir import Collective, Gemm, Schedule
-from twin.mesh import axonn_mesh
+from twin.builders.tags import ACCUMULATE_ROLES, SEQUENCE_ROLES
+from twin.ir import Collective, Gemm, Op, Schedule
+from twin.mesh import plan_mesh, weight_shard_axis
 from twin.model import CATALOG, DTYPE_BYTES, ModelSpec
-from twin.plan import parse_plan
 
 REL_ERROR_BOUND = 1e-4
-SEQUENCE_ROLES = ("ag_x", "ag_in_x", "rs_x")  # sequence parallelism's activation collectives (weights: z, z+data)
-
-_NAME = re.compile(r"^mb(?P<mb>\d+)(?:\.c\d+)?\.(?P<phase>fwd|rc|bwd)\.(?P<lin>(?:L\d+\.)?[a-z_]+)\.(?P<role>[A-Za-z_]+)$")
+_LINEAR_PHASES = ("fwd", "rc", "bwd")
 
 
 def transposed_linears() -> dict[str, bool]:
-    """Linear name (without the layer) -> transposed, from the model's own definition; lm_head is not."""
+    """Linear block -> transposed, from the model's own definition; lm_head is not."""
     probe = ModelSpec(name="probe", layers=1, hidden=64, heads=1, seq=8, vocab=64)
     return {name: t for name, _, _, t in probe.linear_shapes()} | {"lm_head": False}
+
+
+def linear_of(op: Op, transposed: dict[str, bool]) -> str | None:
+    """The linear a step of which `op` is (its label, L<layer>.<block> or the block: also the tensors' seed), or
+    None: an op of another block, of no micro-batch's pass, or an accumulation into main_grad."""
+    tag = op.tag
+    if (tag is None or tag.block not in transposed or tag.micro_batch is None or tag.phase not in _LINEAR_PHASES
+            or tag.role in ACCUMULATE_ROLES):
+        return None
+    return tag.block if tag.layer is None else f"L{tag.layer}.{tag.block}"
 
 
 @dataclass
 class _Linear:
     name: str
+    block: str
     transposed: bool
     rows: int = 0
     k_loc: int = 0
@@ -106,33 +115,25 @@ class NumericsChecker:
         self.schedule, self.rank, self.device = schedule, rank, device
         self.errors: list[str] = []  # structural problems found while binding
         program = schedule.programs[schedule.program_of()[rank]]
-        try:
-            plan = parse_plan(schedule.info.plan)
-        except TwinError as e:
-            raise ValueError(f"--check-numerics needs a schedule from twin's builder (its plan: {e})") from None
-        mesh = axonn_mesh(plan.gx, plan.gy, plan.gz, plan.gdata, plan.pp)
-        if mesh.size != schedule.world_size:
-            raise ValueError(f"the schedule's plan {schedule.info.plan} has {mesh.size} ranks, the schedule {schedule.world_size}")
+        plan = schedule.info.plan
+        if plan is None:
+            raise ValueError("--check-numerics needs a schedule from twin's builder: this one records no parallel plan")
+        mesh = plan_mesh(plan)  # validated on load: its size is the schedule's (twin.ir_values)
         # Coordinates from the mesh convention (twin.mesh), not from the IR's groups under test.
-        self.size = dict(mesh.axes)
-        self.pos = mesh.coords(rank)
-        zero3 = plan.zero == 3 and plan.gdata > 1
-        self.shard_axis = "z+data" if zero3 else "z"
-        self.size["z+data"] = plan.gz * plan.gdata
-        self.pos["z+data"] = self.pos["z"] + plan.gz * self.pos["data"]
+        self.shard_axis = weight_shard_axis(plan)
+        axes = (*mesh.names, "z+data")
+        self.size = {axis: mesh.axis_size(axis) for axis in axes}
+        self.pos = {axis: mesh.position(rank, axis) for axis in axes}
         self.sp = plan.sp and plan.gx > 1
-        roles = transposed_linears()
+        self.transposed = transposed_linears()
         self.linears: dict[str, _Linear] = {}
         for op in program.ops:
-            m = _NAME.match(op.name)
-            if not m:
+            lin = linear_of(op, self.transposed)
+            if lin is None:
                 continue
-            lin, role = m.group("lin"), m.group("role")
-            base = lin.split(".")[-1]
-            if base not in roles:
-                continue
-            info = self.linears.setdefault(lin, _Linear(lin, roles[base]))
-            info.mbs.add(int(m.group("mb")))
+            role = op.tag.role
+            info = self.linears.setdefault(lin, _Linear(lin, op.tag.block, self.transposed[op.tag.block]))
+            info.mbs.add(op.tag.micro_batch)
             if role == "gemm" and isinstance(op.work, Gemm):
                 info.rows, info.n_loc, info.k_loc = op.work.m, op.work.n, op.work.k
             if role in SEQUENCE_ROLES:
@@ -172,7 +173,7 @@ class NumericsChecker:
             if not info.rows:
                 continue
             _, k, n = self.full_dims(info)
-            want = shapes[info.name.split(".")[-1]]
+            want = shapes[info.block]
             if (k, n) != want:
                 self.errors.append(f"{info.name}: forward GEMM {info.rows}x{info.n_loc}x{info.k_loc} implies k x n = {k} x {n} "
                                    f"with this rank's groups, but {model.name}'s linear is {want[0]} x {want[1]}")
@@ -237,10 +238,10 @@ class NumericsChecker:
     def bind(self, rop, channel):
         """The bound callable for a linear op of this rank, or None (the executor's scratch kernel)."""
         op = rop.op
-        m = _NAME.match(op.name)
-        if not m or m.group("lin") not in self.linears:
+        lin = linear_of(op, self.transposed)
+        if lin is None or lin not in self.linears:
             return None
-        lin, role, phase, mb = m.group("lin"), m.group("role"), m.group("phase"), int(m.group("mb"))
+        role, phase, mb = op.tag.role, op.tag.phase, op.tag.micro_batch
         if (lin, "W_block") not in self.t:
             return None
         t = self.t

@@ -1,8 +1,9 @@
 """Every file a user hands the twin is checked before any work: a bad one is one line, exit code 2.
 
 Four kinds of file reach the twin from outside: machine files (and `--set`
-values written into them), schedule IR files, profiler traces, and the
-search cache's entries. Each case below writes one bad file into tmp_path,
+values written into them), schedule IR files (tests/test_bad_schedule_files.py,
+with the helpers here), profiler traces, and the search cache's entries. Each
+case writes one bad file into tmp_path,
 runs the CLI in-process and checks what a user sees: exit code 2, exactly one
 line on stderr starting "twin: error:" that names the problem, no traceback,
 nothing on stdout, and the bad file left byte for byte as it was (the twin
@@ -26,8 +27,6 @@ from typing import Callable
 import pytest
 
 from twin.cli import main
-from twin.ir import P2P, Collective, Elementwise, Gemm, GroupAxis, Op, Program, Schedule, StepInfo
-from twin.ir_io import schedule_to_dict
 
 REPO = Path(__file__).resolve().parents[1]
 FRONTIER = (REPO / "topologies" / "frontier.toml").read_text()
@@ -175,133 +174,6 @@ def test_the_unedited_machine_file_loads(capsys, tmp_path):
     path = GOOD_MACHINE(tmp_path)
     rc, out, err = run(capsys, ["machines", str(path)])
     assert rc == 0 and err == "" and "device.hbm_gb = 64" in out
-
-
-# ---- schedule IR files ---------------------------------------------------------------------------------------
-
-
-def base_schedule() -> dict:
-    """Two pipeline stages: rank 0 computes and sends 64 KiB of activations to rank 1, which receives them;
-    both then stream some memory and all-reduce over the pair."""
-    stage0 = (Op(0, "fwd", "compute", Gemm(256, 256, 256)),
-              Op(1, "send_act", "p2p:send", P2P("send", "pp", 1, 65536.0, "act"), deps=(0,)),
-              Op(2, "opt", "compute", Elementwise(1.0e6, 1.0e5), deps=(0,)),
-              Op(3, "grads", "comm", Collective("all_reduce", "pp", 4096.0), deps=(2,)))
-    stage1 = (Op(0, "recv_act", "p2p:recv", P2P("recv", "pp", -1, 65536.0, "act")),
-              Op(1, "fwd", "compute", Gemm(256, 256, 256), deps=(0,)),
-              Op(2, "opt", "compute", Elementwise(1.0e6, 1.0e5), deps=(1,)),
-              Op(3, "grads", "comm", Collective("all_reduce", "pp", 4096.0), deps=(2,)))
-    info = StepInfo("hand", "pp=2", 2, 128, 1.0e9, 1.0e9, 1.0e6)
-    s = Schedule(2, (GroupAxis("pp", ((0, 1),)),), (Program((0,), stage0), Program((1,), stage1)), info)
-    return schedule_to_dict(s)
-
-
-def schedule_with(edit: Callable[[dict], object]) -> Writer:
-    """The base schedule, edited, as JSON (INF markers become 1e999, which JSON readers take for infinity)."""
-    def write(tmp_path: Path) -> Path:
-        d = base_schedule()
-        edit(d)
-        text = json.dumps(d).replace(f'"{INF}"', "1e999")
-        return text_file("schedule.json", text)(tmp_path)
-    return write
-
-
-def schedule_text(text: str | bytes) -> Writer:
-    return text_file("schedule.json", text)
-
-
-def op(d: dict, program: int, index: int) -> dict:
-    return d["programs"][program]["ops"][index]
-
-
-def simulate_schedule(path: Path, _tmp: Path) -> list[str]:
-    return ["simulate", "--schedule", str(path), "--machine", "frontier"]
-
-
-def run_schedule(path: Path, tmp_path: Path) -> list[str]:
-    return ["run", str(path), "--out", str(tmp_path / "run-out")]
-
-
-def compare_trace_schedule(path: Path, tmp_path: Path) -> list[str]:
-    trace = text_file("good-trace.json", json.dumps(base_trace()))(tmp_path)
-    return ["compare-trace", str(trace), "--schedule", str(path), "--machine", "frontier"]
-
-
-_GOOD = json.dumps(base_schedule())
-
-SCHEDULE_CASES = [
-    pytest.param(schedule_with(lambda d: op(d, 1, 0)["work"].update(nbytes=12345.0)), simulate_schedule,
-                 "rank 0 sends 65536 B to rank 1 on 'pp' (its 1st tag 'act' send), but rank 1 receives 12345 B",
-                 id="p2p-sizes-differ"),
-    pytest.param(schedule_with(lambda d: op(d, 1, 0).update(type="elementwise", work={"nbytes": 10.0},
-                                                            stream="compute")),
-                 simulate_schedule, "posts only 0 matching recv(s)", id="send-without-recv"),
-    pytest.param(schedule_with(lambda d: op(d, 0, 1).update(type="elementwise", work={"nbytes": 10.0},
-                                                            stream="compute")),
-                 simulate_schedule, "rank 1 receives 65536 B from rank 0", id="recv-without-send"),
-    pytest.param(schedule_with(lambda d: op(d, 0, 2)["work"].update(flops=-1.0)), simulate_schedule,
-                 "flops=-1.0 must be a finite number >= 0", id="negative-flops"),
-    pytest.param(schedule_with(lambda d: op(d, 0, 2)["work"].update(nbytes=INF)), simulate_schedule,
-                 "nbytes=inf must be a finite number >= 0", id="infinite-bytes"),
-    pytest.param(schedule_with(lambda d: op(d, 0, 3)["work"].update(nbytes=-4096.0)), simulate_schedule,
-                 "nbytes=-4096.0 must be", id="negative-collective-bytes"),
-    pytest.param(schedule_with(lambda d: d["info"].update(flops_hardware=-1.0)), simulate_schedule,
-                 "info.flops_hardware=-1.0 must be a finite number >= 0", id="info-negative-flops"),
-    pytest.param(schedule_with(lambda d: d["info"].update(memory_per_gpu_bytes=INF)), simulate_schedule,
-                 "info.memory_per_gpu_bytes=inf", id="info-infinite-memory"),
-    pytest.param(schedule_with(lambda d: d["info"].update(global_batch=0)), simulate_schedule,
-                 "info.global_batch=0 must be at least 1", id="info-zero-batch"),
-    pytest.param(schedule_with(lambda d: op(d, 0, 0)["work"].update(dtype="fp8x")), simulate_schedule,
-                 "unknown dtype 'fp8x'", id="gemm-unknown-dtype"),
-    pytest.param(schedule_with(lambda d: op(d, 1, 3)["work"].update(dtype="int4")), simulate_schedule,
-                 "unknown dtype 'int4'", id="collective-unknown-dtype"),
-    pytest.param(schedule_with(lambda d: d["programs"][1].update(ops=[])), simulate_schedule,
-                 "program 1 has no ops", id="empty-op-list"),
-    pytest.param(schedule_with(lambda d: d.update(world_size=10**9)), simulate_schedule,
-                 "world_size=1000000000 is above 4,194,304 ranks", id="world-size-1e9"),
-    pytest.param(schedule_with(lambda d: d.update(world_size=10**6)), simulate_schedule,
-                 "rank 2 is in no program", id="world-size-above-listed-ranks"),
-    pytest.param(schedule_with(lambda d: op(d, 0, 0)["work"].update(m=2**40)), simulate_schedule,
-                 "gemm m=1099511627776 must be a positive integer below 2^31", id="gemm-dimension-huge"),
-    pytest.param(schedule_with(lambda d: op(d, 0, 2)["work"].update(nbytes=10**400)), simulate_schedule,
-                 "nbytes must be a finite number", id="integer-too-big-for-a-float"),
-    pytest.param(schedule_text(_GOOD[:len(_GOOD) // 2]), simulate_schedule, "is not JSON", id="truncated"),
-    pytest.param(schedule_text(""), simulate_schedule, "is not JSON", id="empty-file"),
-    pytest.param(schedule_text(_GOOD.replace('"fwd"', '"fw\u00e9"', 1).encode("latin-1")), simulate_schedule,
-                 "is not UTF-8 text", id="not-utf8"),
-    pytest.param(schedule_text("[" * 100_000), simulate_schedule, "nested too deeply", id="nested-too-deep"),
-    pytest.param(schedule_text(_GOOD.replace("65536.0", "NaN", 1)), simulate_schedule, "NaN is not a valid number",
-                 id="nan-literal"),
-    pytest.param(schedule_text(json.dumps([base_schedule()])), simulate_schedule,
-                 "'format' is a JSON array", id="list-not-object"),
-    pytest.param(schedule_with(lambda d: d.pop("programs")), simulate_schedule, "schedule is missing field 'programs'",
-                 id="missing-key"),
-    pytest.param(schedule_with(lambda d: d.update(world_size="2")), simulate_schedule,
-                 "schedule.world_size must be an integer", id="wrong-type-world-size"),
-    pytest.param(schedule_with(lambda d: d["programs"][0].update(ops={"0": 1})), simulate_schedule,
-                 "schedule.programs[0].ops must be a list", id="wrong-type-ops"),
-    pytest.param(schedule_with(lambda d: d.update(info=[1, 2])), simulate_schedule,
-                 "schedule.info must be a JSON object", id="wrong-type-info"),
-    pytest.param(schedule_with(lambda d: d.update(version=0)), simulate_schedule,
-                 "IR version 0 is not supported; this exatwin reads version 1", id="old-ir-version"),
-    pytest.param(schedule_with(lambda d: op(d, 1, 0)["work"].update(nbytes=12345.0)), run_schedule,
-                 "but rank 1 receives 12345 B", id="run-p2p-sizes-differ"),
-    pytest.param(schedule_with(lambda d: d.update(world_size=10**9)), run_schedule, "world_size=1000000000",
-                 id="run-world-size-1e9"),
-    pytest.param(schedule_with(lambda d: op(d, 0, 2)["work"].update(flops=INF)), compare_trace_schedule,
-                 "flops=inf must be a finite number", id="compare-trace-schedule-inf"),
-]
-
-
-@pytest.mark.parametrize("write, argv, mention", SCHEDULE_CASES)
-def test_bad_schedule_file(capsys, tmp_path, write, argv, mention):
-    check_case(capsys, tmp_path, write, argv, mention)
-
-
-def test_the_unedited_schedule_simulates(capsys, tmp_path):
-    path = schedule_with(lambda d: None)(tmp_path)
-    rc, out, err = run(capsys, simulate_schedule(path, tmp_path))
-    assert rc == 0 and "step time" in out, err
 
 
 # ---- profiler traces -----------------------------------------------------------------------------------------

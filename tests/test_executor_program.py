@@ -336,7 +336,7 @@ def test_per_kind_collective_parameters_reach_the_simulated_step(tmp_path):
     for kind in ("all_gather", "reduce_scatter"):
         w = ProgramWriter()
         w.wait(w.collective("c", "g", Collective(kind, "g", 8 << 20, "bf16")))
-        info = StepInfo(model="m", plan="p", global_batch=1, seq=1, flops_hardware=0.0, flops_model=0.0,
+        info = StepInfo(model="m", plan=None, label="p", global_batch=1, seq=1, flops_hardware=0.0, flops_model=0.0,
                         memory_per_gpu_bytes=0.0)
         schedule = Schedule(4, (GroupAxis("g", ((0, 1, 2, 3),)),), (Program((0, 1, 2, 3), tuple(w.ops)),), info)
         step[kind] = simulate(schedule, machine).step_time_s

@@ -46,10 +46,13 @@ def numerics(schedule, path, out) -> dict:
     return json.loads((out / "numerics.json").read_text())
 
 
-def with_group_moved(schedule, suffix: str, axis: str, tmp_path):
-    """The schedule with every op named ...`suffix` put on group `axis` (a wrong group), saved: (schedule, path)."""
+def with_group_moved(schedule, layer: int, block: str, role: str, axis: str, tmp_path):
+    """The schedule with every op of `layer`'s linear `block` in `role` put on group `axis` (a wrong group), saved:
+    (schedule, path)."""
     def moved(op):
-        return replace(op, stream=f"comm:{axis}", work=replace(op.work, group=axis)) if op.name.endswith(suffix) else op
+        if (op.tag.layer, op.tag.block, op.tag.role) != (layer, block, role):
+            return op
+        return replace(op, stream=f"comm:{axis}", work=replace(op.work, group=axis))
 
     bad = replace(schedule, programs=tuple(replace(p, ops=tuple(moved(op) for op in p.ops)) for p in schedule.programs))
     path = tmp_path / "bad.json"
@@ -107,7 +110,7 @@ def test_numerics_pass_for_4d_layers_transposed_and_not(tmp_path, plan):
 
 def test_numerics_pass_with_sequence_parallelism(tmp_path):
     schedule, path = export(tmp_path, "gx=2,sp=1", 2)
-    assert any(op.name.endswith(".ag_in_x") for op in schedule.programs[0].ops)
+    assert any(op.tag.role == "ag_in_x" for op in schedule.programs[0].ops)
     result = numerics(schedule, path, tmp_path / "num")
     assert result["ok"], result["failures"]
     assert result["linears_per_rank"] == [9, 9]
@@ -117,7 +120,8 @@ def test_unfused_attention_with_selective_recompute_runs_and_its_numerics_pass(t
     """The unfused core attention's batched GEMMs and element-wise kernels run as scratch kernels between the
     checked linears."""
     schedule, path = export(tmp_path, "gx=2,attention=unfused,recompute=selective", 2)
-    assert any(op.name.endswith(".rc.L0.attn_scores") for op in schedule.programs[0].ops)
+    assert any((op.tag.phase, op.tag.layer, op.tag.block, op.tag.role) == ("rc", 0, "attn", "scores")
+               for op in schedule.programs[0].ops)
     result = numerics(schedule, path, tmp_path / "num")
     assert result["ok"], result["failures"]
     assert result["linears_per_rank"] == [9, 9]
@@ -140,7 +144,7 @@ def test_numerics_pass_for_more_plans(tmp_path, plan, gpus):
 
 def test_numerics_fail_when_a_wrong_group_is_injected(tmp_path, capsys):
     schedule, _ = export(tmp_path, "gx=2,gy=2", 4)
-    _, path = with_group_moved(schedule, "L0.qkv.ar_y", "x", tmp_path)  # layer 0's QKV all-reduce over X, not Y
+    _, path = with_group_moved(schedule, 0, "qkv", "ar_y", "x", tmp_path)  # layer 0's QKV all-reduce over X, not Y
     rc = main(["run", str(path), "--nproc", "4", "--check-numerics", "--out", str(tmp_path / "num"),
                "--wall-timeout", str(LIMIT_S)])
     out = capsys.readouterr()
@@ -152,7 +156,7 @@ def test_numerics_fail_when_a_wrong_group_is_injected(tmp_path, capsys):
 def test_numerics_fail_when_a_sequence_gather_uses_the_wrong_group(tmp_path):
     schedule, _ = export(tmp_path, "gx=2,gz=2,sp=1", 4)
     # layer 1's MLP-up input gather (forward and recompute) over Z instead of X: rows of the wrong sequence shard
-    bad, path = with_group_moved(schedule, "L1.mlp_up.ag_x", "z", tmp_path)
+    bad, path = with_group_moved(schedule, 1, "mlp_up", "ag_x", "z", tmp_path)
     result = numerics(bad, path, tmp_path / "num")
     assert not result["ok"]
     assert any("L1.mlp_up mb0 O: relative error" in f for f in result["failures"]), result["failures"]

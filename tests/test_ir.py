@@ -9,18 +9,23 @@ import pytest
 
 from twin import ir_io
 from twin.errors import TwinError
-from twin.ir import P2P, Attention, Collective, Elementwise, Gemm, GroupAxis, Op, Program, Schedule, StepInfo
+from twin.ir import (
+    IR_VERSION, P2P, Attention, Collective, Elementwise, Gemm, GroupAxis, Op, OpTag, Program, Schedule, StepInfo,
+)
 from twin.ir_io import load_schedule, save_schedule, schedule_from_dict, schedule_to_dict
 from twin.ir_validate import validate_schedule
+from twin.plan import ParallelPlan
 
-INFO = StepInfo(model="tiny", plan="x2-data2", global_batch=8, seq=128, flops_hardware=1.5e12, flops_model=1.2e12, memory_per_gpu_bytes=2.0e9)
+PLAN = ParallelPlan(gx=2, gdata=2, global_batch=8, mbs=2, ga=2)
+INFO = StepInfo(model="tiny", plan=PLAN, global_batch=8, seq=128, flops_hardware=1.5e12, flops_model=1.2e12, memory_per_gpu_bytes=2.0e9)
+TAG = OpTag(micro_batch=0, phase="fwd", layer=0, block="qkv", role="gemm")
 GROUPS = (GroupAxis("x", ((0, 1), (2, 3))), GroupAxis("data", ((0, 2), (1, 3))))
 
 
 def layer_ops(first_x: str = "all_reduce", second_x: str = "all_gather") -> list[Op]:
     """A small layer: gemm, async all-reduce on x waited by an elementwise, attention, a data all-reduce."""
     return [
-        Op(0, "L0.qkv.fwd", "compute", Gemm(64, 96, 32, layout="NT", tunable=True)),
+        Op(0, "L0.qkv.fwd", "compute", Gemm(64, 96, 32, layout="NT", tunable=True), tag=TAG),
         Op(1, "L0.qkv.fwd.x", "comm", Collective(first_x, "x", 4096.0), deps=(0,)),
         Op(2, "L0.attn.fwd", "compute", Attention(batch=2, seq=128, heads=4, head_dim=8, causal=True), deps=(0,)),
         Op(3, "L0.bias", "compute", Elementwise(nbytes=2048.0, flops=512.0), deps=(1, 2)),
@@ -47,6 +52,10 @@ def with_op(index: int, **changes) -> Schedule:
     return make_schedule(ops)
 
 
+def with_plan(**changes) -> Schedule:
+    return dataclasses.replace(make_schedule(), info=dataclasses.replace(INFO, plan=dataclasses.replace(PLAN, **changes)))
+
+
 def with_work(index: int, **changes) -> Schedule:
     ops = layer_ops()
     return with_op(index, work=dataclasses.replace(ops[index].work, **changes))
@@ -58,11 +67,14 @@ def with_work(index: int, **changes) -> Schedule:
 def test_round_trip_through_dict_and_json_text():
     s = make_schedule()
     d = schedule_to_dict(s)
-    assert d["format"] == "exatwin-schedule" and d["version"] == 1
+    assert d["format"] == "exatwin-schedule" and d["version"] == IR_VERSION == 2
     op = d["programs"][0]["ops"][1]
     assert op == {"id": 1, "name": "L0.qkv.fwd.x", "stream": "comm", "deps": [0], "type": "collective", "work": {"kind": "all_reduce", "group": "x", "nbytes": 4096.0}}
+    assert d["programs"][0]["ops"][0]["tag"] == {"micro_batch": 0, "phase": "fwd", "layer": 0, "block": "qkv", "role": "gemm"}
     back = schedule_from_dict(json.loads(json.dumps(d)))
     assert back == s
+    assert back.programs[0].ops[0].tag == TAG and back.info.plan == PLAN
+    assert back.info.plan_text == PLAN.describe() == "gx=2,gy=1,gz=1,gdata=2,mbs=2,ga=2,recompute=full,oar=1,ors=1,oag=1,tune=1"
     assert isinstance(back.groups[0].instances[0], tuple) and isinstance(back.programs[0].ops[3].deps, tuple)
     assert type(back.programs[0].ops[0].work.m) is int
 
@@ -75,6 +87,25 @@ def test_round_trip_through_file(tmp_path):
     path = tmp_path / "s.json"
     save_schedule(s, path)
     assert load_schedule(path) == s
+
+
+def test_the_plan_is_written_in_full_and_read_back_only_in_full(tmp_path):
+    """Every ParallelPlan field is written, defaults too, so a change to the plan's fields or defaults is an error
+    on old files, never a silent guess."""
+    d = schedule_to_dict(make_schedule())
+    assert d["info"]["plan"] == dataclasses.asdict(PLAN)
+    d["info"]["plan"].pop("oag")
+    with pytest.raises(TwinError, match=r"schedule.info.plan is missing field 'oag'"):
+        load_schedule(write_json(tmp_path, d))
+
+
+def test_a_schedule_without_a_plan_reports_its_label():
+    info = dataclasses.replace(INFO, plan=None, label="microbenchmarks on 4 ranks")
+    s = dataclasses.replace(make_schedule(), info=info)
+    d = schedule_to_dict(s)
+    assert d["info"]["plan"] is None and d["info"]["label"] == "microbenchmarks on 4 ranks"
+    back = schedule_from_dict(json.loads(json.dumps(d)))
+    assert back == s and back.info.plan_text == "microbenchmarks on 4 ranks"
 
 
 def test_defaults_are_left_out_and_restored():
@@ -172,11 +203,14 @@ def test_wrong_format(tmp_path):
         load_schedule(write_json(tmp_path, [1, 2]))
 
 
-def test_unknown_version(tmp_path):
-    d = schedule_to_dict(make_schedule()) | {"version": 7}
+@pytest.mark.parametrize("version", [1, 7])
+def test_another_ir_version_is_refused_with_the_command_that_writes_this_one(tmp_path, version):
+    d = schedule_to_dict(make_schedule()) | {"version": version}
+    path = write_json(tmp_path, d)
     with pytest.raises(TwinError) as e:
-        load_schedule(write_json(tmp_path, d))
-    assert "IR version 7 is not supported; this exatwin reads version 1: re-export the schedule" in str(e.value)
+        load_schedule(path)
+    assert str(e.value) == (f"schedule file {path} has IR version {version}; this twin reads version 2: "
+                            "re-export it with `twin export`")
 
 
 @pytest.mark.parametrize(
@@ -195,6 +229,11 @@ def test_unknown_version(tmp_path):
         (lambda d: d["groups"][0].update(instances=[[0, 1], 2]), r"groups\[0\].instances\[1\] must be a list"),
         (lambda d: d["programs"][0]["ops"][0].update(type="conv"), r"ops\[0\] 'L0.qkv.fwd'.type 'conv' is not a work type"),
         (lambda d: d["programs"].__setitem__(0, "p0"), r"programs\[0\] must be a JSON object, got a JSON string"),
+        (lambda d: d["programs"][0]["ops"][0]["tag"].update(layer="L0"), r"'L0.qkv.fwd'.tag.layer must be an integer"),
+        (lambda d: d["programs"][0]["ops"][0]["tag"].pop("role"), r"'L0.qkv.fwd'.tag is missing field 'role'"),
+        (lambda d: d["programs"][0]["ops"][0]["tag"].update(pass_="fwd"), r"tag has unknown field 'pass_'"),
+        (lambda d: d["info"]["plan"].update(gx="2"), r"schedule.info.plan.gx must be an integer, got \"2\""),
+        (lambda d: d["info"].update(plan="gx=2,gdata=2"), r"schedule.info.plan must be a JSON object, got a JSON string"),
     ],
 )
 def test_malformed_fields(tmp_path, edit, expected):
@@ -230,7 +269,7 @@ def bad_groups(*axes: GroupAxis) -> Schedule:
 @pytest.mark.parametrize(
     "schedule, expected",
     [
-        (dataclasses.replace(make_schedule(), version=2), r"schedule version 2 is not supported"),
+        (dataclasses.replace(make_schedule(), version=1), r"schedule version 1 is not supported"),
         (with_op(2, id=7), r"program 0 op at position 2 \('L0.attn.fwd'\) has id 7"),
         (with_op(3, deps=(1, -1)), r"op 3 'L0.bias': dependency -1 is negative"),
         (with_op(3, deps=(3,)), r"op 3 'L0.bias': depends on op 3, which is not earlier"),
@@ -246,6 +285,17 @@ def bad_groups(*axes: GroupAxis) -> Schedule:
         (with_work(4, group="y"), r"op 4 'L0.out.x': unknown group axis 'y' \(schedule has 'x', 'data'\)"),
         (with_op(0, work=P2P("sendrecv", "x", 1, 8.0)), r"op 0 'L0.qkv.fwd': unknown p2p kind 'sendrecv'"),
         (with_op(0, work=P2P("send", "x", 1, -8.0)), r"op 0 'L0.qkv.fwd': nbytes=-8.0 must be"),
+        (with_op(0, tag=dataclasses.replace(TAG, phase="forward")),
+         r"op 0 'L0.qkv.fwd': tag.phase 'forward' is not a pass: use one of fwd, rc, bwd, step"),
+        (with_op(0, tag=dataclasses.replace(TAG, layer=-1)), r"op 0 'L0.qkv.fwd': tag.layer=-1 must be an index"),
+        (with_op(0, tag=dataclasses.replace(TAG, block="")), r"op 0 'L0.qkv.fwd': tag.block is empty"),
+        (with_plan(gx=0), r"schedule info.plan.gx=0 is out of range; give 1..10,000,000: re-export the schedule"),
+        (with_plan(gx=2, gdata=4), r"info.plan.gx x gy x gz x gdata x pp = 8 ranks, but the schedule's world_size is 4"),
+        (with_plan(recompute="most"), r"info.plan.recompute='most' is unknown; use one of full, selective, none"),
+        (with_plan(zero=4), r"info.plan.zero=4 is not a ZeRO stage"),
+        (with_plan(global_batch=16, ga=4), r"info.plan.global_batch=16, but info.global_batch is 8"),
+        (with_plan(ga=4), r"info.plan.mbs=2 x ga=4 x gz=1 x gdata=2 sequences is not the global batch of 8"),
+        (with_plan(gy=2, gdata=1, sp=True), r"info.plan.sp is set with gy=2"),
         (bad_programs(((0, 1, 2),)), r"rank 3 is in no program"),
         (bad_programs(((0, 1, 2), (2, 3))), r"rank 2 is in programs 0 and 1"),
         (bad_programs(((0, 1, 2, 4),)), r"program 0 names rank 4, outside 0..3"),
@@ -319,5 +369,7 @@ def test_32k_rank_single_program_validates():
            deps=(i - 1,) if i else ())
         for i in range(6000)
     )
-    s = Schedule(world_size=world, groups=tuple(groups), programs=(Program(tuple(range(world)), ops),), info=INFO)
+    info = dataclasses.replace(INFO, global_batch=2048,
+                               plan=dataclasses.replace(PLAN, gx=8, gy=4, gz=4, gdata=256, global_batch=2048, ga=1))
+    s = Schedule(world_size=world, groups=tuple(groups), programs=(Program(tuple(range(world)), ops),), info=info)
     validate_schedule(s)

@@ -14,6 +14,7 @@ import pytest
 
 from helpers import SMALL_SPEC
 from twin.build import build_step
+from twin.builders.tags import ACCUMULATE_ROLES
 from twin.ir import Attention, Collective, Elementwise, Gemm
 from twin.model import parse_model_spec
 from twin.plan import ParallelPlan, parse_plan
@@ -31,66 +32,60 @@ def build(frontier, model, text: str, global_batch: int):
 
 
 def layer_inventory(h: int, gx: int, mbs: int, attention: str, persistent_ln: bool, acc: int = 10):
-    """(forward, backward): each a list of (name, elements, bytes per element) for one layer and micro-batch on a
-    Megatron tensor-parallel rank (gx = TP, gy = gz = 1, no sequence parallelism); a GEMM or attention kernel has
-    elements None. `acc`: bytes per element of main_grad.add_(grad) (fp32 main_grad in bf16: 4 + 2 + 4)."""
+    """(forward, backward): each a list of (<block>.<role>, elements, bytes per element) for one layer and
+    micro-batch on a Megatron tensor-parallel rank (gx = TP, gy = gz = 1, no sequence parallelism), in the words of
+    twin.builders.tags; a GEMM or attention kernel has elements None. `acc`: bytes per element of main_grad.add_(grad) (fp32 main_grad in bf16: 4 + 2 + 4)."""
     f, T = 4 * h, mbs * SEQ
     res, heads, ffn, qkv_out = T * h, T * h / gx, T * f / gx, T * 3 * h / gx
     scores = mbs * HEADS // gx * SEQ * SEQ
     gemm = None
-    fwd = [("ln1", res, 4), ("qkv.gemm", gemm, 0), ("qkv.bias", qkv_out, 4)]
+    fwd = [("ln1.fwd", res, 4), ("qkv.gemm", gemm, 0), ("qkv.bias", qkv_out, 4)]
     if attention == "flash":
-        fwd += [("attn_q_copy", heads, 4), ("attn_k_copy", heads, 4), ("attn_v_copy", heads, 4),
-                ("attn_seqlens", mbs + 1, 4), ("attn", gemm, 0)]
-        fwd += [("attn_context_copy", heads, 4)] if mbs > 1 else []
+        fwd += [("attn.q_copy", heads, 4), ("attn.k_copy", heads, 4), ("attn.v_copy", heads, 4),
+                ("attn.seqlens", mbs + 1, 4), ("attn.fwd", gemm, 0)]
+        fwd += [("attn.context_copy", heads, 4)] if mbs > 1 else []
     else:
-        fwd += [("attn_scores", gemm, 0), ("attn_softmax", scores, 4), ("attn_dropout", scores, 5),
-                ("attn_context", gemm, 0), ("attn_context_copy", heads, 4)]
-    fwd += [("attn_out.gemm", gemm, 0), ("resid1", res, 7), ("ln2", res, 4), ("mlp_up.gemm", gemm, 0),
-            ("gelu", ffn, 4), ("mlp_down.gemm", gemm, 0), ("mlp_down.bias", res, 4), ("resid2", res, 7)]
+        fwd += [("attn.scores", gemm, 0), ("attn.softmax", scores, 4), ("attn.dropout", scores, 5),
+                ("attn.context", gemm, 0), ("attn.context_copy", heads, 4)]
+    fwd += [("attn_out.gemm", gemm, 0), ("resid1.fwd", res, 7), ("ln2.fwd", res, 4), ("mlp_up.gemm", gemm, 0),
+            ("gelu.fwd", ffn, 4), ("mlp_down.gemm", gemm, 0), ("mlp_down.bias", res, 4), ("resid2.fwd", res, 7)]
 
     def ln_bwd(name):
-        partial_sum = (f"{name}_bwd_params_sum", h, 2 * 16 * 4 + 2 * 2)  # 16 fp32 partial rows of dgamma and dbeta
+        partial_sum = (f"{name}.bwd_params_sum", h, 2 * 16 * 4 + 2 * 2)  # 16 fp32 partial rows of dgamma and dbeta
         if persistent_ln:
-            kernels = [(f"{name}_bwd", res, 6), partial_sum]
+            kernels = [(f"{name}.bwd", res, 6), partial_sum]
         else:
-            kernels = [(f"{name}_bwd_params", res, 4), partial_sum, (f"{name}_bwd", res, 6)]
-        return kernels + [(f"{name}_grad_add", res, 6), (f"acc.{name}.weight", h, acc), (f"acc.{name}.bias", h, acc)]
+            kernels = [(f"{name}.bwd_params", res, 4), partial_sum, (f"{name}.bwd", res, 6)]
+        return kernels + [(f"{name}.grad_add", res, 6), (f"{name}.acc_weight", h, acc), (f"{name}.acc_bias", h, acc)]
 
     def linear_bwd(name, k, n):
-        return [(f"{name}.dI", gemm, 0), (f"{name}.dW", gemm, 0), (f"acc.{name}.weight", k * n / gx, acc)]
+        return [(f"{name}.dI", gemm, 0), (f"{name}.dW", gemm, 0), (f"{name}.acc_weight", k * n / gx, acc)]
 
-    bwd = [("resid2_bwd", res, 5), ("mlp_down.dbias", res, 2), ("acc.mlp_down.bias", h, acc)]
+    bwd = [("resid2.bwd", res, 5), ("mlp_down.dbias", res, 2), ("mlp_down.acc_bias", h, acc)]
     bwd += linear_bwd("mlp_down", f, h)
-    bwd += [("gelu_bwd", ffn, 6), ("mlp_up.dbias", ffn, 2), ("acc.mlp_up.bias", f / gx, acc)]
+    bwd += [("gelu.bwd", ffn, 6), ("mlp_up.dbias", ffn, 2), ("mlp_up.acc_bias", f / gx, acc)]
     bwd += linear_bwd("mlp_up", h, f)
     bwd += ln_bwd("ln2")
-    bwd += [("resid1_bwd", res, 5), ("attn_out.dbias", res, 2), ("acc.attn_out.bias", h, acc)]
+    bwd += [("resid1.bwd", res, 5), ("attn_out.dbias", res, 2), ("attn_out.acc_bias", h, acc)]
     bwd += linear_bwd("attn_out", h, h)
-    grads = [("attn_q_grad", heads, 4), ("attn_k_grad", heads, 4), ("attn_v_grad", heads, 4)]
+    grads = [("attn.q_grad", heads, 4), ("attn.k_grad", heads, 4), ("attn.v_grad", heads, 4)]
     if attention == "flash":
-        bwd += ([("attn_bwd_copy", heads, 4)] if mbs > 1 else []) + [("attn_bwd", gemm, 0)]
-        bwd += grads if mbs > 1 else [("attn_qkv_grad", 3 * heads, 4)]
+        bwd += ([("attn.bwd_copy", heads, 4)] if mbs > 1 else []) + [("attn.bwd", gemm, 0)]
+        bwd += grads if mbs > 1 else [("attn.qkv_grad", 3 * heads, 4)]
     else:
-        bwd += [("attn_context_dV", gemm, 0), ("attn_context_dP", gemm, 0), ("attn_dropout_bwd", scores, 5),
-                ("attn_softmax_bwd", scores, 6), ("attn_scores_dQ", gemm, 0), ("attn_scores_dQ_scale", heads, 4),
-                ("attn_scores_dK", gemm, 0), ("attn_scores_dK_scale", heads, 4)] + grads
+        bwd += [("attn.context_dV", gemm, 0), ("attn.context_dP", gemm, 0), ("attn.dropout_bwd", scores, 5),
+                ("attn.softmax_bwd", scores, 6), ("attn.scores_dQ", gemm, 0), ("attn.scores_dQ_scale", heads, 4),
+                ("attn.scores_dK", gemm, 0), ("attn.scores_dK_scale", heads, 4)] + grads
     bwd += [("qkv.dI", gemm, 0), ("qkv.dW", gemm, 0), ("qkv.dbias", qkv_out, 2),
-            ("acc.qkv.weight", h * 3 * h / gx, acc), ("acc.qkv.bias", 3 * h / gx, acc)]
+            ("qkv.acc_weight", h * 3 * h / gx, acc), ("qkv.acc_bias", 3 * h / gx, acc)]
     bwd += ln_bwd("ln1")
     return fwd, bwd
 
 
 def layer_ops(program, mb: int, phase: str, layer: int) -> list[tuple[str, object]]:
-    """(name without the mb/pass/layer prefix, work) of one layer pass's compute ops, accumulations included."""
-    out = []
-    for op in program.ops:
-        if op.is_comm:
-            continue
-        for prefix, keep in ((f"mb{mb}.{phase}.L{layer}.", ""), (f"mb{mb}.{phase}.acc.L{layer}.", "acc.")):
-            if op.name.startswith(prefix):
-                out.append((keep + op.name[len(prefix):], op.work))
-    return out
+    """(<block>.<role> from its tag, work) of one layer pass's compute ops, accumulations included."""
+    return [(f"{op.tag.block}.{op.tag.role}", op.work) for op in program.ops
+            if not op.is_comm and (op.tag.micro_batch, op.tag.phase, op.tag.layer) == (mb, phase, layer)]
 
 
 def assert_inventory(got: list, want: list) -> None:
@@ -141,10 +136,11 @@ def test_accumulations_stay_outside_the_layer_passes(frontier):
     """main_grad adds follow the parameters' sharding (ZeRO-3 over gz x gdata), which the search's screening bound
     (built on the tensor-parallel grid alone) does not see: they are no layer pass's ops."""
     b = build(frontier, SMALL, "gz=2,gdata=2,zero=3,mbs=1", 8)
-    accs = [op for op in b.schedule.programs[0].ops if ".acc." in op.name]
+    accs = [op for op in b.schedule.programs[0].ops if op.tag.role in ACCUMULATE_ROLES]
     assert len(accs) == b.plan.ga * (12 * LAYERS + 2 + 2)  # the layers', ln_f's, the word and position tables'
-    assert all(pass_of(op.name) is None for op in accs)
+    assert all(op.tag.phase == "bwd" for op in accs) and all(pass_of(op) is None for op in accs)
     weight = next(op for op in accs if op.name == "mb0.bwd.acc.L0.mlp_up.weight")
+    assert (weight.tag.micro_batch, weight.tag.layer, weight.tag.block, weight.tag.role) == (0, 0, "mlp_up", "acc_weight")
     assert weight.work.nbytes == pytest.approx(10 * H * F / 4)  # the z+data shard of the weight
 
 
@@ -159,14 +155,14 @@ def test_every_parameter_is_accumulated_once_per_micro_batch(frontier, dtype, ac
     layer = (12 * H * H + 3 * H + F) / 2 + H + H + 4 * H
     local = LAYERS * layer + VOCAB * H / 2 + SEQ * H + 2 * H
     for mb in range(3):
-        total = sum(op.work.nbytes for op in program.ops if op.name.startswith(f"mb{mb}.bwd.acc."))
+        total = sum(op.work.nbytes for op in program.ops if op.tag.micro_batch == mb and op.tag.role in ACCUMULATE_ROLES)
         assert total == pytest.approx(acc * local)
 
 
 # ---- the step: main_grad zeroed and scaled, the optimizer's passes ---------------------------------------------
 
 def step_bytes_per_param(program, local_params: float) -> float:
-    step = [op for op in program.ops if op.name in ("zero_grad", "dp.grad_scale") or op.name.startswith("optimizer.")]
+    step = [op for op in program.ops if op.tag.block in ("main_grad", "optimizer")]
     return sum(op.work.nbytes for op in step) / local_params
 
 
@@ -184,12 +180,12 @@ def test_optimizer_bytes_per_parameter(frontier, dtype, want):
     params = LAYERS * (12 * H * H + 13 * H) + VOCAB * H + SEQ * H + 2 * H
     assert step_bytes_per_param(program, params / 2) == pytest.approx(want)
     assert want == (58 if dtype == "bf16" else 66)
-    passes = [op.name for op in program.ops if op.name.startswith("optimizer.")]
+    passes = [op.tag.role for op in program.ops if op.tag.block == "optimizer"]
     tensors = 12 * LAYERS + 4  # per layer 4 weights, 4 biases, 2 x 2 norm parameters; word, position, ln_f x 2
-    casts = [f"optimizer.grad_cast{i}" for i in range(tensors)] if dtype == "fp16" else []
-    unscale = ["optimizer.unscale"] if dtype == "fp16" else []
-    assert passes == casts + unscale + ["optimizer.grad_norm", "optimizer.clip", "optimizer.adam", "optimizer.copy_params"]
-    assert program.ops[0].name == "zero_grad"
+    casts = ["grad_cast"] * tensors if dtype == "fp16" else []
+    unscale = ["unscale"] if dtype == "fp16" else []
+    assert passes == casts + unscale + ["grad_norm", "clip", "adam", "copy_params"]
+    assert (program.ops[0].name, program.ops[0].tag.block, program.ops[0].tag.role) == ("zero_grad", "main_grad", "zero")
 
 
 def test_zero_shards_only_the_optimizer_passes(frontier):
@@ -206,17 +202,18 @@ def test_loss_bytes_per_logit(frontier, gx):
     b = build(frontier, SMALL, f"tp={gx},dp=2,mbs=2", 8)
     program = b.schedule.programs[0]
     logits = 2 * SEQ * VOCAB / gx  # tokens of the micro-batch x this rank's share of the vocabulary
-    fwd = [op for op in program.ops if op.name.startswith("mb0.loss.") and "token" not in op.name and not op.is_comm]
-    bwd = [op for op in program.ops if op.name.startswith("mb0.loss_bwd.") and "token" not in op.name]
+    loss = [op for op in program.ops if (op.tag.micro_batch, op.tag.block) == (0, "loss")]
+    fwd = [op for op in loss if op.tag.phase == "fwd" and op.tag.role != "token" and not op.is_comm]
+    bwd = [op for op in loss if op.tag.phase == "bwd" and op.tag.role != "token"]
     # cast to fp32 2 + 4, max 4, subtract 4 + 4, exp 4 + 4, sum 4, divide 4 + 4
-    assert [op.name.rsplit(".", 1)[1] for op in fwd] == ["cast", "max", "sub", "exp", "sum", "div"]
+    assert [op.tag.role for op in fwd] == ["cast", "max", "sub", "exp", "sum", "div"]
     assert sum(op.work.nbytes for op in fwd) / logits == pytest.approx(6 + 4 + 8 + 8 + 4 + 8)
     # multiply by the incoming gradient 4 + 4 (in place, fp32), cast back 4 + 2
-    assert [op.name.rsplit(".", 1)[1] for op in bwd] == ["scale", "cast"]
+    assert [op.tag.role for op in bwd] == ["scale", "cast"]
     assert sum(op.work.nbytes for op in bwd) / logits == pytest.approx(8 + 6)
-    tokens = [op for op in program.ops if op.name.startswith(("mb0.loss.token", "mb0.loss_bwd.token"))]
+    tokens = [op for op in loss if op.tag.role == "token"]
     assert len(tokens) == 21 + 11
-    reduces = [op for op in program.ops if op.name.startswith("mb0.loss.") and op.is_comm]
+    reduces = [op for op in loss if op.is_comm]
     if gx == 1:
         assert reduces == []
     else:  # max, target logit, sum of exponentials: one fp32 per token each
@@ -229,10 +226,12 @@ def test_loss_bytes_per_logit(frontier, gx):
 def test_embedding_kernels(frontier):
     b = build(frontier, SMALL, "tp=2,dp=2,mbs=2", 8)
     program = b.schedule.programs[0]
-    fwd = [op.name.split(".", 2)[2] for op in program.ops if op.name.startswith("mb0.embed.")]
-    assert fwd == [f"token{i}" for i in range(6)] + ["word", "mask", "ar_x", "pos", "add", "transpose", "dropout"]
-    bwd = [op.name.split(".", 2)[2] for op in program.ops if op.name.startswith("mb0.embed_bwd.")]
-    assert bwd == ["dropout", "pos_copy", "pos_zero", "pos", "word_copy", "word_zero", "word", "tied_grad_add"]
+    embed = [op.tag for op in program.ops if (op.tag.micro_batch, op.tag.block) == (0, "embed")]
+    fwd = [tag.role for tag in embed if tag.phase == "fwd"]
+    assert fwd == ["token"] * 6 + ["word", "mask", "ar_x", "pos", "add", "transpose", "dropout"]
+    bwd = [tag.role for tag in embed if tag.phase == "bwd"]
+    assert bwd == ["dropout", "pos_copy", "pos_zero", "pos", "word_copy", "word_zero", "word", "tied_grad_add",
+                   "acc_word", "acc_pos"]
     named = {op.name: op for op in program.ops}
     assert named["mb0.embed.ar_x"].work == Collective("all_reduce", "x", 2 * 2 * SEQ * H, "bf16")
     assert named["mb0.embed_bwd.word_zero"].work.nbytes == pytest.approx(2 * VOCAB * H / 2)

@@ -89,7 +89,7 @@ def hand_pipeline(pp: int, vpp: int, m: int, t_f: float, t_b: float) -> Schedule
                 what = "act" if fwd else "grad"
                 add(f"{tag}.send", f"p2p:send_{what}", P2P("send", "pp", next_v % pp - stage, 0.0, what), [last_compute])
         programs.append(Program((stage,), tuple(ops)))
-    info = StepInfo("hand", f"pp={pp}", m, 1, 1.0, 1.0, 0.0)
+    info = StepInfo("hand", None, m, 1, 1.0, 1.0, 0.0, label=f"pp={pp}")
     return Schedule(pp, (GroupAxis("pp", (tuple(range(pp)),)),), tuple(programs), info)
 
 

@@ -243,7 +243,7 @@ def test_pipeline_chains_see_the_collectives_a_stage_waits_on():
     terms = bounds.pipeline_terms_s(schedule)
     compute_only = bounds.compute.duration_s
     stage0 = schedule.programs[0]
-    compute = sum(compute_only(op.work) for op in stage0.ops if op.stream == "compute" and op.name.startswith("mb"))
+    compute = sum(compute_only(op.work) for op in stage0.ops if op.stream == "compute" and op.tag.micro_batch is not None)
     assert max(terms) <= step * (1 + 1e-9)
     assert max(terms) > 1.2 * compute * (plan.pp - 1 + plan.ga) / plan.ga
 
@@ -272,7 +272,7 @@ def test_a_layer_on_the_grid_alone_bounds_every_layer_of_the_real_schedule(text)
     for program in schedule.programs:
         durations = [0.0 if op.is_comm else compute(op.work) for op in program.ops]
         per_pass.update({(program.ranks[0], key): v for key, v in pass_compute_s(program, durations).items()})
-    kinds = {key.split(".")[-2] for _, key in per_pass}
+    kinds = {key.phase for _, key in per_pass}
     rebuilds = plan.recompute == "full" or (plan.recompute, plan.attention) == ("selective", "unfused")
     assert kinds == ({"fwd", "rc", "bwd"} if rebuilds else {"fwd", "bwd"})
     assert len(per_pass) == len(schedule.programs) * plan.ga * model.layers // plan.pp * len(kinds)
@@ -283,7 +283,7 @@ def test_a_layer_on_the_grid_alone_bounds_every_layer_of_the_real_schedule(text)
     chains = pass_chains_s(rank0, bounds.op_durations_s(schedule, rank0))
     least = {}
     for key, value in chains.items():
-        least[key.split(".")[-2]] = min(value, least.get(key.split(".")[-2], value))
+        least[key.phase] = min(value, least.get(key.phase, value))
     assert sum(least.values()) >= c * (1 - 1e-12)  # every real pass is at least its kind's least grid pass
     assert c >= w * (1 - 1e-12) or plan.zero == 3
 

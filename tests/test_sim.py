@@ -19,7 +19,7 @@ from twin.plan import ParallelPlan, parse_plan
 from twin.report import summarize
 from twin.sim.engine import simulate
 
-INFO = StepInfo(model="hand", plan="hand", global_batch=1, seq=1, flops_hardware=1.0, flops_model=1.0,
+INFO = StepInfo(model="hand", plan=None, label="hand", global_batch=1, seq=1, flops_hardware=1.0, flops_model=1.0,
                 memory_per_gpu_bytes=0.0)
 GB = 1e9
 

@@ -8,6 +8,8 @@ fit checked against the device (twin.memory), then the builder runs.
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from topologies.machine import Machine
@@ -41,4 +43,19 @@ def build_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int
                stages: tuple[int, ...] | None = None, measured: bool = False) -> BuiltStep:
     """`stages`: only those pipeline stages' programs (for bounds; see build_axonn); `measured` as resolve_step."""
     resolved, memory = resolve_step(model, plan, machine, gpus, measured)
-    return BuiltStep(build_axonn(model, resolved, stages), resolved, memory)
+    with _collector_paused():
+        return BuiltStep(build_axonn(model, resolved, stages), resolved, memory)
+
+
+@contextmanager
+def _collector_paused():
+    """Python's cyclic garbage collector off while a schedule is built: the builder allocates hundreds of
+    thousands of small objects (ops, their work and tags) that form no cycles, and the collector's passes over
+    the growing schedule took half the build time. Whatever cycles are made meanwhile are collected after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()

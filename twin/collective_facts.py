@@ -94,7 +94,7 @@ def simulated_busbw(fact: MeasuredAllReduce, machine: Machine) -> float:
     groups = strided_groups(world, fact.inner, fact.own)
     op = Op(0, "all_reduce", "comm:x", Collective("all_reduce", "x", fact.nbytes))
     schedule = Schedule(world, (GroupAxis("x", groups),), (Program(tuple(range(world)), (op,)),),
-                        StepInfo("collective fact", "", 1, 1, 1.0, 1.0, 0.0))
+                        StepInfo("collective fact", None, 1, 1, 1.0, 1.0, 0.0))
     seconds = simulate(schedule, machine, full=True).step_time_s
     return fact.nbytes / seconds * 2 * (fact.own - 1) / fact.own / GB
 

@@ -21,6 +21,12 @@ Semantics every backend implements:
 
 Byte conventions (as nccl-tests): `Collective.nbytes` is the full buffer: the
 all-reduce buffer, the all-gather *output*, the reduce-scatter *input*.
+
+What an op means in the model travels as data, not in its name: a builder's
+op carries an OpTag (micro-batch, chunk, pass, layer, block, role) that the
+search's bounds and the executor's numerics read, and `name` is only a label
+for traces and figures. Likewise the step's parallel plan travels as the
+ParallelPlan itself (StepInfo.plan), not as its text.
 """
 
 from __future__ import annotations
@@ -28,13 +34,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+from twin.plan import ParallelPlan
+
 # The file format leaves out fields equal to their dataclass default
 # (twin.ir_io), so changing a default here changes the format: bump the version.
-IR_VERSION = 1
+# Version 2: ops carry an OpTag, StepInfo.plan is the ParallelPlan (version 1: names and plan text only).
+IR_VERSION = 2
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 GEMM_LAYOUTS = ("NN", "NT", "TN")
 P2P_KINDS = ("send", "recv")
+# The passes an op can belong to: a micro-batch's forward, recompute (activation checkpointing) and backward, and
+# the step around the micro-batches (zeroing and syncing gradients, the optimizer).
+PHASES = ("fwd", "rc", "bwd", "step")
 
 
 @dataclass(frozen=True)
@@ -143,13 +155,37 @@ def op_class(work: Work) -> str:
     return work_type_name(work)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpTag:
+    """What an op is in the training step, for the consumers that must know (search bounds, executor numerics).
+
+    `phase` is the pass (a Python keyword, hence the name), one of PHASES.
+    `micro_batch` is None for the step's own ops, `chunk` None without
+    interleaved pipeline chunks, `layer` None outside the transformer layers
+    (embedding, LM head, final norm, loss, optimizer). `block` is the linear or
+    module ("qkv", "ln1", "attn", "embed", "optimizer", ...) and `role` what the
+    op does in it ("gemm", "dI", "dW", "ag_z", "ar_x", "acc_weight", ...):
+    twin.builders.tags lists the builder's words.
+    """
+
+    micro_batch: int | None = None
+    chunk: int | None = None
+    phase: str
+    layer: int | None = None
+    block: str
+    role: str
+
+
 @dataclass(frozen=True)
 class Op:
+    """One op of a program; `name` labels it in traces and messages, `tag` (if any) says what it is."""
+
     id: int
     name: str
     stream: str
     work: Work
     deps: tuple[int, ...] = ()
+    tag: OpTag | None = None
 
     @property
     def is_comm(self) -> bool:
@@ -178,15 +214,25 @@ class GroupAxis:
 
 @dataclass(frozen=True)
 class StepInfo:
-    """What the step computes, for reports: not needed to run it."""
+    """What the step computes, for reports: not needed to run it.
+
+    `plan` is the plan the builder laid the step out by (None for a schedule
+    written by hand or a microbenchmark, which `label` may describe instead).
+    """
 
     model: str
-    plan: str
+    plan: ParallelPlan | None
     global_batch: int
     seq: int
     flops_hardware: float
     flops_model: float
     memory_per_gpu_bytes: float
+    label: str = ""
+
+    @property
+    def plan_text(self) -> str:
+        """The plan as reports print it: its --plan text (ParallelPlan.describe), else the label."""
+        return self.plan.describe() if self.plan is not None else self.label
 
 
 @dataclass(frozen=True)

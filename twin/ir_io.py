@@ -3,22 +3,28 @@
 The file is the contract between the builder, the simulator and the executor
 (which may run on another machine, days later), so it is strict:
 
-    {"format": "exatwin-schedule", "version": 1, "world_size": 8,
-     "info": {...StepInfo fields...},
+    {"format": "exatwin-schedule", "version": 2, "world_size": 8,
+     "info": {"model": "GPT-5B", "plan": {...every ParallelPlan field...}, ...StepInfo fields...},
      "groups": [{"name": "x", "instances": [[0, 1], [2, 3]]}, ...],
      "programs": [{"ranks": [0, 1, 2, 3],
-                   "ops": [{"id": 0, "name": "L0.qkv.fwd", "stream": "compute", "deps": [],
+                   "ops": [{"id": 0, "name": "mb0.fwd.L0.qkv.gemm", "stream": "compute", "deps": [],
+                            "tag": {"micro_batch": 0, "phase": "fwd", "layer": 0, "block": "qkv", "role": "gemm"},
                             "type": "gemm", "work": {"m": 8192, "n": 3072, ...}}, ...]}]}
 
 - `type` is the key of `twin.ir.WORK_TYPES`; the work's own fields sit in a
   nested `work` object (Collective and P2P have a field named `kind` too, so a
   flat op would clash).
 - A field equal to its dataclass default is left out (deps [], layout "NN",
-  batch 1, ...): that keeps a 5,000-op program to a few hundred KB. So a
-  change to any IR default is a format change: bump IR_VERSION with it.
+  batch 1, a tag's chunk None, ...): that keeps a builder's op to about 200
+  bytes, its tag included (a 5,000-op program to about 1 MB). So a change
+  to any IR default is a format change: bump IR_VERSION with it. The plan
+  is the exception: it is written in full and read back only in full, so
+  that a change to ParallelPlan's fields or defaults is an error on old
+  files, never a silent guess.
   Loading is otherwise strict: a missing field that has no default, an
   unknown field, or a value of the wrong JSON type is an error naming the
-  op and the field, never a silent guess.
+  op and the field, never a silent guess. A file of another IR version is
+  refused with the command that writes a current one.
 - (De)serialization walks `dataclasses.fields` and the type hints of the IR
   classes, so a new Work type needs no code here, only a WORK_TYPES entry.
 - Saving is deterministic (field order, compact separators: same schedule,
@@ -31,6 +37,7 @@ import dataclasses
 import functools
 import json
 import os
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -39,8 +46,10 @@ from twin.errors import TwinError
 from twin.ir import IR_VERSION, WORK_TYPES, Op, Schedule, work_type_name
 from twin.ir_validate import validate_schedule
 from twin.outputs import atomic_path
+from twin.plan import ParallelPlan
 
 FORMAT = "exatwin-schedule"
+_IN_FULL = (ParallelPlan,)  # dataclasses written with every field and read back only with every field
 _MAX_FLOAT_INT = 10**308  # the largest JSON integer a float field may hold (a float tops out at 1.8e308)
 
 
@@ -52,8 +61,10 @@ def schedule_to_dict(s: Schedule) -> dict[str, Any]:
     return {**head, **body}
 
 
-def schedule_from_dict(d: Any) -> Schedule:
-    """Inverse of schedule_to_dict, checking format, version, fields and types (not semantics)."""
+def schedule_from_dict(d: Any, source: str = "the schedule") -> Schedule:
+    """Inverse of schedule_to_dict, checking format, version, fields and types (not semantics).
+
+    `source` names the data where an error reads better with it first (a file of another IR version)."""
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         got = repr(d.get("format")) if isinstance(d, dict) else f"a JSON {_json_type(d)}"
         raise TwinError(f"not an exatwin schedule: 'format' is {got}, expected '{FORMAT}'; pass a schedule written by exatwin")
@@ -61,7 +72,8 @@ def schedule_from_dict(d: Any) -> Schedule:
     if type(version) is not int:
         raise TwinError(f"schedule 'version' is {version!r}, expected an integer: re-export the schedule")
     if version != IR_VERSION:
-        raise TwinError(f"IR version {version} is not supported; this exatwin reads version {IR_VERSION}: re-export the schedule")
+        raise TwinError(f"{source} has IR version {version}; this twin reads version {IR_VERSION}: "
+                        "re-export it with `twin export`")
     body = {k: v for k, v in d.items() if k != "format"}
     return _decode_dataclass(Schedule, body, "schedule")
 
@@ -82,11 +94,13 @@ def load_schedule(path: str | os.PathLike[str]) -> Schedule:
     allocated in proportion to the `world_size` the file claims before that
     claim is checked against the ranks the file lists (twin.ir_validate)."""
     d = _read_json(path)
+    source = f"schedule file {path}"
     try:
-        s = schedule_from_dict(d)
+        s = schedule_from_dict(d, source)
         validate_schedule(s)
     except TwinError as e:
-        raise TwinError(f"schedule file {path}: {e}") from None
+        message = str(e)
+        raise TwinError(message if message.startswith(source) else f"{source}: {message}") from None
     return s
 
 
@@ -127,7 +141,8 @@ def _fields(obj: Any) -> dict[str, Any]:
         value = getattr(obj, f.name)
         if isinstance(obj, Op) and f.name == "work":
             continue
-        if f.default is dataclasses.MISSING or type(value) is not type(f.default) or value != f.default:
+        if (isinstance(obj, _IN_FULL) or f.default is dataclasses.MISSING or type(value) is not type(f.default)
+                or value != f.default):
             out[f.name] = _plain(value)
     if isinstance(obj, Op):
         out["type"] = work_type_name(obj.work)
@@ -157,7 +172,7 @@ def _decode_dataclass(cls: type, d: Any, where: str, extra: tuple[str, ...] = ()
         raise TwinError(f"{where} must be a JSON object, got a JSON {_json_type(d)}: re-export the schedule")
     fields = dataclasses.fields(cls)
     names = [f.name for f in fields]
-    required = [f.name for f in fields if f.default is dataclasses.MISSING] + list(extra)
+    required = [f.name for f in fields if f.default is dataclasses.MISSING or cls in _IN_FULL] + list(extra)
     missing = [n for n in required if n not in d]
     unknown = [k for k in d if k not in names and k not in extra]
     if missing or unknown:
@@ -190,6 +205,11 @@ def _decode_work(op: dict[str, Any], where: str) -> Any:
 
 def _decode_value(hint: Any, value: Any, where: str) -> Any:
     """Check `value` against a field's type hint and convert lists back to tuples."""
+    if isinstance(hint, types.UnionType):  # X | None: an optional field, written as null when None
+        args = typing.get_args(hint)
+        if value is None and type(None) in args:
+            return None
+        (hint,) = (a for a in args if a is not type(None))
     if hint is bool or hint is str:
         if type(value) is not hint:
             raise _type_error(where, "a boolean" if hint is bool else "a string", value)

@@ -4,7 +4,8 @@ A schedule that is wrong in any of these ways would not fail cleanly later: a
 dangling dependency or a collective issued in a different order by two members
 of a group hangs a real job (NCCL waits forever) and deadlocks the simulator.
 So every backend calls `validate_schedule` first and the user gets one line
-that names the program, the op and what to change.
+that names the program, the op and what to change. The values of single
+records (works, tags, the step's info and plan) are checked by twin.ir_values.
 
 Cost is O(total ops + world_size x axes): ranks that share a Program are
 checked once, and the collective-order check compares *programs*, not ranks,
@@ -14,43 +15,22 @@ once per distinct set of member programs. A 32,768-rank schedule with one
 Memory is bounded by what the file holds: `world_size` is a claim, so it is
 checked first against a ceiling (MAX_WORLD_SIZE) and against the ranks the
 programs list, before anything is allocated per rank; a file claiming 10^9
-ranks is an error, not a 10^9-entry table. The same goes for every number a
-backend turns into time or memory: sizes and FLOPs finite and >= 0 (the
-step's `info` too), GEMM and attention dimensions below 2^31 (what BLAS and
-attention kernels index with), dtypes the builders and executor know, and
-each point-to-point send matched by a receive of the same size on its peer
-(a mismatch would hang NCCL or corrupt the data the receive expects).
+ranks is an error, not a 10^9-entry table. Each point-to-point send must be
+matched by a receive of the same size on its peer (a mismatch would hang NCCL
+or corrupt the data the receive expects).
 """
 
 from __future__ import annotations
 
-import math
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 from twin.errors import TwinError
-from twin.model import DTYPE_BYTES
-from twin.ir import (
-    COLLECTIVE_KINDS,
-    GEMM_LAYOUTS,
-    IR_VERSION,
-    P2P,
-    P2P_KINDS,
-    Attention,
-    Collective,
-    Elementwise,
-    Gemm,
-    Op,
-    Program,
-    Schedule,
-    StepInfo,
-    Work,
-)
+from twin.ir import IR_VERSION, P2P, Collective, Op, Program, Schedule
+from twin.ir_values import bad_tag, bad_work, check_info
 
 # The most ranks a schedule may have: 4,194,304, fifty times the largest machine the twin models (Frontier's
 # 75,264 GCDs). It bounds what validation, and every backend after it, allocates per rank.
 MAX_WORLD_SIZE = 1 << 22
-# GEMM and attention dimensions must fit the 32-bit integers BLAS and attention kernels index with.
-MAX_DIM = (1 << 31) - 1
 _MATE = {"send": "recv", "recv": "send"}
 _VERBS = {"send": ("sends", "to"), "recv": ("receives", "from")}  # how a message says what a p2p op does
 
@@ -60,7 +40,7 @@ def validate_schedule(s: Schedule) -> None:
     if s.version != IR_VERSION:
         raise TwinError(f"schedule version {s.version} is not supported; this exatwin runs IR version {IR_VERSION}: rebuild the schedule")
     _check_world_size(s)  # first: everything after it allocates per rank
-    _check_info(s.info)
+    check_info(s.info, s.world_size)
     instance_of = _check_groups(s)
     program_of = _check_programs(s)
     uses = [_check_ops(p, prog, instance_of) for p, prog in enumerate(s.programs)]
@@ -89,17 +69,6 @@ def _check_world_size(s: Schedule) -> None:
         missing = next(r for r in range(ws) if r not in present)
         raise TwinError(f"rank {missing} is in no program: every rank 0..{ws - 1} must run exactly one program "
                         "(or lower world_size)")
-
-
-def _check_info(info: StepInfo) -> None:
-    """The step's totals feed the report's throughput and memory lines: counts >= 1, amounts finite and >= 0."""
-    for name in ("global_batch", "seq"):
-        if getattr(info, name) < 1:
-            raise TwinError(f"schedule info.{name}={getattr(info, name)} must be at least 1: re-export the schedule")
-    for name in ("flops_hardware", "flops_model", "memory_per_gpu_bytes"):
-        problem = _bad_size(name, getattr(info, name))
-        if problem:
-            raise TwinError(f"schedule info.{problem}: re-export the schedule")
 
 
 class _Uses:
@@ -170,10 +139,7 @@ def _check_ops(p: int, prog: Program, instance_of: dict[str, dict[int, int]]) ->
                 _fail(p, op, f"dangling dependency {d}: the program has ops 0..{n - 1}")
             if d >= i:
                 _fail(p, op, f"depends on op {d}, which is not earlier: deps must point to earlier ops (program order is issue order)")
-        check = _WORK_CHECKS.get(type(op.work))
-        if check is None:
-            _fail(p, op, f"work {type(op.work).__name__} is not an IR work type: use one of twin.ir.WORK_TYPES")
-        problem = check(op.work)
+        problem = bad_work(op.work) or (bad_tag(op.tag) if op.tag is not None else None)
         if problem:
             _fail(p, op, problem)
         if isinstance(op.work, (Collective, P2P)):
@@ -341,67 +307,3 @@ def _fmt_members(members: tuple[int, ...]) -> str:
 def _ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
-
-
-MAX_AMOUNT = 1e30  # FLOPs or bytes of one op or step: a zettascale step is 1e21; beyond this, ratios overflow
-
-
-def _bad_size(name: str, value: float) -> str | None:
-    if not (value >= 0 and math.isfinite(value)):
-        return f"{name}={value} must be a finite number >= 0"
-    if value > MAX_AMOUNT:
-        return f"{name}={value:g} is beyond any step (at most {MAX_AMOUNT:g})"
-    return None
-
-
-def _bad_dims(kind: str, work: Work, names: tuple[str, ...]) -> str | None:
-    for name in names:
-        value = getattr(work, name)
-        if type(value) is not int or not 0 < value <= MAX_DIM:
-            return f"{kind} {name}={value!r} must be a positive integer below 2^31"
-    return None
-
-
-def _bad_dtype(work: Gemm | Attention | Collective) -> str | None:
-    """The element type: one the builders write and the executor has a tensor type for."""
-    if work.dtype not in DTYPE_BYTES:
-        return f"unknown dtype {work.dtype!r}: use one of {', '.join(DTYPE_BYTES)}"
-    return None
-
-
-def _check_gemm(w: Gemm) -> str | None:
-    if w.layout not in GEMM_LAYOUTS:
-        return f"unknown GEMM layout {w.layout!r}: use one of {', '.join(GEMM_LAYOUTS)}"
-    return _bad_dims("gemm", w, ("m", "n", "k", "batch")) or _bad_dtype(w)
-
-
-def _check_attention(w: Attention) -> str | None:
-    return _bad_dims("attention", w, ("batch", "seq", "heads", "head_dim")) or _bad_dtype(w)
-
-
-def _check_elementwise(w: Elementwise) -> str | None:
-    return _bad_size("nbytes", w.nbytes) or _bad_size("flops", w.flops)
-
-
-def _check_collective(w: Collective) -> str | None:
-    if w.kind not in COLLECTIVE_KINDS:
-        return f"unknown collective kind {w.kind!r}: use one of {', '.join(COLLECTIVE_KINDS)}"
-    return _bad_size("nbytes", w.nbytes) or _bad_dtype(w)
-
-
-def _check_p2p(w: P2P) -> str | None:
-    if w.kind not in P2P_KINDS:
-        return f"unknown p2p kind {w.kind!r}: use one of {', '.join(P2P_KINDS)}"
-    if type(w.peer) is not int:
-        return f"p2p peer={w.peer!r} must be an integer offset along '{w.group}'"
-    return _bad_size("nbytes", w.nbytes)
-
-
-# One checker per work type: a new Work type registers its checker here.
-_WORK_CHECKS: dict[type, Callable[..., str | None]] = {
-    Gemm: _check_gemm,
-    Attention: _check_attention,
-    Elementwise: _check_elementwise,
-    Collective: _check_collective,
-    P2P: _check_p2p,
-}

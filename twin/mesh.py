@@ -25,8 +25,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from math import prod
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from twin.plan import ParallelPlan
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,19 @@ class Mesh:
         return tuple(name for name, _ in self.axes)
 
     def axis_size(self, axis: str) -> int:
-        return dict(self.axes)[axis]
+        """The axis's size; of axes joined with "+" ("z+data"), the product of theirs."""
+        sizes = dict(self.axes)
+        return prod(sizes[name] for name in axis.split("+"))
+
+    def position(self, rank: int, axis: str) -> int:
+        """The rank's position in its group along `axis` (joined axes too: the order of `groups(axis)`)."""
+        names = axis.split("+")
+        position, stride = 0, 1
+        for name, size in self.axes:
+            if name in names:
+                position += (rank // self.stride(name)) % size * stride
+                stride *= size
+        return position
 
     def stride(self, axis: str) -> int:
         """Distance in rank numbers between neighbours along `axis`."""
@@ -104,3 +120,13 @@ def axonn_mesh(gx: int, gy: int, gz: int, gdata: int, pp: int = 1) -> Mesh:
     """AxoNN's 4D mesh: X innermost, then Y, Z, data; pipeline stages outermost
     (Megatron-LM's tp-dp-pp order: consecutive stages on different nodes)."""
     return Mesh((("x", gx), ("y", gy), ("z", gz), ("data", gdata), ("pp", pp)))
+
+
+def plan_mesh(plan: ParallelPlan) -> Mesh:
+    """The mesh a plan lays its ranks on: the builder's groups and the executor's numerics both take it from here."""
+    return axonn_mesh(plan.gx, plan.gy, plan.gz, plan.gdata, plan.pp)
+
+
+def weight_shard_axis(plan: ParallelPlan) -> str:
+    """The axis each linear's weight block is sharded over: Z, or Z and data together under ZeRO-3."""
+    return "z+data" if plan.zero == 3 and plan.gdata > 1 else "z"

@@ -245,7 +245,7 @@ def summarize_timelines(schedule, timelines: list[RankTimeline], step_time_s: fl
     return Summary(
         machine=machine_name,
         model=info.model,
-        plan=info.plan,
+        plan=info.plan_text,
         gpus=schedule.world_size,
         global_batch=info.global_batch,
         seq=info.seq,

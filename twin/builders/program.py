@@ -13,7 +13,7 @@ the algorithm:
 
 from __future__ import annotations
 
-from twin.ir import Op, Work
+from twin.ir import Op, OpTag, Work
 
 COMPUTE_STREAM = "compute"
 
@@ -29,18 +29,19 @@ class ProgramWriter:
         self._last_compute: int | None = None
         self._pending_waits: list[int] = []
 
-    def compute(self, name: str, work: Work, deps: tuple[int, ...] = ()) -> int:
+    def compute(self, name: str, work: Work, deps: tuple[int, ...] = (), tag: OpTag | None = None) -> int:
         """Enqueue a compute op; it also waits on everything `wait`ed so far."""
         if self._pending_waits:
             all_deps = tuple(sorted(set(deps) | set(self._pending_waits)))
             self._pending_waits.clear()
         else:
             all_deps = deps
-        op_id = self._append(name, COMPUTE_STREAM, work, all_deps)
+        op_id = self._append(name, COMPUTE_STREAM, work, all_deps, tag)
         self._last_compute = op_id
         return op_id
 
-    def collective(self, name: str, group: str, work: Work, deps: tuple[int, ...] = (), stream: str | None = None) -> int:
+    def collective(self, name: str, group: str, work: Work, deps: tuple[int, ...] = (), stream: str | None = None,
+                   tag: OpTag | None = None) -> int:
         """Issue an async communication op on the group's stream (or `stream`); `wait` blocks on it.
 
         It starts after the last compute op and after everything waited for
@@ -48,12 +49,12 @@ class ProgramWriter:
         new op's stream syncs with the compute stream.
         """
         ordered = deps + tuple(self._pending_waits) + ((self._last_compute,) if self._last_compute is not None else ())
-        return self._append(name, stream or comm_stream(group), work, tuple(sorted(set(ordered))))
+        return self._append(name, stream or comm_stream(group), work, tuple(sorted(set(ordered))), tag)
 
     def wait(self, *op_ids: int) -> None:
         self._pending_waits.extend(op_ids)
 
-    def _append(self, name: str, stream: str, work: Work, deps: tuple[int, ...]) -> int:
+    def _append(self, name: str, stream: str, work: Work, deps: tuple[int, ...], tag: OpTag | None) -> int:
         op_id = len(self.ops)
-        self.ops.append(Op(id=op_id, name=name, stream=stream, work=work, deps=deps))
+        self.ops.append(Op(op_id, name, stream, work, deps, tag))  # positional: a step has thousands of ops
         return op_id

@@ -78,7 +78,7 @@ def cmd_compare_trace(args: argparse.Namespace) -> int:
     if args.schedule:
         sim = simulate(schedule, machine)
         step_s, by_class = sim.step_time_s, rank_time_by_class(sim, rank)
-        model_name, plan_text, gpus = schedule.info.model, schedule.info.plan, schedule.world_size
+        model_name, plan_text, gpus = schedule.info.model, schedule.info.plan_text, schedule.world_size
     else:
         step_s, by_class = rank_busy_by_class(model, plan, machine, args.gpus, rank)
         model_name, plan_text, gpus = model.name, resolve_step(model, plan, machine, args.gpus)[0].describe(), args.gpus

@@ -42,7 +42,7 @@ from topologies.machine import Machine
 from topologies.placement import place_ranks
 from twin.builders.program import COMPUTE_STREAM
 from twin.ir import P2P, Collective, Program, Schedule
-from twin.search.passes import chains_s, micro_batch_runs
+from twin.search.passes import chains_s, micro_batch_of, micro_batch_runs
 from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
 
@@ -234,8 +234,8 @@ class BoundModel:
         return own + self.pipeline_terms_s(schedule, durations)
 
     def pipeline_terms_s(self, schedule: Schedule, durations: list[list[float]] | None = None) -> tuple[float, ...]:
-        """One bound per stage of a 1F1B pipeline (programs = stages, blocks of consecutive ranks; ops tagged
-        "mb<i>.").
+        """One bound per stage of a 1F1B pipeline (programs = stages, blocks of consecutive ranks; ops tagged with
+        their micro-batch).
 
         Stage k cannot start its first forward before stages 0..k-1 ran theirs
         on micro-batch 0; it then runs all m forwards and m backwards itself;
@@ -250,7 +250,7 @@ class BoundModel:
         a forward run and a later backward run, the least forward plus the
         least backward. Chains are taken on each stage's first rank (the
         ranks a micro-batch passes through from stage to stage). Interleaved
-        schedules (chunk tags) get no term.
+        schedules (ops tagged with a chunk) get no term.
 
         The schedule may hold some stages only (build_axonn's `stages`): a stage
         between the first and the last that is missing counts its compute
@@ -267,25 +267,25 @@ class BoundModel:
         micro_batches = 0
         for index, program in enumerate(schedule.programs):
             program_durations = self._durations_s(schedule, program) if durations is None else durations[index]
-            tags: set[str] = set()
+            seen: set[int] = set()
             total = 0.0
             for op in program.ops:
-                tag, _, rest = op.name.partition(".")
-                if not tag.startswith("mb"):
+                mb = micro_batch_of(op)
+                if mb is None:
                     continue
-                if rest[:1] == "c" and rest[1:2].isdigit():
+                if op.tag.chunk is not None:
                     return ()  # interleaved: a micro-batch crosses each rank more than once
-                tags.add(tag)
+                seen.add(mb)
                 if op.stream == COMPUTE_STREAM and not op.is_comm:
                     total += program_durations[op.id]
-            if not tags:
+            if not seen:
                 return ()
             stage = program.ranks[0] // per_stage
-            micro_batches = len(tags)
+            micro_batches = len(seen)
             chains = chains_s(program, program_durations, micro_batch_runs(program))
-            runs: dict[str, list[float]] = {}
-            for (tag, _), value in sorted(chains.items()):
-                runs.setdefault(tag, []).append(value)
+            runs: dict[int, list[float]] = {}
+            for (mb, _), value in sorted(chains.items()):
+                runs.setdefault(mb, []).append(value)
             compute[stage] = total / micro_batches
             two_runs = len(runs) == micro_batches and all(len(r) == 2 for r in runs.values())
             forward_backward = min(r[0] for r in runs.values()) + min(r[1] for r in runs.values()) if two_runs else 0.0

@@ -4,31 +4,43 @@ A pass's compute ops sit together on a rank's compute stream (the builders
 write a layer's pass in one go), so on any rank the passes of all its
 layers and micro-batches follow one another. Two lower bounds use that: the
 screening bound (twin.search.screen) and the 1F1B pipeline term of the full
-bound (twin.search.bound.BoundModel.pipeline_terms_s).
+bound (twin.search.bound.BoundModel.pipeline_terms_s). Which pass an op is in
+comes from its tag (twin.ir.OpTag), never its name.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Hashable
+from typing import Hashable, NamedTuple
 
 from twin.builders.program import COMPUTE_STREAM
-from twin.ir import Program
-
-_PASS_OF_LAYER = re.compile(r"^(mb\d+\.(?:c\d+\.)?\w+\.L\d+)\.")  # builder op names: mb<i>[.c<j>].<pass>.L<layer>.<op>
-
-
-def pass_of(name: str) -> str | None:
-    """'mb3.bwd.L7' for an op of layer 7's backward on micro-batch 3; None outside the layers."""
-    found = _PASS_OF_LAYER.match(name)
-    return found.group(1) if found else None
+from twin.builders.tags import ACCUMULATE_ROLES
+from twin.ir import Op, Program
 
 
-def pass_compute_s(program: Program, durations: list[float]) -> dict[str, float]:
+class LayerPass(NamedTuple):
+    """One layer's forward, recompute or backward (`phase`) on one micro-batch (and chunk); a tuple, as the
+    search hashes one per compute op of every plan it bounds."""
+
+    micro_batch: int
+    chunk: int | None
+    phase: str
+    layer: int
+
+
+def pass_of(op: Op) -> LayerPass | None:
+    """The layer pass an op belongs to; None outside the layers and micro-batches, and for accumulations into
+    main_grad (sized by the weights' sharding, which the screening bound does not see: twin.builders.tags)."""
+    tag = op.tag
+    if tag is None or tag.layer is None or tag.micro_batch is None or tag.role in ACCUMULATE_ROLES:
+        return None
+    return LayerPass(tag.micro_batch, tag.chunk, tag.phase, tag.layer)
+
+
+def pass_compute_s(program: Program, durations: list[float]) -> dict[LayerPass, float]:
     """Each layer pass's compute: the sum of its compute ops."""
-    out: dict[str, float] = {}
+    out: dict[LayerPass, float] = {}
     for op in program.ops:
-        key = pass_of(op.name) if op.stream == COMPUTE_STREAM and not op.is_comm else None
+        key = pass_of(op) if op.stream == COMPUTE_STREAM and not op.is_comm else None
         if key:
             out[key] = out.get(key, 0.0) + durations[op.id]
     return out
@@ -66,37 +78,41 @@ def chains_s(program: Program, durations: list[float], group_of: dict[int, Hasha
     return last_compute
 
 
-def pass_chains_s(program: Program, durations: list[float]) -> dict[str, float]:
+def pass_chains_s(program: Program, durations: list[float]) -> dict[LayerPass, float]:
     """Each layer pass's chain (chains_s): its compute ops and the collectives between them."""
-    passes = {op.id: pass_of(op.name) for op in program.ops if op.stream == COMPUTE_STREAM and not op.is_comm}
+    passes = {op.id: pass_of(op) for op in program.ops if op.stream == COMPUTE_STREAM and not op.is_comm}
     return chains_s(program, durations, {i: key for i, key in passes.items() if key})
 
 
-def micro_batch_runs(program: Program) -> dict[int, tuple[str, int]]:
-    """Compute op id -> (micro-batch tag, run): the longest runs of one micro-batch's compute ops on the compute
+def micro_batch_of(op: Op) -> int | None:
+    """The micro-batch an op works on (None for the step's own ops and ops without a tag)."""
+    return op.tag.micro_batch if op.tag is not None else None
+
+
+def micro_batch_runs(program: Program) -> dict[int, tuple[int, int]]:
+    """Compute op id -> (micro-batch, run): the longest runs of one micro-batch's compute ops on the compute
     stream (a 1F1B stage's forward of a micro-batch, then later its backward; ops of no micro-batch end a run)."""
-    out: dict[int, tuple[str, int]] = {}
-    runs: dict[str, int] = {}
+    out: dict[int, tuple[int, int]] = {}
+    runs: dict[int, int] = {}
     previous = None
     for op in program.ops:
         if op.stream != COMPUTE_STREAM or op.is_comm:
             continue
-        tag = op.name.partition(".")[0]
-        if not tag.startswith("mb"):
+        mb = micro_batch_of(op)
+        if mb is None:
             previous = None
             continue
-        if tag != previous:
-            runs[tag] = runs.get(tag, -1) + 1
-            previous = tag
-        out[op.id] = (tag, runs[tag])
+        if mb != previous:
+            runs[mb] = runs.get(mb, -1) + 1
+            previous = mb
+        out[op.id] = (mb, runs[mb])
     return out
 
 
-def least_per_layer_s(per_pass: dict[str, float]) -> float:
+def least_per_layer_s(per_pass: dict[LayerPass, float]) -> float:
     """A layer's smallest possible total: for each kind of pass (fwd, rc, bwd), the least any layer's pass of that
     kind has, summed."""
     least: dict[str, float] = {}
     for key, value in per_pass.items():
-        kind = key.split(".")[-2]
-        least[kind] = min(value, least.get(kind, value))
+        least[key.phase] = min(value, least.get(key.phase, value))
     return sum(least.values())

@@ -1,0 +1,99 @@
+"""The attention core of one transformer layer: flash, or Megatron's unfused core attention (plan.attention).
+
+twin.builders.axonn's module docstring lists the kernels of each. The core
+runs on the heads / gx local heads of each of the mbs sequences, replicated
+over gy like every op between the QKV and attention-output linears. Its ops
+are tagged block "attn", each kernel its role ("fwd" and "bwd" for the flash
+kernels themselves).
+"""
+
+from __future__ import annotations
+
+from twin.builders.megatron_kernels import (
+    ATTENTION_DROPOUT_BACKWARD_BYTES, ATTENTION_DROPOUT_BYTES, COPY_BYTES, DROPOUT_FLOPS, FLASH_COPIED,
+    FUSED_SOFTMAX_MAX_SEQ, MASK_FILL_BYTES, SEQLENS_BYTES, SOFTMAX_BACKWARD_BYTES, SOFTMAX_BYTES, SOFTMAX_FLOPS,
+)
+from twin.builders.stage import StageBase
+from twin.builders.tags import Pass
+from twin.ir import Attention, Gemm, OpTag
+
+
+class AttentionWriter(StageBase):
+    """Writes a layer's attention core, forward (in the forward pass and in either recompute) and backward."""
+
+    def attention_forward(self, at: Pass, layer: int) -> None:
+        """The attention core's forward, in the forward pass and in either recompute."""
+        heads = self.head_elements()
+        if self.plan.attention == "flash":
+            for which in FLASH_COPIED:
+                self.elementwise(*self.kernel(at, "attn", f"{which}_copy", layer), heads, COPY_BYTES, 0)
+            self.elementwise(*self.kernel(at, "attn", "seqlens", layer), self.plan.mbs + 1, SEQLENS_BYTES, 1)
+            name, tag = self.kernel(at, "attn", "fwd", layer)
+            self.w.compute(name, self.flash_attention(backward=False), tag=tag)
+            if self.plan.mbs > 1:
+                self.elementwise(*self.kernel(at, "attn", "context_copy", layer), heads, COPY_BYTES, 0)
+            return
+        s, d = self.model.seq, self.model.head_dim
+        self.batched_gemm(*self.kernel(at, "attn", "scores", layer), s, s, d, "NT")  # Q K^T
+        if s <= FUSED_SOFTMAX_MAX_SEQ:
+            self.score_elementwise(*self.kernel(at, "attn", "softmax", layer), SOFTMAX_BYTES, SOFTMAX_FLOPS)
+        else:
+            self.score_elementwise(*self.kernel(at, "attn", "mask", layer), MASK_FILL_BYTES, 1)
+            self.score_elementwise(*self.kernel(at, "attn", "softmax", layer), SOFTMAX_BYTES, SOFTMAX_FLOPS)
+        self.score_elementwise(*self.kernel(at, "attn", "dropout", layer), ATTENTION_DROPOUT_BYTES, DROPOUT_FLOPS)
+        self.batched_gemm(*self.kernel(at, "attn", "context", layer), s, d, s, "NN")  # probs V
+        self.elementwise(*self.kernel(at, "attn", "context_copy", layer), heads, COPY_BYTES, 0)
+
+    def attention_backward(self, at: Pass, layer: int) -> None:
+        """The attention core's backward (pass `at`); selective recompute first reruns the unfused forward."""
+        heads = self.head_elements()
+        if self.plan.attention == "flash":  # nothing to recompute: the kernel rebuilds its scores itself
+            if self.plan.mbs > 1:
+                self.elementwise(*self.kernel(at, "attn", "bwd_copy", layer), heads, COPY_BYTES, 0)
+            name, tag = self.kernel(at, "attn", "bwd", layer)
+            self.w.compute(name, self.flash_attention(backward=True), tag=tag)
+            if self.plan.mbs == 1:
+                self.elementwise(*self.kernel(at, "attn", "qkv_grad", layer), 3 * heads, COPY_BYTES, 0)
+            else:
+                self.qkv_gradient_copies(at, layer)
+            return
+        if self.plan.recompute == "selective":
+            self.attention_forward(at.to("rc"), layer)
+        s, d = self.model.seq, self.model.head_dim
+        self.batched_gemm(*self.kernel(at, "attn", "context_dV", layer), s, d, s, "TN")  # probs^T dO
+        self.batched_gemm(*self.kernel(at, "attn", "context_dP", layer), s, s, d, "NT")  # dO V^T
+        self.score_elementwise(*self.kernel(at, "attn", "dropout_bwd", layer), ATTENTION_DROPOUT_BACKWARD_BYTES,
+                               DROPOUT_FLOPS)
+        self.score_elementwise(*self.kernel(at, "attn", "softmax_bwd", layer), SOFTMAX_BACKWARD_BYTES, SOFTMAX_FLOPS)
+        if s > FUSED_SOFTMAX_MAX_SEQ:
+            self.score_elementwise(*self.kernel(at, "attn", "mask_bwd", layer), MASK_FILL_BYTES, 1)
+        self.batched_gemm(*self.kernel(at, "attn", "scores_dQ", layer), s, d, s, "NN")  # dS K
+        self.elementwise(*self.kernel(at, "attn", "scores_dQ_scale", layer), heads, COPY_BYTES, 1)
+        self.batched_gemm(*self.kernel(at, "attn", "scores_dK", layer), s, d, s, "TN")  # dS^T Q
+        self.elementwise(*self.kernel(at, "attn", "scores_dK_scale", layer), heads, COPY_BYTES, 1)
+        self.qkv_gradient_copies(at, layer)
+
+    def qkv_gradient_copies(self, at: Pass, layer: int) -> None:
+        """torch.cat of strided q, k, v gradients into the QKV output's gradient: one copy each."""
+        for which in FLASH_COPIED:
+            self.elementwise(*self.kernel(at, "attn", f"{which}_grad", layer), self.head_elements(), COPY_BYTES, 0)
+
+    def attention_heads(self) -> int:
+        """Independent (sequence, local head) pairs: the batch of every unfused attention GEMM."""
+        return self.plan.mbs * self.model.heads // self.sizes["x"]
+
+    def batched_gemm(self, name: str, tag: OpTag, m: int, n: int, k: int, layout: str) -> int:
+        """One per-head GEMM of unfused attention (torch.bmm/baddbmm in Megatron: not layout-tuned)."""
+        return self.w.compute(name, Gemm(m, n, k, layout, self.dtype, batch=self.attention_heads()), tag=tag)
+
+    def score_elementwise(self, name: str, tag: OpTag, bytes_per_element: float, flops_per_element: float) -> int:
+        """A memory-bound kernel over the whole score tensor (attention_heads x s x s elements)."""
+        return self.elementwise(name, tag, self.attention_heads() * self.model.seq**2, bytes_per_element,
+                                flops_per_element)
+
+    def flash_attention(self, backward: bool) -> Attention:
+        model = self.model
+        return Attention(
+            batch=self.plan.mbs, seq=model.seq, heads=model.heads // self.sizes["x"],
+            head_dim=model.head_dim, backward=backward, causal=True, dtype=self.dtype,
+        )

@@ -1,0 +1,83 @@
+"""One transformer layer (ParallelTransformerLayer): its forward, its backward in autograd's order, its layer norms.
+
+The linears come from twin.builders.linears, the attention core from
+twin.builders.attention; what is left are the layer's own memory-bound
+kernels (layer norms, bias-GeLU, the bias-dropout-adds), counted as
+twin.builders.axonn's module docstring lists them.
+"""
+
+from __future__ import annotations
+
+from twin.builders.attention import AttentionWriter
+from twin.builders.linears import LinearWriter
+from twin.builders.megatron_kernels import (
+    BIAS_ADD_BYTES, DROPOUT_BACKWARD_BYTES, GELU_BACKWARD_BYTES, GELU_BYTES, GRAD_ADD_BYTES, LAYERNORM_BACKWARD_BYTES,
+    LAYERNORM_BYTES, LAYERNORM_PARTIAL_BYTES, LAYERNORM_PARTIAL_ROWS, LAYERNORM_PARTIAL_SUM_BYTES,
+    PERSISTENT_LAYERNORM_HIDDEN, RESIDUAL_DROPOUT_BYTES,
+)
+from twin.builders.stage import Linear
+from twin.builders.tags import Pass
+
+
+class LayerWriter(LinearWriter, AttentionWriter):
+    """Writes whole transformer layers, and the layer norms' backward (the final norm's too)."""
+
+    def block_forward(self, at: Pass, linears: list[Linear], gathered: int | None, after: Linear | None) -> int | None:
+        """One transformer block (ParallelTransformerLayer.forward) in the pass `at` (forward or full recompute);
+        `after`: the next linear in module order (oag)."""
+        res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
+        m = self.tokens
+        qkv, attn_out, up, down = linears
+        layer = qkv.layer
+        self.elementwise(*self.kernel(at, "ln1", "fwd", layer), res, LAYERNORM_BYTES, 5)
+        gathered = self.linear_forward(at, qkv, gathered, attn_out)
+        self.elementwise(*self.named(at, qkv, "bias"), self.output_elements(qkv), BIAS_ADD_BYTES, 1)
+        self.attention_forward(at, layer)
+        gathered = self.linear_forward(at, attn_out, gathered, up)
+        self.elementwise(*self.kernel(at, "resid1", "fwd", layer), res, RESIDUAL_DROPOUT_BYTES, 3)
+        self.elementwise(*self.kernel(at, "ln2", "fwd", layer), res, LAYERNORM_BYTES, 5)
+        gathered = self.linear_forward(at, up, gathered, down)
+        self.elementwise(*self.kernel(at, "gelu", "fwd", layer), m * f / gx, GELU_BYTES, 8)
+        gathered = self.linear_forward(at, down, gathered, after)
+        self.elementwise(*self.named(at, down, "bias"), self.output_elements(down), BIAS_ADD_BYTES, 1)
+        self.elementwise(*self.kernel(at, "resid2", "fwd", layer), res, RESIDUAL_DROPOUT_BYTES, 2)
+        return gathered
+
+    def block_backward(self, at: Pass, linears: list[Linear]) -> None:
+        """One block's backward in the pass `at` (selective recompute adds recompute ops), in autograd's order."""
+        res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
+        m = self.tokens
+        qkv, attn_out, up, down = linears
+        layer = qkv.layer
+        self.elementwise(*self.kernel(at, "resid2", "bwd", layer), res, DROPOUT_BACKWARD_BYTES, 2)
+        self.bias_backward(at, down)
+        self.linear_backward(at, down)
+        self.elementwise(*self.kernel(at, "gelu", "bwd", layer), m * f / gx, GELU_BACKWARD_BYTES, 8)
+        self.bias_backward(at, up)
+        self.linear_backward(at, up)
+        self.layernorm_backward(at, layer, "ln2", grad_add=True)
+        self.elementwise(*self.kernel(at, "resid1", "bwd", layer), res, DROPOUT_BACKWARD_BYTES, 2)
+        self.bias_backward(at, attn_out)
+        self.linear_backward(at, attn_out)
+        self.attention_backward(at, layer)
+        self.linear_backward(at, qkv, bias=True)
+        self.layernorm_backward(at, layer, "ln1", grad_add=True)
+
+    def layernorm_backward(self, at: Pass, layer: int | None, block: str, grad_add: bool) -> None:
+        """A layer norm's backward kernels (LAYERNORM_* constants) in the pass `at`, autograd's sum of the residual
+        stream's two gradients when it has two consumers (`grad_add`), then the accumulation of gamma and beta."""
+        res, hidden = self.residual_elements(), self.norm_params()
+        partial_flops = 2 * LAYERNORM_PARTIAL_ROWS
+        if self.model.hidden in PERSISTENT_LAYERNORM_HIDDEN:
+            self.elementwise(*self.kernel(at, block, "bwd", layer), res, LAYERNORM_BACKWARD_BYTES, 8)
+            self.elementwise(*self.kernel(at, block, "bwd_params_sum", layer), hidden, LAYERNORM_PARTIAL_SUM_BYTES,
+                             partial_flops)
+        else:
+            self.elementwise(*self.kernel(at, block, "bwd_params", layer), res, LAYERNORM_PARTIAL_BYTES, 4)
+            self.elementwise(*self.kernel(at, block, "bwd_params_sum", layer), hidden, LAYERNORM_PARTIAL_SUM_BYTES,
+                             partial_flops)
+            self.elementwise(*self.kernel(at, block, "bwd", layer), res, LAYERNORM_BACKWARD_BYTES, 8)
+        if grad_add:
+            self.elementwise(*self.kernel(at, block, "grad_add", layer), res, GRAD_ADD_BYTES, 1)
+        self.accumulate(at, block, layer, "weight", hidden)
+        self.accumulate(at, block, layer, "bias", hidden)

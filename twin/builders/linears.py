@@ -1,0 +1,109 @@
+"""One linear layer's forward and backward on the 4D mesh: GEMMs, their collectives, the bias, the accumulations.
+
+The convention is twin.builders.axonn's (its module docstring): W's (x, y)
+block sharded along Z (z+data under ZeRO-3), gathered before the forward
+GEMM and its gradient reduce-scattered after dW; the forward output
+all-reduced over the linear's forward axis, dI over its backward axis;
+sequence parallelism (sp=1, over X) gathers and scatters the activations
+instead. The overlap switches decide only the waits (oar, ors) and when the
+next linear's weights are gathered (oag).
+"""
+
+from __future__ import annotations
+
+from twin.builders.megatron_kernels import BIAS_GRAD_BYTES
+from twin.builders.stage import Linear, StageBase
+from twin.builders.tags import Pass
+from twin.ir import Collective, Gemm, OpTag
+
+
+class LinearWriter(StageBase):
+    """Writes the ops of single linears."""
+
+    @staticmethod
+    def named(at: Pass, lin: Linear, role: str) -> tuple[str, OpTag]:
+        """An op of `lin` in the pass `at`: its name (<mb>.<pass>.<linear>.<role>) and its tag."""
+        return f"{at.label}.{lin.name}.{role}", at.tag(lin.block, role, lin.layer)
+
+    def gather_weight(self, at: Pass, lin: Linear) -> int | None:
+        axis = self.shard_axis
+        if self.sizes[axis] == 1:
+            return None
+        work = Collective("all_gather", axis, self.weight_block_bytes(lin), self.dtype)
+        name, tag = self.named(at, lin, f"ag_{axis.replace('+', '')}")
+        return self.w.collective(name, axis, work, tag=tag)
+
+    def linear_forward(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None) -> int | None:
+        """Forward of one linear; returns the prefetched all-gather of `prefetch`, if issued."""
+        w, sp = self.w, self.plan.sp and self.sizes["x"] > 1
+        if self.sizes[self.shard_axis] > 1 and gathered is None:
+            gathered = self.gather_weight(at, lin)
+        if gathered is not None:
+            w.wait(gathered)
+        next_gather = self.gather_weight(at, prefetch) if (prefetch and self.plan.oag) else None
+        rows, k_loc, n_loc = self.gemm_dims(lin)
+        if sp and not lin.transposed:  # sequence-parallel input gathered before a column-parallel linear
+            self.blocking(*self.named(at, lin, "ag_x"), "all_gather", "x", self.b * rows * k_loc)
+        name, tag = self.named(at, lin, "gemm")
+        w.compute(name, Gemm(rows, n_loc, k_loc, "NT", self.dtype, tunable=self.plan.tune_gemm), tag=tag)
+        axis = lin.forward_axis
+        if self.sizes[axis] > 1:
+            if sp and lin.transposed:
+                self.blocking(*self.named(at, lin, "rs_x"), "reduce_scatter", "x", self.b * rows * n_loc)
+            else:
+                self.blocking(*self.named(at, lin, f"ar_{axis}"), "all_reduce", axis, self.b * rows * n_loc)
+        return next_gather
+
+    def linear_backward(self, at: Pass, lin: Linear, bias: bool = False, accumulate: bool = True) -> None:
+        """dI, dW (and, for a linear that adds its bias itself, dbias: LinearWithGradAccumulationAndAsyncCommunication
+        .backward), then the accumulation of its weight (and that bias) into main_grad.
+
+        A z-sharded weight accumulates its reduce-scattered shard, after the reduce-scatter's wait without ors;
+        with ors the reduce-scatter is waited only at the end of the backward (AxoNN), and the add is issued in
+        its place here all the same: its wait on the shard is not modelled."""
+        w, plan = self.w, self.plan
+        sp = plan.sp and self.sizes["x"] > 1
+        rows, k_loc, n_loc = self.gemm_dims(lin)
+        tune = plan.tune_gemm
+        regather = None
+        if sp and lin.transposed:  # the gradient arrives sequence-split: gather it first
+            self.blocking(*self.named(at, lin, "ag_x"), "all_gather", "x", self.b * rows * n_loc)
+        elif sp:  # the saved input is sequence-split: gather it again for dW, behind the dI GEMM
+            name, tag = self.named(at, lin, "ag_in_x")
+            regather = w.collective(name, "x", Collective("all_gather", "x", self.b * rows * k_loc, self.dtype), tag=tag)
+        name, tag = self.named(at, lin, "dI")
+        w.compute(name, Gemm(rows, k_loc, n_loc, "NN", self.dtype, tunable=tune), tag=tag)
+        axis = lin.backward_axis
+        reduce_dI = None
+        if self.sizes[axis] > 1 and not (sp and lin.transposed):
+            kind, short = ("reduce_scatter", "rs") if sp else ("all_reduce", "ar")
+            name, tag = self.named(at, lin, f"{short}_{axis}")
+            reduce_dI = w.collective(name, axis, Collective(kind, axis, self.b * rows * k_loc, self.dtype), tag=tag)
+            if not plan.oar:
+                w.wait(reduce_dI)
+        if regather is not None:
+            w.wait(regather)
+        name, tag = self.named(at, lin, "dW")
+        w.compute(name, Gemm(n_loc, k_loc, rows, "TN", self.dtype, tunable=tune), tag=tag)
+        if bias:  # grad_output.sum(dim=0), before the handle's wait
+            self.elementwise(*self.named(at, lin, "dbias"), rows * n_loc, BIAS_GRAD_BYTES, 1)
+        if reduce_dI is not None and plan.oar:
+            w.wait(reduce_dI)
+        axis = self.shard_axis
+        if self.sizes[axis] > 1:
+            work = Collective("reduce_scatter", axis, self.weight_block_bytes(lin), self.dtype)
+            name, tag = self.named(at, lin, f"rs_{axis.replace('+', '')}")
+            scatter = w.collective(name, axis, work, tag=tag)
+            if plan.ors:
+                self.deferred_waits.append(scatter)
+            else:
+                w.wait(scatter)
+        if accumulate:
+            self.accumulate(at, lin.block, lin.layer, "weight", k_loc * n_loc / self.sizes[axis])
+            if bias:
+                self.accumulate(at, lin.block, lin.layer, "bias", n_loc)
+
+    def bias_backward(self, at: Pass, lin: Linear) -> None:
+        """The gradient of a bias added outside the linear's GEMM (a reduction over tokens), and its accumulation."""
+        self.elementwise(*self.named(at, lin, "dbias"), self.output_elements(lin), BIAS_GRAD_BYTES, 1)
+        self.accumulate(at, lin.block, lin.layer, "bias", self.gemm_dims(lin)[2])

@@ -1,0 +1,125 @@
+"""What every part of a pipeline stage's program shares: the plan's sizes on this rank, and how ops are written.
+
+twin.builders.axonn writes one program per pipeline stage with a writer
+assembled from one module per job (linears, the transformer block and its
+attention, the embedding and loss, the step around the micro-batches); each
+is a subclass of StageBase, which holds the sizes they all need and writes
+each op with its name and its tag (twin.builders.tags) together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from twin.builders.megatron_kernels import grad_accumulation_bytes
+from twin.builders.program import ProgramWriter
+from twin.builders.tags import Pass
+from twin.ir import Collective, Elementwise, OpTag
+from twin.mesh import plan_mesh, weight_shard_axis
+from twin.model import ModelSpec
+from twin.plan import ParallelPlan
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One linear of the model; `transposed` swaps the X and Y roles. `layer` is None for the LM head."""
+
+    block: str
+    layer: int | None
+    k: int
+    n: int
+    transposed: bool
+    name: str = field(init=False, repr=False, compare=False)  # in op names: L<layer>.<block>, or the block alone
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "name", self.block if self.layer is None else f"L{self.layer}.{self.block}")
+
+    @property
+    def forward_axis(self) -> str:
+        """The axis the forward output is all-reduced over (k is split over it)."""
+        return "x" if self.transposed else "y"
+
+    @property
+    def backward_axis(self) -> str:
+        """The axis dI is all-reduced over (n is split over it)."""
+        return "y" if self.transposed else "x"
+
+
+class StageBase:
+    """The sizes of one pipeline stage's ranks, and the writing of single ops; one instance per stage."""
+
+    def __init__(self, model: ModelSpec, plan: ParallelPlan, stage: int) -> None:
+        self.model, self.plan, self.stage = model, plan, stage
+        mesh = plan_mesh(plan)
+        self.shard_axis = weight_shard_axis(plan)
+        self.sizes = {axis: mesh.axis_size(axis) for axis in (*mesh.names, "z+data")}
+        self.tokens = plan.mbs * model.seq  # rows of every GEMM on this rank
+        self.residual_split = plan.gy * (plan.gx if plan.sp else 1)  # of the residual stream's hidden/tokens
+        self.dtype = model.dtype
+        self.b = model.dtype_bytes
+        self.acc_bytes = grad_accumulation_bytes(model.dtype)
+        self.w = ProgramWriter()
+        self.n_virtual = plan.pp * plan.vpp
+        per_chunk = model.layers // self.n_virtual
+        self.chunks = []  # per chunk: the blocks (each four Linears) of this stage
+        for chunk in range(plan.vpp):
+            first = (chunk * plan.pp + stage) * per_chunk
+            self.chunks.append([
+                [Linear(name, layer, k, n, t) for name, k, n, t in model.linear_shapes()]
+                for layer in range(first, first + per_chunk)
+            ])
+        self.lm_head = Linear("lm_head", None, model.hidden, model.vocab, False)
+        self.deferred_waits: list[int] = []  # ors: reduce-scatters waited at the end of backward
+
+    # ---- sizes -------------------------------------------------------------
+    def residual_elements(self) -> float:
+        """Elements of the residual stream (tokens x hidden) this rank holds."""
+        return self.tokens * self.model.hidden / self.residual_split
+
+    def head_elements(self) -> float:
+        """Elements of q, k, v or the attention context (tokens x hidden/gx: the local heads) on this rank."""
+        return self.tokens * self.model.hidden / self.sizes["x"]
+
+    def norm_params(self) -> float:
+        """Elements of one layer-norm parameter (gamma or beta) on this rank: the hidden split over gy."""
+        return self.model.hidden / self.sizes["y"]
+
+    def weight_block_bytes(self, lin: Linear) -> float:
+        """The gathered (x, y) block of W: what the weight all-gather returns."""
+        return self.b * lin.k * lin.n / (self.sizes["x"] * self.sizes["y"])
+
+    def gemm_dims(self, lin: Linear) -> tuple[int, int, int]:
+        """(rows, k_local, n_local) of this rank's forward GEMM."""
+        return (self.tokens, lin.k // self.sizes[lin.forward_axis], lin.n // self.sizes[lin.backward_axis])
+
+    def output_elements(self, lin: Linear) -> float:
+        """Elements of the linear's output where its bias is added: the residual stream's share after a
+        transposed (row-parallel) linear, tokens x n_local after the others."""
+        return self.residual_elements() if lin.transposed else self.tokens * self.gemm_dims(lin)[2]
+
+    # ---- writing ops ---------------------------------------------------------
+    def elementwise(self, name: str, tag: OpTag, elements: float, bytes_per_element: float,
+                    flops_per_element: float = 1.0) -> int:
+        work = Elementwise(elements * bytes_per_element, elements * flops_per_element)  # (nbytes, flops)
+        return self.w.compute(name, work, (), tag)
+
+    def blocking(self, name: str, tag: OpTag, kind: str, axis: str, nbytes: float, dtype: str | None = None) -> int:
+        """A collective the next compute op waits for."""
+        op = self.w.collective(name, axis, Collective(kind, axis, nbytes, dtype or self.dtype), tag=tag)
+        self.w.wait(op)
+        return op
+
+    @staticmethod
+    def kernel(at: Pass, block: str, role: str, layer: int | None = None) -> tuple[str, OpTag]:
+        """A module's kernel in the pass `at`, its name and its tag. Named <mb>.<pass>.L<n>.<block>_<role> in a layer,
+        <mb>.<block>_<role> outside (ln_f); the module's own forward kernel (role "fwd") by the block alone."""
+        kernel = block if role == "fwd" else f"{block}_{role}"
+        name = f"{at.micro_label}.{kernel}" if layer is None else f"{at.label}.L{layer}.{kernel}"
+        return name, at.tag(block, role, layer)
+
+    def accumulate(self, at: Pass, block: str, layer: int | None, parameter: str, elements: float) -> int:
+        """main_grad.add_(grad) of one parameter tensor (DistributedDataParallel's hook) in the backward pass `at`:
+        named <mb>.bwd.acc.[L<n>.]<block>.<parameter>, role acc_<parameter> (twin.builders.tags.ACCUMULATE_ROLES)."""
+        where = block if layer is None else f"L{layer}.{block}"
+        return self.elementwise(f"{at.label}.acc.{where}.{parameter}", at.tag(block, f"acc_{parameter}", layer),
+                                elements, self.acc_bytes, 1)
