@@ -266,7 +266,8 @@ def worker(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from executor.runtime import Executor, choose_target
+    from executor.runtime import Executor
+    from executor.target import choose_target
     from topologies.machine import load_machine
     from twin.build import build_step
     from twin.model import get_model

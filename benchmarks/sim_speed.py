@@ -79,7 +79,7 @@ TARGET_PIPELINE_S, TARGET_PIPELINE_MB = 2.0, 1024.0
 def nvl72_rings() -> dict:
     """The rings of one 72-GPU NVLink domain, as the collective model packs them (twin.sim.collectives)."""
     from topologies.fabric import Fabric
-    from twin.sim.collectives import pack_rings
+    from twin.sim.rings import pack_rings
 
     machine = load_machine(NVL72[0])
     n = machine.node.gpus_per_node

@@ -29,7 +29,7 @@ the worker processes import those, so twin (and `twin --help`) runs without it:
 - compare     simulated vs measured per op class and per step; figures.
 - cli         twin run / calibrate / compare (added to twin's parser).
 
-Element type: the IR's on GPU; float32 on CPU (see runtime.choose_target for
+Element type: the IR's on GPU; float32 on CPU (see target.choose_target for
 why even on a CPU with native bf16). Byte counts of communication and
 element-wise ops are always the IR's.
 

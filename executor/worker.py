@@ -126,7 +126,8 @@ def _run(args: argparse.Namespace, rank: int, world: int, local_rank: int, progr
     import torch
     import torch.distributed as dist
 
-    from executor.runtime import Executor, choose_target
+    from executor.runtime import Executor
+    from executor.target import choose_target
     from twin.ir_io import load_schedule
 
     torch.set_num_threads(args.threads)

@@ -8,9 +8,10 @@ from itertools import combinations, permutations
 import pytest
 
 import twin.sim.collectives as collectives
+import twin.sim.rings as ring_search
 from topologies.fabric import Fabric
 from topologies.machine import load_machine
-from twin.sim.collectives import pack_chains, pack_rings
+from twin.sim.rings import pack_chains, pack_rings
 
 MACHINES = ("frontier", "perlmutter", "alps", "dgx-a100", "dgx-a100-800g", "local")
 
@@ -20,19 +21,19 @@ def node_arcs(name: str):
     return Fabric(machine, machine.node.gpus_per_node).ring_arcs(), machine.node.gpus_per_node
 
 
-def exhaustive_rings(members, arcs, max_rings=collectives.MAX_CHANNELS):
+def exhaustive_rings(members, arcs, max_rings=ring_search.MAX_CHANNELS):
     """The rings as chosen before the polynomial search existed, written out here as the reference: each
-    round, over every ordering of the members after the first, the best ring by collectives._score."""
+    round, over every ordering of the members after the first, the best ring by ring_search._score."""
     used, rings = {}, []
     while len(rings) < max_rings:
-        scored = [(collectives._score((members[0],) + p, arcs, used, True), (members[0],) + p)
+        scored = [(ring_search._score((members[0],) + p, arcs, used, True), (members[0],) + p)
                   for p in permutations(members[1:])]
         scored = [(s, r) for s, r in scored if s is not None]
         if not scored:
             break
         best = max(scored, key=lambda sr: sr[0])[1]  # max keeps the first of equals, as the old loop did
         rings.append(best)
-        collectives._claim(best, used, True)
+        ring_search._claim(best, used, True)
     return rings or [members]
 
 
@@ -65,7 +66,7 @@ def test_the_polynomial_search_matches_the_exhaustive_one_on_direct_link_nodes(n
     """Forced onto today's direct-link nodes, the polynomial search finds as many rings, each with the same
     slowest link, for every group of local GPUs."""
     arcs, n = node_arcs(name)
-    monkeypatch.setattr(collectives, "EXHAUSTIVE_MAX", 1)
+    monkeypatch.setattr(ring_search, "EXHAUSTIVE_MAX", 1)
     for k in range(2, n + 1):
         for members in combinations(range(n), k):
             rings, exact = pack_rings(members, arcs), exhaustive_rings(members, arcs)
@@ -83,7 +84,7 @@ def test_on_a_switch_the_polynomial_rings_load_the_links_as_the_exhaustive_ones(
     machine = load_machine(name)
     n = machine.node.gpus_per_node
     exact = collectives._Lowerer(Fabric(machine, n))
-    monkeypatch.setattr(collectives, "EXHAUSTIVE_MAX", 1)
+    monkeypatch.setattr(ring_search, "EXHAUSTIVE_MAX", 1)
     fast = collectives._Lowerer(Fabric(machine, n))
     for k in range(2, n + 1):
         for members in list(combinations(range(n), k))[:6]:
@@ -101,7 +102,7 @@ def test_a_large_switch_gets_disjoint_rings_and_chains(n):
     members = tuple(range(n))
     rings = pack_rings(members, arcs)
     assert_valid_rings(rings, members, arcs)
-    assert len(rings) >= min(collectives.MAX_CHANNELS, n - 2)  # n-2: what Walecki's construction gives
+    assert len(rings) >= min(ring_search.MAX_CHANNELS, n - 2)  # n-2: what Walecki's construction gives
     starts = tuple(range(min(n, 8)))
     chains = pack_chains(members, starts, arcs)
     assert [c[0] for c in chains] == list(starts) and all(sorted(c) == list(members) for c in chains)
@@ -130,7 +131,7 @@ def test_the_nvl72_domain_gets_its_rings_and_a_step_simulates(capsys):
     assert n == 72
     rings = pack_rings(tuple(range(n)), arcs)
     assert_valid_rings(rings, tuple(range(n)), arcs)
-    assert len(rings) == collectives.MAX_CHANNELS
+    assert len(rings) == ring_search.MAX_CHANNELS
     rc = main(["simulate", "--machine", "gb200-nvl72", "--model-spec", "layers=2,hidden=4608,heads=72,seq=512,vocab=50400",
                "--gpus", "144", "--plan", "tp=72,dp=2,mbs=1", "--global-batch", "4", "--json"])
     out, err = capsys.readouterr()

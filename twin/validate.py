@@ -55,44 +55,12 @@ from twin.search import cache
 from twin.search.rank import search, worker_count
 from twin.search.axonn_model import MEASURED_TOP, MIN_TP, Grid, comm_time_s
 from twin.search.space import AXONN_AXES, SearchSpace, enumerate_space
+from twin.validate_rows import Row, bound_row as _bound, range_row as _range, value_row as _value
 
 FITTED_DIR = Path(__file__).resolve().parent.parent / "topologies" / "fitted"
 TRAINING_TOKENS = 2e12  # AxoNN Fig. 9: time to train on 2T tokens
 SECONDS_PER_DAY = 86400.0
 DAYS_PER_MONTH = 365.25 / 12
-
-
-@dataclass(frozen=True)
-class Row:
-    section: str
-    quantity: str
-    published: str  # as the paper states it
-    predicted: float
-    unit: str
-    kind: str  # value | range | bound
-    error: float | None  # value rows: predicted / published - 1
-    holds: bool | None  # range and bound rows
-    plan: str
-    how: str
-    calibrated: float | None = None  # the same quantity on the fitted machine files
-    calibrated_error: float | None = None  # value rows not fitted on
-    calibrated_holds: bool | None = None
-    fitted_on: bool = False  # a calibrated file was fitted on this very row
-
-
-def _value(section, quantity, published: float, predicted: float, unit: str, plan: str, how: str,
-           shown: str | None = None) -> Row:
-    return Row(section, quantity, shown or f"{published:g} {unit}", predicted, unit, "value", predicted / published - 1,
-               None, plan, how)
-
-
-def _range(section, quantity, lo: float, hi: float, predicted: float, unit: str, plan: str, how: str) -> Row:
-    return Row(section, quantity, f"{lo:g}-{hi:g} {unit}", predicted, unit, "range", None, lo <= predicted <= hi, plan,
-               how)
-
-
-def _bound(section, quantity, text: str, predicted: float, holds: bool, unit: str, plan: str, how: str) -> Row:
-    return Row(section, quantity, text, predicted, unit, "bound", None, holds, plan, how)
 
 
 # ---- cached tasks ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from twin import limits
@@ -187,6 +188,28 @@ def schedule_and_machine(args: argparse.Namespace) -> tuple[Schedule, Machine]:
     if given:
         raise TwinError(f"--schedule FILE is a built step already; drop {given[0]} (or drop --schedule)")
     return load_schedule(args.schedule), load_machine_from_args(args)
+
+
+@dataclass(frozen=True)
+class StepSource:
+    """What a step command simulates: a built schedule (--schedule FILE) or a model and plan to build."""
+
+    machine: Machine
+    schedule: Schedule | None = None
+    model: ModelSpec | None = None
+    plan: ParallelPlan | None = None
+
+
+def schedule_or_step(args: argparse.Namespace, command: str, alternative: str) -> StepSource:
+    """--schedule FILE with its --machine, or the step arguments, a --preset filled in first."""
+    if args.preset:
+        apply_preset(args)
+    if args.schedule:
+        schedule, machine = schedule_and_machine(args)
+        return StepSource(machine, schedule=schedule)
+    require_step_arguments(args, command, alternative)
+    model, plan, machine = step_inputs(args)
+    return StepSource(machine, model=model, plan=plan)
 
 
 # ---------------------------------------------------------------- progress on stderr

@@ -16,7 +16,7 @@ from twin.cli.args import (
     comma_words,
     input_files,
     require_step_arguments,
-    schedule_and_machine,
+    schedule_or_step,
     shows_progress,
     step_inputs,
 )
@@ -66,16 +66,11 @@ def cmd_compare_trace(args: argparse.Namespace) -> int:
     from twin.sim.engine import simulate
 
     check_outputs({"--figure": args.figure}, input_files(args), {"--figure": FIGURE_FORMATS})
-    if args.preset:
-        apply_preset(args)
-    if args.schedule:
-        schedule, machine = schedule_and_machine(args)
-    else:
-        require_step_arguments(args, "compare-trace", " (or --preset NAME, or --schedule FILE)")
-        model, plan, machine = step_inputs(args)
+    source = schedule_or_step(args, "compare-trace", " (or --preset NAME, or --schedule FILE)")
+    schedule, model, plan, machine = source.schedule, source.model, source.plan, source.machine
     run = load_profiled_run(args.trace_in, args.steps, args.device)
     rank = args.rank if args.rank is not None else run.rank  # None: the critical rank
-    if args.schedule:
+    if schedule is not None:
         sim = simulate(schedule, machine)
         step_s, by_class = sim.step_time_s, rank_time_by_class(sim, rank)
         model_name, plan_text, gpus = schedule.info.model, schedule.info.plan_text, schedule.world_size

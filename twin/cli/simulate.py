@@ -9,15 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from twin.cli.args import (
-    add_preset_argument,
-    add_step_arguments,
-    apply_preset,
-    input_files,
-    require_step_arguments,
-    schedule_and_machine,
-    step_inputs,
-)
+from twin.cli.args import add_preset_argument, add_step_arguments, input_files, schedule_or_step
 from twin.outputs import FIGURE_FORMATS, check_outputs
 
 if TYPE_CHECKING:
@@ -35,16 +27,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from twin.trace import write_trace
 
     check_outputs({"--trace": args.trace, "--figure": args.figure}, input_files(args), {"--figure": FIGURE_FORMATS})
-    if args.preset:
-        apply_preset(args)
-    if args.schedule:
-        schedule, machine = schedule_and_machine(args)
-    else:
-        require_step_arguments(args, "simulate", " (or --schedule FILE)")
-        model, plan, machine = step_inputs(args)
+    source = schedule_or_step(args, "simulate", " (or --schedule FILE)")
+    schedule, machine = source.schedule, source.machine
+    if schedule is None:
         if not (args.trace or args.figure or args.full):
-            return _print(simulate_step(model, plan, machine, args.gpus, flops_formula=args.flops_formula), args)
-        schedule = build_step(model, plan, machine, args.gpus).schedule
+            return _print(simulate_step(source.model, source.plan, machine, args.gpus,
+                                        flops_formula=args.flops_formula), args)
+        schedule = build_step(source.model, source.plan, machine, args.gpus).schedule
     run = simulate(schedule, machine, full=args.full)
     summary = summarize(run, args.flops_formula)
     if args.trace:
