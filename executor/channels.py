@@ -17,6 +17,9 @@ says the ops of a stream run one after another. How each backend gets there:
   `dist.all_reduce(..., async_op=True)` makes (`ProcessGroupGloo.allreduce`
   etc.), each returning its Work at once.
 
+A shift (ring attention's exchange) is an all-to-all whose only non-empty
+splits go to the next member and come from the previous one (`shift_splits`).
+
 Every group gets the run's timeout: a collective whose peers never arrive
 fails after it (gloo raises, NCCL's watchdog aborts) instead of hanging.
 """
@@ -34,6 +37,24 @@ from twin.ir import Schedule
 # torch 2.13 renamed the single-tensor all-gather and reduce-scatter; keep working on both names.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def shift_splits(n_members: int, to: int, source: int, numel: int) -> tuple[list[int], list[int]]:
+    """(output, input) split sizes, in elements, of the all-to-all that is a shift: all `numel` elements go to
+    group rank `to` (the next member) and come from group rank `source` (the previous one).
+
+    A shift is one all-to-all with a single non-empty split each way, so it is one op on the channel's stream,
+    as the IR's one collective is (a send and a receive would be two ops). With two members the next and the
+    previous are the same rank; with one, the rank sends to itself: a copy of its input into its output."""
+    out_splits, in_splits = [0] * n_members, [0] * n_members
+    in_splits[to] = numel
+    out_splits[source] = numel
+    return out_splits, in_splits
+
+
+def _check_shift(out, inp) -> None:
+    if out.numel() != inp.numel():
+        raise ValueError(f"a shift sends what it receives: output of {out.numel()} elements, input of {inp.numel()}")
 
 
 class GlooChannel:
@@ -56,6 +77,11 @@ class GlooChannel:
             return functools.partial(pg.broadcast, [out], opts)
         if kind == "all_to_all":
             return functools.partial(pg.alltoall_base, out, inp, [], [])
+        if kind == "shift":  # the group was built with each member's position in the instance as its rank
+            _check_shift(out, inp)
+            p, n = pg.rank(), len(self.members)
+            out_splits, in_splits = shift_splits(n, (p + 1) % n, (p - 1) % n, inp.numel())
+            return functools.partial(pg.alltoall_base, out, inp, out_splits, in_splits)
         raise ValueError(f"unknown collective kind {kind!r}")
 
     def p2p(self, kind: str, buf, peer: int):
@@ -83,6 +109,12 @@ class TorchChannel:
             return functools.partial(dist.broadcast, out, group=pg, async_op=True, group_src=0)
         if kind == "all_to_all":
             return functools.partial(dist.all_to_all_single, out, inp, group=pg, async_op=True)
+        if kind == "shift":  # new_group numbers its ranks in sorted order, not the instance's: translate
+            _check_shift(out, inp)
+            p, n = self.members.index(dist.get_rank()), len(self.members)
+            to, source = (dist.get_group_rank(pg, self.members[(p + step) % n]) for step in (1, -1))
+            out_splits, in_splits = shift_splits(n, to, source, inp.numel())
+            return functools.partial(dist.all_to_all_single, out, inp, out_splits, in_splits, group=pg, async_op=True)
         raise ValueError(f"unknown collective kind {kind!r}")
 
     def p2p(self, kind: str, buf, peer: int):

@@ -21,11 +21,13 @@ What each op runs (the IR keeps sizes, the executor keeps them too):
   not executed: the IR counts them, they do not bound the time.
 - Collectives: all_reduce, all_gather (into one tensor), reduce_scatter (from
   one tensor), broadcast (from the instance's first member), all_to_all
-  (single tensor), each issued asynchronously on the op's channel
-  (executor.channels). The buffer
+  (single tensor), shift (input to the next member, output from the previous
+  one: an all-to-all with one split each way), each issued asynchronously on
+  the op's channel (executor.channels). The buffer
   holds the IR's nbytes (the full buffer, as nccl-tests counts: the all-gather
-  output, the reduce-scatter input) in the executor's element type, rounded up
-  to a multiple of the group size.
+  output, the reduce-scatter input; for a shift, what each rank sends, so its
+  input and output are that size each) in the executor's element type, rounded
+  up to a multiple of the group size.
 - P2P: isend / irecv of nbytes to / from the peer's global rank on the
   (axis, tag) channel.
 
@@ -147,13 +149,15 @@ def elementwise_fn(e: Elementwise, bufs: Buffers) -> Fn:
 
 
 def collective_fn(op: Op, channel, bufs: Buffers) -> Fn:
-    """`channel` is an executor.channels channel (gloo or torch.distributed)."""
+    """The op's collective on preallocated (output, input) buffers; `channel` is an executor.channels channel
+    (gloo or torch.distributed). Kinds: twin.ir.COLLECTIVE_KINDS (all_reduce, all_gather, reduce_scatter,
+    broadcast, all_to_all, shift)."""
     c: Collective = op.work
     n_members = len(channel.members)
     n = elements(c.nbytes, bufs.dtype, n_members)
     role = {"all_reduce": ("ar", n, None), "all_gather": ("ag", n, n // n_members),
             "reduce_scatter": ("rs", n // n_members, n), "broadcast": ("bc", n, None),
-            "all_to_all": ("a2a", n, n)}
+            "all_to_all": ("a2a", n, n), "shift": ("shift", n, n)}
     if c.kind not in role:
         raise ValueError(f"op {op.id} '{op.name}': unknown collective kind {c.kind!r}")
     name, n_out, n_in = role[c.kind]

@@ -24,7 +24,9 @@ convention of twin.builders.axonn, not from the ops being tested: for a
 linear O[R, n] = I[R, k] W^T (W stored n x k, as torch.nn.Linear), on the
 rank at positions (x, y, z, d) of the IR's groups,
 
-- rows: block d gz + z of R = m gz gdata (m = the forward GEMM's rows);
+- rows: block d gz + z of R = m gz gdata (m = the forward GEMM's rows), where d
+  is the position on the gradient axis (data, or cp+data with context
+  parallelism: cp ranks hold other tokens of the same sequences);
 - k is split over Y and n over X (transposed linears, attn_out and mlp_down:
   the other way round, from twin.model.ModelSpec.linear_shapes);
 - the (n-block, k-block) of W is flattened and sharded over Z (over
@@ -68,9 +70,10 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from executor.ring_numerics import RingAttentionChecker
 from twin.builders.tags import ACCUMULATE_ROLES, SEQUENCE_ROLES
-from twin.ir import Collective, Gemm, Op, Schedule
-from twin.mesh import plan_mesh, weight_shard_axis
+from twin.ir import Attention, Collective, Gemm, Op, Schedule
+from twin.mesh import gradient_axis, plan_mesh, weight_shard_axis
 from twin.model import CATALOG, DTYPE_BYTES, ModelSpec
 
 REL_ERROR_BOUND = 1e-4
@@ -121,7 +124,8 @@ class NumericsChecker:
         mesh = plan_mesh(plan)  # validated on load: its size is the schedule's (twin.ir_values)
         # Coordinates from the mesh convention (twin.mesh), not from the IR's groups under test.
         self.shard_axis = weight_shard_axis(plan)
-        axes = (*mesh.names, "z+data")
+        self.gradient_axis = gradient_axis(plan)  # data, or cp+data: ranks whose gradients are summed
+        axes = {*mesh.names, self.shard_axis, self.gradient_axis}
         self.size = {axis: mesh.axis_size(axis) for axis in axes}
         self.pos = {axis: mesh.position(rank, axis) for axis in axes}
         self.sp = plan.sp and plan.gx > 1
@@ -143,6 +147,11 @@ class NumericsChecker:
             if role.startswith("rs_"):
                 info.scattered = True
         self._check_model_shapes()
+        self.ring = None  # context parallelism: ring attention is checked too (executor.ring_numerics)
+        if plan.cp > 1:
+            kernel = next((op.work for op in program.ops if isinstance(op.work, Attention)), None)
+            if kernel is not None:
+                self.ring = RingAttentionChecker(plan, kernel, self.pos, device, self.errors)
         self.t: dict[tuple, torch.Tensor] = {}
         self.ref: dict[tuple, torch.Tensor] = {}
         for info in self.linears.values():
@@ -162,7 +171,8 @@ class NumericsChecker:
     def full_dims(self, info: _Linear) -> tuple[int, int, int]:
         """(R, k, n) of the whole linear."""
         ka, na = self.axes(info)
-        return info.rows * self._sz("z") * self._sz("data"), info.k_loc * self._sz(ka), info.n_loc * self._sz(na)
+        rows = info.rows * self._sz("z") * self._sz(self.gradient_axis)
+        return rows, info.k_loc * self._sz(ka), info.n_loc * self._sz(na)
 
     def _check_model_shapes(self) -> None:
         model = CATALOG.get(self.schedule.info.model)
@@ -189,7 +199,7 @@ class NumericsChecker:
             return
         R, k, n = self.full_dims(info)
         ka, na = self.axes(info)
-        rb = self._ps("data") * self._sz("z") + self._ps("z")
+        rb = self._ps(self.gradient_axis) * self._sz("z") + self._ps("z")
         rows = slice(rb * info.rows, (rb + 1) * info.rows)
         ks = slice(self._ps(ka) * info.k_loc, (self._ps(ka) + 1) * info.k_loc)
         ns = slice(self._ps(na) * info.n_loc, (self._ps(na) + 1) * info.n_loc)
@@ -239,6 +249,8 @@ class NumericsChecker:
         """The bound callable for a linear op of this rank, or None (the executor's scratch kernel)."""
         op = rop.op
         lin = linear_of(op, self.transposed)
+        if lin is None and self.ring is not None:
+            return self.ring.bind(op, channel)
         if lin is None or lin not in self.linears:
             return None
         role, phase, mb = op.tag.role, op.tag.phase, op.tag.micro_batch
@@ -306,10 +318,11 @@ class NumericsChecker:
 
     # ---- checking -------------------------------------------------------------------
     def _data_group(self):
-        """A gloo group over this rank's data instance, created by every rank in the same order."""
+        """A gloo group over this rank's gradient instance (data, or cp+data), created by every rank in the same
+        order."""
         mine = None
         for axis in self.schedule.groups:
-            if axis.name != "data":
+            if axis.name != self.gradient_axis:
                 continue
             for members in axis.instances:
                 g = dist.new_group(list(members), backend="gloo")
@@ -325,7 +338,7 @@ class NumericsChecker:
             got = got.detach().to("cpu", torch.float64).reshape(want.shape)
             return float(torch.linalg.vector_norm(got - want) / max(float(torch.linalg.vector_norm(want)), 1e-30))
 
-        data_group = self._data_group() if self.shard_axis == "z" and self._sz("data") > 1 else None
+        data_group = self._data_group() if self.shard_axis == "z" and self._sz(self.gradient_axis) > 1 else None
         for lin, info in sorted(self.linears.items()):
             if (lin, "W_block") not in self.t:
                 continue
@@ -341,6 +354,8 @@ class NumericsChecker:
                 dist.all_reduce(cpu, group=data_group)
                 grad = cpu
             checks.append({"linear": lin, "mb": -1, "what": "dW_shard", "rel_err": rel(grad, self.ref[(lin, "dW_shard")])})
+        if self.ring is not None:
+            checks += self.ring.checks(rel)
         worst = max((c["rel_err"] for c in checks), default=0.0)
         bad = [c for c in checks if not c["rel_err"] <= REL_ERROR_BOUND]
         return {

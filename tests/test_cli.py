@@ -131,7 +131,7 @@ def exported(tmp_path_factory):
 def test_wrong_ir_version(capsys, tmp_path, exported):
     capsys.readouterr()
     data = json.loads(exported.read_text())
-    assert data["version"] == 2
+    assert data["version"] == 3
     data["version"] = 99
     bad = tmp_path / "v99.json"
     bad.write_text(json.dumps(data))

@@ -162,6 +162,33 @@ def test_numerics_fail_when_a_sequence_gather_uses_the_wrong_group(tmp_path):
     assert any("L1.mlp_up mb0 O: relative error" in f for f in result["failures"]), result["failures"]
 
 
+def test_numerics_pass_for_ring_attention_with_context_parallelism(tmp_path):
+    """cp=2 on 4 ranks: ring attention's O, dQ, dK and dV (executor.ring_numerics) and the linears on half the
+    tokens each, with gradients summed over cp."""
+    schedule, path = export(tmp_path, "gx=2,cp=2", 4)
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+    # per rank: 9 linears (O, dI, dW) and 2 layers' attention (O of forward and recompute, dQ, dK, dV)
+    assert result["checks"] == 4 * (9 * 3 + 2 * 5)
+
+
+def test_numerics_fail_when_ring_attention_shifts_k_and_v_to_the_wrong_peer(tmp_path):
+    schedule, _ = export(tmp_path, "gx=2,cp=2", 4)
+    bad, path = with_group_moved(schedule, 1, "attn", "kv_shift", "x", tmp_path)  # to the X neighbour: other heads
+    result = numerics(bad, path, tmp_path / "num")
+    assert not result["ok"]
+    assert any("L1.attn mb0 O.fwd: relative error" in f for f in result["failures"]), result["failures"]
+    assert not any("L0." in f for f in result["failures"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan", ["cp=4", "cp=2,gdata=2,zero=1,mbs=2", "cp=2,gz=2,zero=3", "tp=2,cp=2,sp=1,mbs=4"])
+def test_numerics_pass_for_more_context_parallel_plans(tmp_path, plan):
+    schedule, path = export(tmp_path, plan, 4)
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+
+
 # ---- failures ---------------------------------------------------------------------------------
 
 

@@ -67,7 +67,7 @@ def with_work(index: int, **changes) -> Schedule:
 def test_round_trip_through_dict_and_json_text():
     s = make_schedule()
     d = schedule_to_dict(s)
-    assert d["format"] == "exatwin-schedule" and d["version"] == IR_VERSION == 2
+    assert d["format"] == "exatwin-schedule" and d["version"] == IR_VERSION == 3
     op = d["programs"][0]["ops"][1]
     assert op == {"id": 1, "name": "L0.qkv.fwd.x", "stream": "comm", "deps": [0], "type": "collective", "work": {"kind": "all_reduce", "group": "x", "nbytes": 4096.0}}
     assert d["programs"][0]["ops"][0]["tag"] == {"micro_batch": 0, "phase": "fwd", "layer": 0, "block": "qkv", "role": "gemm"}
@@ -203,13 +203,13 @@ def test_wrong_format(tmp_path):
         load_schedule(write_json(tmp_path, [1, 2]))
 
 
-@pytest.mark.parametrize("version", [1, 7])
+@pytest.mark.parametrize("version", [1, 2, 7])
 def test_another_ir_version_is_refused_with_the_command_that_writes_this_one(tmp_path, version):
     d = schedule_to_dict(make_schedule()) | {"version": version}
     path = write_json(tmp_path, d)
     with pytest.raises(TwinError) as e:
         load_schedule(path)
-    assert str(e.value) == (f"schedule file {path} has IR version {version}; this twin reads version 2: "
+    assert str(e.value) == (f"schedule file {path} has IR version {version}; this twin reads version 3: "
                             "re-export it with `twin export`")
 
 
@@ -290,7 +290,7 @@ def bad_groups(*axes: GroupAxis) -> Schedule:
         (with_op(0, tag=dataclasses.replace(TAG, layer=-1)), r"op 0 'L0.qkv.fwd': tag.layer=-1 must be an index"),
         (with_op(0, tag=dataclasses.replace(TAG, block="")), r"op 0 'L0.qkv.fwd': tag.block is empty"),
         (with_plan(gx=0), r"schedule info.plan.gx=0 is out of range; give 1..10,000,000: re-export the schedule"),
-        (with_plan(gx=2, gdata=4), r"info.plan.gx x gy x gz x gdata x pp = 8 ranks, but the schedule's world_size is 4"),
+        (with_plan(gx=2, gdata=4), r"info.plan.gx x gy x gz x cp x gdata x pp = 8 ranks, but the schedule's world_size is 4"),
         (with_plan(recompute="most"), r"info.plan.recompute='most' is unknown; use one of full, selective, none"),
         (with_plan(zero=4), r"info.plan.zero=4 is not a ZeRO stage"),
         (with_plan(global_batch=16, ga=4), r"info.plan.global_batch=16, but info.global_batch is 8"),

@@ -32,7 +32,7 @@ ROUTINGS = ("minimal", "adaptive")
 # The collective kinds a machine file may tune (``[collectives.kind_*]``): the schedule IR's kinds, which
 # twin.ir defines as well (tests/test_topologies_layout.py keeps the two equal; the machine layer does not
 # import the twin).
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "shift")
 # Switch kinds a node may hold -> the link kind of its ports. "loopback": the ranks of one
 # host talking through the OS (gloo over TCP loopback), as `twin calibrate` describes a host.
 NODE_SWITCHES = {"nvswitch": "nvlink", "loopback": "loopback"}

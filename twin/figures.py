@@ -23,6 +23,7 @@ CLASS_COLORS = {
     "reduce_scatter": "#ff7f0e",
     "broadcast": "#17becf",
     "all_to_all": "#e377c2",
+    "shift": "#8c564b",
     "send": "#bcbd22",
     "recv": "#bcbd22",
 }

@@ -20,7 +20,15 @@ Semantics every backend implements:
   later op depends on is an async collective waited at that later op.
 
 Byte conventions (as nccl-tests): `Collective.nbytes` is the full buffer: the
-all-reduce buffer, the all-gather *output*, the reduce-scatter *input*.
+all-reduce buffer, the all-gather *output*, the reduce-scatter *input*, the
+all-to-all input (nbytes / n to each member); for a shift, what each rank sends.
+
+"shift" is the ring exchange of context parallelism (ring attention): every
+member sends its buffer to the next member of its instance, in instance order,
+the last to the first, and receives as much from the previous one (XLA's
+collective-permute on a ring; Megatron-Core's ring-attention K/V exchange).
+It is a collective, not a pair of P2Ps, because P2P cannot wrap around, and
+one op lets every rank of a stage run the same program.
 
 What an op means in the model travels as data, not in its name: a builder's
 op carries an OpTag (micro-batch, chunk, pass, layer, block, role) that the
@@ -39,9 +47,10 @@ from twin.plan import ParallelPlan
 # The file format leaves out fields equal to their dataclass default
 # (twin.ir_io), so changing a default here changes the format: bump the version.
 # Version 2: ops carry an OpTag, StepInfo.plan is the ParallelPlan (version 1: names and plan text only).
-IR_VERSION = 2
+# Version 3: the plan has a context-parallel degree (cp), and collectives a "shift" kind (ring attention).
+IR_VERSION = 3
 
-COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "shift")
 GEMM_LAYOUTS = ("NN", "NT", "TN")
 P2P_KINDS = ("send", "recv")
 # The passes an op can belong to: a micro-batch's forward, recompute (activation checkpointing) and backward, and
@@ -105,7 +114,8 @@ class Collective:
     """A collective on every member of this rank's instance of the `group` axis.
 
     `nbytes` is the full buffer: the all-reduce buffer, the all-gather output,
-    the reduce-scatter input (as nccl-tests counts).
+    the reduce-scatter input (as nccl-tests counts); for "shift", the buffer
+    each rank sends to its successor (and receives from its predecessor).
     """
 
     kind: str

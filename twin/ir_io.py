@@ -3,7 +3,7 @@
 The file is the contract between the builder, the simulator and the executor
 (which may run on another machine, days later), so it is strict:
 
-    {"format": "exatwin-schedule", "version": 2, "world_size": 8,
+    {"format": "exatwin-schedule", "version": 3, "world_size": 8,
      "info": {"model": "GPT-5B", "plan": {...every ParallelPlan field...}, ...StepInfo fields...},
      "groups": [{"name": "x", "instances": [[0, 1], [2, 3]]}, ...],
      "programs": [{"ranks": [0, 1, 2, 3],

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from twin import limits
+from twin import axes, limits
 from twin.errors import TwinError
 from twin.ir import (
     COLLECTIVE_KINDS, GEMM_LAYOUTS, P2P, P2P_KINDS, PHASES, Attention, Collective, Elementwise, Gemm, OpTag, StepInfo,
@@ -28,8 +28,7 @@ from twin.plan import ATTENTION_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelPla
 # GEMM and attention dimensions must fit the 32-bit integers BLAS and attention kernels index with.
 MAX_DIM = (1 << 31) - 1
 MAX_AMOUNT = 1e30  # FLOPs or bytes of one op or step: a zettascale step is 1e21; beyond this, ratios overflow
-_PLAN_COUNTS = {"gx": limits.DEGREE, "gy": limits.DEGREE, "gz": limits.DEGREE, "gdata": limits.DEGREE,
-                "pp": limits.DEGREE, "vpp": limits.DEGREE, "global_batch": limits.SEQUENCES,
+_PLAN_COUNTS = {**{key: limits.DEGREE for key in axes.KEYS}, "vpp": limits.DEGREE, "global_batch": limits.SEQUENCES,
                 "mbs": limits.SEQUENCES, "ga": limits.SEQUENCES}
 _PLAN_WORDS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS}
 
@@ -65,7 +64,7 @@ def _bad_plan(plan: ParallelPlan, world_size: int, global_batch: int) -> str | N
     if plan.sp and plan.gy > 1:
         return f"sp is set with gy={plan.gy}: sequence parallelism needs gy=1"
     if plan.world_size != world_size:
-        return (f"gx x gy x gz x gdata x pp = {plan.world_size} ranks, but the schedule's world_size is {world_size}: "
+        return (f"{' x '.join(axes.KEYS)} = {plan.world_size} ranks, but the schedule's world_size is {world_size}: "
                 "the plan must be the schedule's own")
     if plan.global_batch != global_batch:
         return f"global_batch={plan.global_batch}, but info.global_batch is {global_batch}: the plan must be the step's own"

@@ -35,6 +35,11 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
   min(2 (pp - s - 1) + (vpp - 1) pp + 1, m vpp) model chunks under interleaving.
 - Logits of the LM head, on the last stage: m V/gx elements in bf16 plus an
   fp32 copy for the loss.
+- Context parallelism (cp) splits every micro-batch's tokens, so each
+  activation term above and the logits are divided by cp; the ring's K/V
+  blocks in flight (two of 2 m h/(gx cp) bytes) are left out. ZeRO shards
+  over cp x gdata (plan.gradient_replicas), the ranks that hold the same
+  weights.
 - RUNTIME_RESERVE_FRACTION of HBM is not usable.
 
 The plan's memory is its worst stage's.
@@ -144,9 +149,9 @@ def in_flight_layers(model: ModelSpec, plan: ParallelPlan, stage: int) -> int:
 def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBreakdown:
     b = model.dtype_bytes
     tp = plan.tensor_parallel_size
-    model_state = model_state_bytes_per_param(plan.zero, plan.gdata) * stage_params(model, plan, stage) / tp
+    model_state = model_state_bytes_per_param(plan.zero, plan.gradient_replicas) * stage_params(model, plan, stage) / tp
 
-    shard_ways = plan.gz * (plan.gdata if plan.zero == 3 else 1)
+    shard_ways = plan.gz * (plan.gradient_replicas if plan.zero == 3 else 1)
     stage_layers = model.layers // plan.pp
     block_params = model.params_per_layer / (plan.gx * plan.gy)
     largest_linear = max(k * n for _, k, n, _ in model.linear_shapes()) / (plan.gx * plan.gy)
@@ -156,7 +161,7 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
         gathered += b * largest_linear * (1 if plan.oag else 0)  # the next linear, prefetched
     gathered += b * largest_linear  # dW before its reduction
 
-    tokens = plan.mbs * model.seq
+    tokens = plan.mbs * model.seq // plan.cp  # context parallelism splits every activation's tokens
     kept, rebuilt = kept_and_rebuilt_bytes(model, plan, tokens)
     activations = in_flight_layers(model, plan, stage) * kept + rebuilt
     logits = LOGIT_BYTES_PER_ELEMENT * tokens * model.vocab / plan.gx if stage == plan.pp - 1 else 0.0

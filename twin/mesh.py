@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from twin.axes import AXES
+
 if TYPE_CHECKING:
     from twin.plan import ParallelPlan
 
@@ -123,10 +125,19 @@ def axonn_mesh(gx: int, gy: int, gz: int, gdata: int, pp: int = 1) -> Mesh:
 
 
 def plan_mesh(plan: ParallelPlan) -> Mesh:
-    """The mesh a plan lays its ranks on: the builder's groups and the executor's numerics both take it from here."""
-    return axonn_mesh(plan.gx, plan.gy, plan.gz, plan.gdata, plan.pp)
+    """The mesh a plan lays its ranks on, one axis per entry of twin.axes in its order (context parallelism
+    between Z and data, as Megatron-Core's tp-cp-dp-pp): the builder's groups and the executor's numerics both
+    take it from here."""
+    return Mesh(tuple((axis.mesh, getattr(plan, axis.key)) for axis in AXES))
+
+
+def gradient_axis(plan: ParallelPlan) -> str:
+    """The group a weight's gradient is summed over, and ZeRO shards over: data, joined with cp when the sequence
+    is split (cp ranks hold the same weights and saw other tokens of the same sequences)."""
+    return "+".join(name for name, size in (("cp", plan.cp), ("data", plan.gdata)) if size > 1) or "data"
 
 
 def weight_shard_axis(plan: ParallelPlan) -> str:
-    """The axis each linear's weight block is sharded over: Z, or Z and data together under ZeRO-3."""
-    return "z+data" if plan.zero == 3 and plan.gdata > 1 else "z"
+    """The axis each linear's weight block is sharded over: Z, or Z and the gradient replicas together under
+    ZeRO-3."""
+    return f"z+{gradient_axis(plan)}" if plan.zero == 3 and plan.gradient_replicas > 1 else "z"

@@ -10,7 +10,11 @@ Megatron-DeepSpeed's knobs live in the same plan: `pp` pipeline stages (1F1B,
 or interleaved with `vpp` model chunks per rank), `zero` (ZeRO stage 0-3 over
 gdata), `sp` (sequence parallelism over gx), `recompute` (full, selective,
 none); `tp` and `dp` are accepted as Megatron's names for gx and gdata.
-G = gx gy gz gdata pp.
+`cp` is context parallelism (Megatron-Core's, torchtitan's): each sequence's
+tokens split over cp ranks, attention as a ring passing K/V blocks around
+them, gradients summed over cp and gdata together (and ZeRO sharded over
+both). G = gx gy gz cp gdata pp. The degrees are the axes of twin.axes, which
+parsing, validation, `describe`, the mesh and the search all read.
 
 `attention` is the attention kernel the run uses: "flash" (one fused
 FlashAttention kernel per direction, what AxoNN and the Frontier paper ran:
@@ -38,7 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from twin import limits
+from twin import axes, limits
 from twin.errors import TwinError
 from twin.model import ModelSpec
 
@@ -54,6 +58,7 @@ class ParallelPlan:
     gy: int = 1
     gz: int = 1
     gdata: int = 1
+    cp: int = 1  # context parallel ranks: each sequence's tokens split over them (ring attention)
     global_batch: int = 0
     mbs: int = 0  # sequences per rank per micro-batch; 0 = derive
     ga: int = 0  # micro-batches per step (gradient accumulation); 0 = derive
@@ -69,8 +74,13 @@ class ParallelPlan:
     tune_gemm: bool = True
 
     @property
+    def degrees(self) -> dict[str, int]:
+        """Each axis of twin.axes -> its degree, in the registry's (the mesh's) order."""
+        return {key: getattr(self, key) for key in axes.KEYS}
+
+    @property
     def world_size(self) -> int:
-        return self.gx * self.gy * self.gz * self.gdata * self.pp
+        return math.prod(self.degrees.values())
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -78,9 +88,15 @@ class ParallelPlan:
         return self.gx * self.gy * self.gz
 
     @property
+    def gradient_replicas(self) -> int:
+        """Ranks that hold the same weights and sum their gradients: gdata, times cp (whose ranks saw other tokens
+        of the same sequences). ZeRO shards over them."""
+        return self.gdata * self.cp
+
+    @property
     def weight_shards(self) -> int:
-        """How many ways each stage's weights are split: the 3D grid, times gdata under ZeRO-3."""
-        return self.tensor_parallel_size * (self.gdata if self.zero == 3 else 1)
+        """How many ways each stage's weights are split: the 3D grid, times the gradient replicas under ZeRO-3."""
+        return self.tensor_parallel_size * (self.gradient_replicas if self.zero == 3 else 1)
 
     @property
     def sequences_per_rank(self) -> int:
@@ -95,9 +111,7 @@ class ParallelPlan:
 
     def describe(self) -> str:
         """The plan as the --plan string that reproduces it."""
-        parts = [f"gx={self.gx}", f"gy={self.gy}", f"gz={self.gz}", f"gdata={self.gdata}"]
-        if self.pp > 1:
-            parts.append(f"pp={self.pp}")
+        parts = [axes.degrees_text(self.degrees)]
         if self.vpp > 1:
             parts.append(f"vpp={self.vpp}")
         if self.zero:
@@ -117,19 +131,19 @@ class ParallelPlan:
         return ",".join(parts)
 
 
-_INT_KEYS = {"gx", "gy", "gz", "gdata", "mbs", "ga", "global_batch", "pp", "vpp", "zero"}
+_INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero"}
 # What each integer key counts (twin.limits). mbs and ga, when left out, are chosen by the twin: a user gives
 # them positive or not at all (no 0 meaning "choose").
 _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
                "zero": limits.Range(0, 3, "(a ZeRO stage)")}
 _BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp"}
-_ALIASES = {"tp": "gx", "dp": "gdata"}  # Megatron-LM's names
+_ALIASES = axes.ALIASES  # Megatron-LM's names
 _WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS}  # key -> its allowed values
 _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(_WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
-    """Parse 'gx=8,gy=1,gz=16,gdata=64[,pp=..,vpp=..,zero=..,sp=..,mbs=..,ga=..,attention=..,recompute=..,oar=0,..,tune=0]'.
+    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,zero=..,sp=..,mbs=..,ga=..,attention=..,recompute=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
     'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and
@@ -192,9 +206,7 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
     Memory fit is checked separately (twin.memory.check_fit), since it needs a
     device.
     """
-    degrees = f"gx={plan.gx} x gy={plan.gy} x gz={plan.gz} x gdata={plan.gdata}"
-    if plan.pp > 1:
-        degrees += f" x pp={plan.pp}"
+    degrees = axes.degrees_text(plan.degrees).replace(",", " x ")
     if plan.world_size != n_gpus:
         raise TwinError(
             f"--plan: {degrees} = {plan.world_size} GPUs, but --gpus is {n_gpus}; "
@@ -216,17 +228,22 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
         )
     if plan.vpp > 1 and plan.pp == 1:
         raise TwinError("--plan: vpp > 1 (interleaved 1F1B) needs pipeline parallelism; set pp > 1 or vpp=1")
-    h, f = model.hidden, model.ffn
-    _require_divides(plan.gx, model.heads, "model heads (split over gx)", "choose gx dividing the head count")
-    _require_divides(plan.gx, h, "model hidden (split over gx)", "choose gx dividing hidden")
-    _require_divides(plan.gy, h, "model hidden (split over gy)", "choose gy dividing hidden")
-    _require_divides(plan.gx, f, "model ffn (split over gx)", "choose gx dividing ffn")
-    _require_divides(plan.gy, f, "model ffn (split over gy)", "choose gy dividing ffn")
-    _require_divides(plan.gx, model.vocab, "model vocab (LM head split over gx)", "choose gx dividing the vocabulary")
-    shards = plan.gz * (plan.gdata if plan.zero == 3 else 1)
+    for dimension in axes.DIMENSIONS:  # heads, hidden, ffn, vocab, seq: each split by the axes that say so
+        for axis in axes.AXES:
+            for rule in axis.divides:
+                if rule.dimension == dimension:
+                    words = {"axis": axis.key, "factor": rule.factor}
+                    _require_divides(rule.factor * getattr(plan, axis.key), getattr(model, dimension),
+                                     rule.what.format(**words), rule.fix.format(**words))
+    if plan.cp > 1 and plan.attention != "flash":
+        raise TwinError(f"--plan: cp={plan.cp} runs ring attention on the fused kernel (as Megatron-Core does); "
+                        "use attention=flash or cp=1")
+    zero3 = plan.zero == 3
+    shards = plan.gz * (plan.gradient_replicas if zero3 else 1)
+    over = "gz" + ("*cp" if zero3 and plan.cp > 1 else "") + ("*gdata" if zero3 else "")
     for name, k, n, _ in model.linear_shapes() + [("lm_head", model.hidden, model.vocab, False)]:
         block = k * n // (plan.gx * plan.gy)
-        _require_divides(shards, block, f"{name} weight block k*n/(gx*gy) (sharded over gz{'*gdata' if plan.zero == 3 else ''})",
+        _require_divides(shards, block, f"{name} weight block k*n/(gx*gy) (sharded over {over})",
                          "choose a gz that divides it")
     _require_divides(
         plan.gdata * plan.gz, plan.global_batch, "--global-batch (split over gdata*gz)",

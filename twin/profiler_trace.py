@@ -15,7 +15,8 @@ Kernels are classed by name, first match wins (`KERNEL_CLASSES`):
 
 - collectives: NCCL's and RCCL's kernels (``nccl...``, ``rccl...``), by the
   kind in the name (AllReduce, AllGather, ReduceScatter, Broadcast, AllToAll;
-  Send/Recv/SendRecv are point to point, ``p2p``). Where the name does not say
+  Send/Recv/SendRecv are point to point, ``p2p``, beside the twin's sends,
+  receives and shifts). Where the name does not say
   the kind (RCCL's ``ncclDevKernel_Generic``), every collective of both sides
   is counted in one ``collectives`` row;
 - attention: flash attention and other fused attention kernels;
@@ -68,7 +69,9 @@ KERNEL_CLASSES = (
 )
 UNKNOWN_COLLECTIVE = "collectives"  # a collective kernel whose name does not say its kind
 NOT_MODELLED = ("memcpy", "memset")
-P2P_TWIN_CLASSES = ("send", "recv")
+# The twin's classes a trace shows as point to point: NCCL runs a shift (all_to_all_single with one peer each
+# way, or batched isend/irecv) as SendRecv kernels, so it is compared with them.
+P2P_TWIN_CLASSES = ("send", "recv", "shift")
 STEP_ANNOTATION = re.compile(r"^ProfilerStep#\d+$")
 
 
@@ -334,7 +337,7 @@ class TraceComparison:
 
 def compare_trace(twin_by_class_s: dict[str, float], twin_step_s: float, run: ProfiledRun,
                   twin_side: str = "the critical rank") -> TraceComparison:
-    """Per class: the twin's busy time per step beside the trace's. The twin's send and recv are one p2p row;
+    """Per class: the twin's busy time per step beside the trace's. The twin's send, recv and shift are one p2p row;
     where the trace has collectives of unknown kind, all collectives are one row on both sides."""
     twin = defaultdict(float)
     for cls, s in twin_by_class_s.items():

@@ -4,7 +4,8 @@ twin.builders.axonn's module docstring lists the kernels of each. The core
 runs on the heads / gx local heads of each of the mbs sequences, replicated
 over gy like every op between the QKV and attention-output linears. Its ops
 are tagged block "attn", each kernel its role ("fwd" and "bwd" for the flash
-kernels themselves).
+kernels themselves). With context parallelism (cp > 1) the flash kernel is
+ring attention's steps (twin.builders.ring_attention).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from twin.builders.megatron_kernels import (
     ATTENTION_DROPOUT_BACKWARD_BYTES, ATTENTION_DROPOUT_BYTES, COPY_BYTES, DROPOUT_FLOPS, FLASH_COPIED,
     FUSED_SOFTMAX_MAX_SEQ, MASK_FILL_BYTES, SEQLENS_BYTES, SOFTMAX_BACKWARD_BYTES, SOFTMAX_BYTES, SOFTMAX_FLOPS,
 )
-from twin.builders.stage import StageBase
+from twin.builders.ring_attention import RingAttentionWriter
 from twin.builders.tags import Pass
 from twin.ir import Attention, Gemm, OpTag
 
 
-class AttentionWriter(StageBase):
+class AttentionWriter(RingAttentionWriter):
     """Writes a layer's attention core, forward (in the forward pass and in either recompute) and backward."""
 
     def attention_forward(self, at: Pass, layer: int) -> None:
@@ -28,8 +29,11 @@ class AttentionWriter(StageBase):
             for which in FLASH_COPIED:
                 self.elementwise(*self.kernel(at, "attn", f"{which}_copy", layer), heads, COPY_BYTES, 0)
             self.elementwise(*self.kernel(at, "attn", "seqlens", layer), self.plan.mbs + 1, SEQLENS_BYTES, 1)
-            name, tag = self.kernel(at, "attn", "fwd", layer)
-            self.w.compute(name, self.flash_attention(backward=False), tag=tag)
+            if self.plan.cp > 1:
+                self.ring_forward(at, layer)
+            else:
+                name, tag = self.kernel(at, "attn", "fwd", layer)
+                self.w.compute(name, self.flash_attention(backward=False), tag=tag)
             if self.plan.mbs > 1:
                 self.elementwise(*self.kernel(at, "attn", "context_copy", layer), heads, COPY_BYTES, 0)
             return
@@ -50,8 +54,11 @@ class AttentionWriter(StageBase):
         if self.plan.attention == "flash":  # nothing to recompute: the kernel rebuilds its scores itself
             if self.plan.mbs > 1:
                 self.elementwise(*self.kernel(at, "attn", "bwd_copy", layer), heads, COPY_BYTES, 0)
-            name, tag = self.kernel(at, "attn", "bwd", layer)
-            self.w.compute(name, self.flash_attention(backward=True), tag=tag)
+            if self.plan.cp > 1:
+                self.ring_backward(at, layer)
+            else:
+                name, tag = self.kernel(at, "attn", "bwd", layer)
+                self.w.compute(name, self.flash_attention(backward=True), tag=tag)
             if self.plan.mbs == 1:
                 self.elementwise(*self.kernel(at, "attn", "qkv_grad", layer), 3 * heads, COPY_BYTES, 0)
             else:

@@ -79,6 +79,11 @@ def grad_accumulation_bytes(dtype: str) -> int:
 # split's backward (torch.cat: one kernel when its inputs are contiguous, mbs = 1, else one copy per input).
 FLASH_COPIED = ("q", "k", "v")  # forward: each rearranged and copied; backward (mbs > 1): each gradient copied
 SEQLENS_BYTES = 4  # per sequence boundary: one int32 written
+# Ring attention (context parallelism, twin.builders.ring_attention), per element of the rank's attention output:
+# [estimate] the out correction reads the running and the step's output and writes the running one (3 values of
+# 2 bytes; the log-sum-exp, one fp32 per head and token, left out); the dK/dV sum reads two and writes one.
+RING_CORRECTION_BYTES = 3 * 2
+RING_ADD_BYTES = 3 * 2
 # Unfused attention's kernels on the mbs x heads/gx x s x s score tensor, bytes per score element (transformer.py
 # CoreAttention.forward):
 SOFTMAX_BYTES = 2 + 2  # fused scale + mask + softmax: read the scores, write the probabilities

@@ -1,6 +1,6 @@
 """The step around the micro-batches: main_grad zeroed, the gradients scaled and synchronised, the optimizer.
 
-Gradient sync over data by ZeRO stage (twin.builders.axonn's module
+Gradient sync over data (cp+data with context parallelism) by ZeRO stage (twin.builders.axonn's module
 docstring): stage 0 all-reduces each bucket; stages 1 and 2 reduce-scatter
 it, step the optimizer on the local shard and all-gather the updated weights;
 stage 3 already sharded them inside the layers. With a pipeline the tied
@@ -63,15 +63,16 @@ class StepWriter(StageBase):
             self.blocking("tied.embed.ar", STEP.tag("embed", "ar_tied"), "all_reduce", "tied",
                           self.b * self.model.vocab * self.model.hidden / tp)
         gathers = []
-        if self.sizes["data"] > 1 and plan.zero in (0, 1, 2):
+        group = self.gradient_axis  # data, or cp+data: the ranks holding the same weights
+        if self.sizes[group] > 1 and plan.zero in (0, 1, 2):
             kind, short = ("all_reduce", "ar") if plan.zero == 0 else ("reduce_scatter", "rs")
-            ops = [self.w.collective(self.bucket_name(block, layer, f"{short}_data"), "data",
-                                     Collective(kind, "data", self.b * params / tp, self.dtype),
+            ops = [self.w.collective(self.bucket_name(block, layer, f"{short}_data"), group,
+                                     Collective(kind, group, self.b * params / tp, self.dtype),
                                      tag=STEP.tag(block, f"{short}_data", layer))
                    for block, layer, params in buckets]
             self.w.wait(*ops)
             gathers = buckets if plan.zero in (1, 2) else []
-        shards = plan.gdata if plan.zero else 1
+        shards = plan.gradient_replicas if plan.zero else 1
         optimizer_params = local_params / shards
         passes = list(OPTIMIZER_PASSES)
         if self.dtype == "fp16":
@@ -84,7 +85,7 @@ class StepWriter(StageBase):
             self.elementwise(f"optimizer.{name}", STEP.tag("optimizer", name), optimizer_params, nbytes, flops)
         for block, layer, params in gathers:  # ZeRO-1/2: every rank needs the updated weights back
             self.blocking(self.bucket_name(block, layer, "ag_data"), STEP.tag(block, "ag_data", layer), "all_gather",
-                          "data", self.b * params / tp)
+                          group, self.b * params / tp)
 
     @staticmethod
     def bucket_name(block: str, layer: int | None, role: str) -> str:

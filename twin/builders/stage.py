@@ -15,7 +15,7 @@ from twin.builders.megatron_kernels import grad_accumulation_bytes
 from twin.builders.program import ProgramWriter
 from twin.builders.tags import Pass
 from twin.ir import Collective, Elementwise, OpTag
-from twin.mesh import plan_mesh, weight_shard_axis
+from twin.mesh import gradient_axis, plan_mesh, weight_shard_axis
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 
@@ -52,8 +52,9 @@ class StageBase:
         self.model, self.plan, self.stage = model, plan, stage
         mesh = plan_mesh(plan)
         self.shard_axis = weight_shard_axis(plan)
-        self.sizes = {axis: mesh.axis_size(axis) for axis in (*mesh.names, "z+data")}
-        self.tokens = plan.mbs * model.seq  # rows of every GEMM on this rank
+        self.gradient_axis = gradient_axis(plan)
+        self.sizes = {axis: mesh.axis_size(axis) for axis in {*mesh.names, self.shard_axis, self.gradient_axis}}
+        self.tokens = plan.mbs * model.seq // plan.cp  # rows of every GEMM on this rank: cp splits each sequence
         self.residual_split = plan.gy * (plan.gx if plan.sp else 1)  # of the residual stream's hidden/tokens
         self.dtype = model.dtype
         self.b = model.dtype_bytes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from twin import limits
+from twin import axes as axis_registry, limits
 from twin.cli.args import ProgressBar, add_machine_and_model_arguments, comma_words, machine_and_model, shows_progress
 from twin.errors import TwinError
 from twin.limits import count_flag
@@ -23,7 +23,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     from twin.figures import landscape_figure
     from twin.search.batch import sequences_for_tokens
     from twin.search.rank import search
-    from twin.search.space import AXES, SearchSpace
+    from twin.search.space import DEFAULT_AXES, SearchSpace
 
     machine, model = machine_and_model(args)
     if args.global_batch is not None and args.batch_tokens is not None:
@@ -37,7 +37,7 @@ def cmd_search(args: argparse.Namespace) -> int:
         from twin.outputs import FIGURE_FORMATS, check_outputs
 
         check_outputs({"--figure": args.figure}, {"--machine": machine.path}, {"--figure": FIGURE_FORMATS})
-    axes = comma_words(args.axes) if args.axes else AXES
+    axes = comma_words(args.axes) if args.axes else DEFAULT_AXES
     space = SearchSpace(axes=axes, min_tp=args.min_tp, max_tp=args.max_tp or 0, zero=_ints(args.zero, "--zero"),
                         recompute=comma_words(args.recompute), mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else ())
     bar = ProgressBar(shows_progress(args))
@@ -109,9 +109,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="sequences per step (instead of --batch-tokens)")
     p.add_argument("--top", type=count_flag(limits.Range(1, 100_000, "plans")), default=10,
                    help="how many plans to rank (default 10)")
-    p.add_argument("--axes", help="axes to search, from gx,gy,gz,gdata,pp (default all; gx,gy,gz,gdata = AxoNN "
-                                  "only: at tens of thousands of GPUs far fewer plans, a search in about half a minute "
-                                  "instead of a few minutes)")
+    p.add_argument("--axes", help=f"axes to search, from {','.join(axis_registry.KEYS)} (default "
+                                  f"{','.join(axis_registry.DEFAULT_SEARCH)}; gx,gy,gz,gdata = AxoNN only: at tens of "
+                                  "thousands of GPUs far fewer plans, a search in about half a minute instead of a few "
+                                  "minutes). " + axis_registry.help_text())
     p.add_argument("--min-tp", type=count_flag(limits.DEGREE), default=1, help="smallest gx*gy*gz (default 1)")
     p.add_argument("--max-tp", type=count_flag(limits.DEGREE), help="largest gx*gy*gz (default: no limit)")
     p.add_argument("--zero", default="0", help="ZeRO stages to try over gdata, e.g. 0,1 (default 0)")

@@ -1,7 +1,8 @@
 """The search space: every valid plan for a model, a GPU count and a batch.
 
-A plan is one factorisation G = gx gy gz gdata pp over the searched axes
-(the others stay 1), a ZeRO stage, a recompute mode and a micro-batch size,
+A plan is one factorisation of G into the degrees of the searched axes
+(twin.axes: by default gx gy gz gdata pp; cp when asked for; the others
+stay 1), a ZeRO stage, a recompute mode and a micro-batch size,
 with AxoNN's overlap switches and GEMM tuning on. Plans are checked exactly
 as `twin simulate` checks them (twin.plan.validate_plan: divisibility of
 heads, hidden, ffn, vocabulary, weight blocks and batch), then pruned by
@@ -21,20 +22,22 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from itertools import product
 
+from twin import axes as axis_registry
 from twin.errors import TwinError
 from twin.memory import memory_per_gpu, usable_bytes
 from twin.model import ModelSpec
 from twin.plan import RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan, divisors, validate_plan, with_micro_batch
 
-AXES = ("gx", "gy", "gz", "gdata", "pp")
+AXES = axis_registry.KEYS  # every axis a search may vary
+DEFAULT_AXES = axis_registry.DEFAULT_SEARCH  # what it varies unless told (cp only when asked for)
 AXONN_AXES = ("gx", "gy", "gz", "gdata")
 
 
 @dataclass(frozen=True)
 class SearchSpace:
-    """What may vary. Defaults: every axis, ZeRO 0, full recompute (both papers' choice), micro-batch auto."""
+    """What may vary. Defaults: the registry's default axes, ZeRO 0, full recompute (both papers' choice), micro-batch auto."""
 
-    axes: tuple[str, ...] = AXES
+    axes: tuple[str, ...] = DEFAULT_AXES
     min_tp: int = 1  # gx*gy*gz at least this
     max_tp: int = 0  # 0: no limit
     min_gx: int = 1

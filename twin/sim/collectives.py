@@ -24,6 +24,10 @@ Algorithms, in a registry by name (what NCCL/RCCL would choose between):
   (every NIC busy at once), all-gather inside each node (machines.md), as
   three phases one after the other.
 - all_to_all is lowered pairwise (every rank sends nbytes / n to each other).
+- "neighbour": shift only (ring attention's K/V exchange), every rank sends
+  its whole buffer to the next member of the group, the last to the first,
+  on the route between the two, all at once. No other algorithm carries a
+  shift: their traffic is a reduction's, a gather's or an all-to-all's.
 
 Which algorithms apply to a group depends only on its shape (GroupShape: how
 many members sit on each node it touches), so each algorithm in the registry
@@ -36,11 +40,13 @@ among the algorithms that apply to every one of them.
 
 Per rank and per byte of buffer a ring all-reduce sends 2(n-1)/n, an
 all-gather or reduce-scatter (n-1)/n (buffer = the gathered output / the
-scattered input), a broadcast 1 (pipelined).
+scattered input), a broadcast 1 (pipelined); a shift sends 1, to its one
+neighbour (buffer = what each rank sends).
 
 Latency follows NCCL's tuning model (machines.md; NVIDIA/nccl
 src/graph/tuning.cc): ring = base + (steps - inter) intra_hop + inter inter_hop,
-tree = base + 2((ppn-1) intra_hop + log2(nodes) inter_hop); the protocol
+tree = base + 2((ppn-1) intra_hop + log2(nodes) inter_hop), a point-to-point
+send and a shift base + one hop [estimate]; the protocol
 (LL, LL128, Simple) trades latency for bandwidth, and the fastest
 (algorithm, protocol) for the buffer size is chosen, as NCCL's tuner does.
 """
@@ -209,6 +215,14 @@ class _Lowerer:
         ppn = max(len(v) for v in nodes.values())
         return Lowering("tree", kind, (self.fabric.route_loads(transfers),), len(gpus), len(nodes), ppn)
 
+    def neighbour(self, gpus: tuple[int, ...], kind: str) -> Lowering:
+        """Every rank sends the whole buffer to the next member, in group order, the last to the first:
+        one byte per buffer byte on each link of each route (one rank: moves nothing)."""
+        n = len(gpus)
+        loads = self.fabric.route_loads((gpus[i], gpus[(i + 1) % n], 1.0, None) for i in range(n)) if n > 1 else {}
+        nodes = self.by_node(gpus)
+        return Lowering("neighbour", kind, (loads,), n, len(nodes), max(len(v) for v in nodes.values()))
+
     def pairwise(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         """Every rank sends nbytes / n straight to every other."""
         n = len(gpus)
@@ -230,8 +244,8 @@ class GroupShape:
 
 
 def _ring_applies(shape: GroupShape, kind: str) -> bool:
-    """Rings carry every kind but all_to_all, on any group (one rank: a ring that moves nothing)."""
-    return kind != "all_to_all"
+    """Rings carry every kind but all_to_all and shift, on any group (one rank: a ring that moves nothing)."""
+    return kind not in ("all_to_all", "shift")
 
 
 def _tree_applies(shape: GroupShape, kind: str) -> bool:
@@ -250,6 +264,11 @@ def _pairwise_applies(shape: GroupShape, kind: str) -> bool:
     return kind == "all_to_all"
 
 
+def _neighbour_applies(shape: GroupShape, kind: str) -> bool:
+    """A shift, and nothing else, is one send to the next member: on any group (one rank: a send to itself)."""
+    return kind == "shift"
+
+
 @dataclass(frozen=True)
 class Algorithm:
     """An algorithm the tuner may pick: whether it applies to a group, and its lowering where it does."""
@@ -263,6 +282,7 @@ ALGORITHMS: dict[str, Algorithm] = {
     "tree": Algorithm(_tree_applies, lambda lowerer, gpus, kind: lowerer.tree(gpus, kind)),
     "hierarchical": Algorithm(_hierarchical_applies, lambda lowerer, gpus, kind: lowerer.hierarchical(gpus, kind)),
     "pairwise": Algorithm(_pairwise_applies, lambda lowerer, gpus, kind: lowerer.pairwise(gpus, kind)),
+    "neighbour": Algorithm(_neighbour_applies, lambda lowerer, gpus, kind: lowerer.neighbour(gpus, kind)),
 }
 
 
@@ -335,7 +355,8 @@ class CollectiveModel:
     def _algorithm_latency_s(self, lowering: Lowering, protocol: str) -> float:
         t = self.tuning
         intra, inter = t.intra_hop_latency_s[protocol], t.inter_hop_latency_s[protocol]
-        if lowering.algorithm == "p2p":  # [estimate] NCCL's ring base latency plus one hop
+        if lowering.algorithm in ("p2p", "neighbour"):  # [estimate] NCCL's ring base latency plus one hop
+            # (a shift's sends all run at once: one hop, inter-node where the group spans nodes)
             return t.base_latency_s[("ring", protocol)] + (inter if lowering.n_nodes > 1 else intra)
         if lowering.algorithm == "tree":
             base = t.base_latency_s[("tree", protocol)]
@@ -383,7 +404,7 @@ class CollectiveModel:
                 t = self.time_alone_s(lowering, protocol, nbytes)
                 if best is None or t < best[0]:
                     best = (t, lowering, protocol)
-        if best is None:  # every group has ring or pairwise: a kind outside the IR's
+        if best is None:  # every group has ring, pairwise or neighbour: a kind outside the IR's
             raise ValueError(f"no collective algorithm applies to {kind!r}")
         self._choice[key] = best[1], best[2]
         return best[1], best[2]
