@@ -20,7 +20,7 @@ are summed over micro-batches and, unless ZeRO-3 already sharded over
 "z+data", all-reduced over the data group.
 
 What each rank is given, and what it must end up with, follows from the 4D
-convention of twin.builders.axonn, not from the ops being tested: for a
+convention of twin.builders.schedule, not from the ops being tested: for a
 linear O[R, n] = I[R, k] W^T (W stored n x k, as torch.nn.Linear), on the
 rank at positions (x, y, z, d) of the IR's groups,
 

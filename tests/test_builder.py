@@ -1,4 +1,4 @@
-"""AxoNN's 4D step as a schedule (twin.builders.axonn): bytes, groups, counts (dependencies and overlap:
+"""AxoNN's 4D step as a schedule (twin.builders.schedule): bytes, groups, counts (dependencies and overlap:
 tests/test_builder_overlap.py; the attention core: tests/test_builder_attention.py). Ops are found by their tags
 (twin.ir.OpTag), never by taking names apart.
 
@@ -24,7 +24,7 @@ import pytest
 
 from helpers import SMALL_SPEC, op_by_name
 from twin.build import build_step
-from twin.builders.axonn import build_axonn
+from twin.builders.schedule import build_schedule
 from twin.builders.tags import LINEAR_BLOCKS
 from twin.ir import Collective, Gemm
 from twin.model import parse_model_spec
@@ -279,6 +279,6 @@ def test_step_info(frontier):
         72 * B * SEQ * LAYERS * H**2 * (1 + SEQ / (6 * H) + VOCAB / (12 * LAYERS * H)))
 
 
-def test_build_axonn_needs_a_resolved_micro_batch():
+def test_build_schedule_needs_a_resolved_micro_batch():
     with pytest.raises(ValueError):
-        build_axonn(MODEL, parse_plan("gx=2", ParallelPlan(global_batch=4)))
+        build_schedule(MODEL, parse_plan("gx=2", ParallelPlan(global_batch=4)))

@@ -1,4 +1,4 @@
-"""Dependencies and overlap in AxoNN's step (twin.builders.axonn, .linears): waits, prefetches and AxoNN's
+"""Dependencies and overlap in AxoNN's step (twin.builders.schedule, .linears): waits, prefetches and AxoNN's
 switches OAR, ORS and OAG, checked through the dependency graph only (deps plus the previous op on the same
 stream, closed transitively), as every backend reads it. Steps are built as in tests/test_builder.py.
 """

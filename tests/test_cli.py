@@ -236,7 +236,7 @@ def test_unfused_attention_simulates_slower_and_needs_more_memory(capsys):
         args = list(STEP)
         args[args.index("--plan") + 1] = f"{plan},{extra}"
         # 512 tokens: at 128 the s x s scores are smaller than the q/k/v copies Megatron's flash path adds
-        # (twin.builders.axonn), and both are dominated by kernel launches
+        # (twin.builders.schedule), and both are dominated by kernel launches
         args[args.index("--model-spec") + 1] = SMALL_SPEC.replace("seq=128", "seq=512")
         rc, out, _ = run(capsys, "simulate", *args, "--json")
         assert rc == 0

@@ -1,4 +1,4 @@
-"""The kernels a training step launches besides its GEMMs, attention and communication (twin.builders.axonn).
+"""The kernels a training step launches besides its GEMMs, attention and communication (twin.builders.schedule).
 
 The inventory is written out here, independently of the builder, from Megatron-DeepSpeed's code
 (microsoft/Megatron-DeepSpeed c08e2cc2: megatron/model/transformer.py, fused_layer_norm.py, fused_bias_gelu.py,

@@ -10,7 +10,7 @@ import pytest
 from helpers import SMALL_SPEC
 from test_cli import assert_user_error, run
 from topologies import load_machine
-from twin.build import build_step
+from twin.build import build_stages, build_step
 from twin.errors import TwinError
 from twin.memory import memory_per_gpu, usable_bytes
 from twin.model import get_model, parse_model_spec
@@ -219,8 +219,10 @@ def test_a_pipeline_bound_from_three_stages_stays_below_the_one_from_all():
     rank._init_worker(model, machine, 16)
     bounds = rank._WORKER["bounds"]
     full = build_step(model, plan, machine, 16).schedule
-    some = build_step(model, plan, machine, 16, stages=(0, 1, 7)).schedule
+    some = build_stages(model, plan, machine, 16, (0, 1, 7)).schedule
     assert len(some.programs) == 3
+    with pytest.raises(ValueError, match="cover 6 of its 16 ranks: a partial schedule"):
+        simulate(some, machine)
     partial, every = bounds.pipeline_terms_s(some), bounds.pipeline_terms_s(full)
     assert len(partial) == len(every) == 8
     assert all(p <= e * (1 + 1e-12) for p, e in zip(partial, every))

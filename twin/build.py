@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from topologies.machine import Machine
-from twin.builders.axonn import build_axonn
+from twin.builders.schedule import build_schedule, build_stage_programs
 from twin.errors import TwinError
 from twin.ir import Schedule
 from twin.memory import MemoryBreakdown, check_fit, resolve_micro_batch
@@ -39,12 +39,20 @@ def resolve_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: i
     return resolved, check_fit(model, resolved, machine.device.hbm_bytes, reserve=not measured)
 
 
-def build_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
-               stages: tuple[int, ...] | None = None, measured: bool = False) -> BuiltStep:
-    """`stages`: only those pipeline stages' programs (for bounds; see build_axonn); `measured` as resolve_step."""
+def build_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, measured: bool = False) -> BuiltStep:
+    """The checked step and its schedule; `measured` as resolve_step."""
     resolved, memory = resolve_step(model, plan, machine, gpus, measured)
     with _collector_paused():
-        return BuiltStep(build_axonn(model, resolved, stages), resolved, memory)
+        return BuiltStep(build_schedule(model, resolved), resolved, memory)
+
+
+def build_stages(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, stages: tuple[int, ...]
+                 ) -> BuiltStep:
+    """The checked step with only pipeline stages `stages` built: the search's partial build for its bounds
+    (twin.builders.schedule.build_stage_programs), which cannot be simulated."""
+    resolved, memory = resolve_step(model, plan, machine, gpus)
+    with _collector_paused():
+        return BuiltStep(build_stage_programs(model, resolved, stages), resolved, memory)
 
 
 @contextmanager

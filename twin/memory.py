@@ -1,7 +1,7 @@
 """Per-GPU memory of a plan, stage by stage, and the micro-batch that fits.
 
 Accounting (reference/algorithms.md section 6), per GPU, for the layout the
-builder uses (twin.builders.axonn): the residual stream of a micro-batch is
+builder uses (twin.builders.schedule): the residual stream of a micro-batch is
 split over gz (tokens) and gy (hidden) and replicated over gx (split over gx
 too with sequence parallelism); Q, K, V, the attention output and the MLP's
 4h activations are split over gx.

@@ -1,6 +1,6 @@
 """The attention core of one transformer layer: flash, or Megatron's unfused core attention (plan.attention).
 
-twin.builders.axonn's module docstring lists the kernels of each. The core
+twin.builders.schedule's module docstring lists the kernels of each. The core
 runs on the heads / gx local heads of each of the mbs sequences, replicated
 over gy like every op between the QKV and attention-output linears. Its ops
 are tagged block "attn", each kernel its role ("fwd" and "bwd" for the flash

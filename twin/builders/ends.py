@@ -1,7 +1,7 @@
 """The model's two ends on a pipeline's first and last stage: the embedding, and the vocabulary-parallel loss.
 
 Their kernels are counted in twin.builders.megatron_kernels (EMBEDDING_* and
-LOSS_* constants) and listed in twin.builders.axonn's module docstring. Ops
+LOSS_* constants) and listed in twin.builders.schedule's module docstring. Ops
 are tagged block "embed" or "loss", outside any layer, in the forward or
 backward pass of their micro-batch.
 """

@@ -3,7 +3,7 @@
 The linears come from twin.builders.linears, the attention core from
 twin.builders.attention; what is left are the layer's own memory-bound
 kernels (layer norms, bias-GeLU, the bias-dropout-adds), counted as
-twin.builders.axonn's module docstring lists them.
+twin.builders.schedule's module docstring lists them.
 """
 
 from __future__ import annotations

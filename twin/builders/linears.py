@@ -1,6 +1,6 @@
 """One linear layer's forward and backward on the 4D mesh: GEMMs, their collectives, the bias, the accumulations.
 
-The convention is twin.builders.axonn's (its module docstring): W's (x, y)
+The convention is twin.builders.schedule's (its module docstring): W's (x, y)
 block sharded along Z (z+data under ZeRO-3), gathered before the forward
 GEMM and its gradient reduce-scattered after dW; the forward output
 all-reduced over the linear's forward axis, dI over its backward axis;

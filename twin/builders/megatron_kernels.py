@@ -1,6 +1,6 @@
 """The kernels Megatron-DeepSpeed launches besides GEMMs, attention and communication, as data.
 
-What twin.builders.axonn emits for the memory-bound work of a step (its module
+What twin.builders.schedule emits for the memory-bound work of a step (its module
 docstring lists them per layer and pass): how many kernels, and how many
 bytes each moves, with the file and function of microsoft/Megatron-DeepSpeed
 (commit c08e2cc2) that launches it. Kept apart from the builder so that the

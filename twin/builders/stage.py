@@ -1,10 +1,10 @@
 """What every part of a pipeline stage's program shares: the plan's sizes on this rank, and how ops are written.
 
-twin.builders.axonn writes one program per pipeline stage with a writer
-assembled from one module per job (linears, the transformer block and its
-attention, the embedding and loss, the step around the micro-batches); each
-is a subclass of StageBase, which holds the sizes they all need and writes
-each op with its name and its tag (twin.builders.tags) together.
+twin.builders.schedule writes one program per pipeline stage with a writer
+assembled from its passes, one module per job (its module docstring lists
+them in order); each is a subclass of StageBase, which holds the sizes they
+all need, the stage's layers and parameters, and writes each op with its
+name and its tag (twin.builders.tags) together.
 """
 
 from __future__ import annotations
@@ -71,6 +71,22 @@ class StageBase:
             ])
         self.lm_head = Linear("lm_head", None, model.hidden, model.vocab, False)
         self.deferred_waits: list[int] = []  # ors: reduce-scatters waited at the end of backward
+
+    def gradient_buckets(self) -> list[tuple[str, int | None, float]]:
+        """(block, layer, parameters) per gradient bucket, in the order backward finishes them: each layer ("layer"),
+        the embedding, the LM head and final norm."""
+        layers = [block[0].layer for chunk in reversed(self.chunks) for block in reversed(chunk)]
+        buckets: list[tuple[str, int | None, float]] = [("layer", layer, float(self.model.params_per_layer))
+                                                         for layer in layers]
+        final_norm = 2.0 * self.model.hidden
+        if self.plan.pp == 1:
+            buckets.append(("embed", None, self.model.embedding_params + final_norm))  # the LM head is tied to it
+            return buckets
+        if self.stage == self.plan.pp - 1:
+            buckets.insert(0, ("lm_head", None, final_norm + self.model.vocab * self.model.hidden))
+        if self.stage == 0:
+            buckets.append(("embed", None, float(self.model.embedding_params)))
+        return buckets
 
     # ---- sizes -------------------------------------------------------------
     def residual_elements(self) -> float:

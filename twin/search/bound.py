@@ -252,7 +252,7 @@ class BoundModel:
         ranks a micro-batch passes through from stage to stage). Interleaved
         schedules (ops tagged with a chunk) get no term.
 
-        The schedule may hold some stages only (build_axonn's `stages`): a stage
+        The schedule may hold some stages only (twin.build.build_stages): a stage
         between the first and the last that is missing counts its compute
         alone, that of the nearest present stage before it (every middle stage
         runs the same layers per micro-batch, only in another order).

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 from topologies.machine import Machine
-from twin.build import build_step
+from twin.build import build_stages, build_step
 from twin.errors import TwinError
 from twin.micro_batches import continued, extended, simulate_step
 from twin.model import ModelSpec
@@ -202,9 +202,13 @@ def _bound_terms(plan: ParallelPlan) -> tuple[float, ...]:
     # stages are built (the bound of a subset of programs still bounds the step; see pipeline_terms_s).
     stages = (0, 1, plan.pp - 1) if plan.pp > 3 and plan.vpp == 1 else None
 
+    def built(model: ModelSpec, p: ParallelPlan):
+        if stages is None:
+            return build_step(model, p, w["machine"], w["gpus"]).schedule
+        return build_stages(model, p, w["machine"], w["gpus"], stages).schedule
+
     def terms(p: ParallelPlan) -> tuple[float, ...]:
-        return _layer_continued(w["model"], p, lambda model: w["bounds"].terms_s(
-            build_step(model, p, w["machine"], w["gpus"], stages).schedule))
+        return _layer_continued(w["model"], p, lambda model: w["bounds"].terms_s(built(model, p)))
 
     return continued(plan, terms)
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from twin.builders.axonn import build_axonn
+from twin.builders.schedule import build_schedule
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 from twin.search.bound import BoundModel
@@ -76,7 +76,7 @@ class ScreenModel:
         """(W, C) of `plan`'s layers (module docstring)."""
         grid = grid_plan(plan)
         if grid not in self._layer:
-            schedule = build_axonn(replace(self.model, layers=self.LAYERS), grid)
+            schedule = build_schedule(replace(self.model, layers=self.LAYERS), grid)
             compute = self.bounds.compute.duration_s
             w = min(least_per_layer_s(pass_compute_s(p, [0.0 if op.is_comm else compute(op.work) for op in p.ops]))
                     for p in schedule.programs)

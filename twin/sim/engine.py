@@ -293,6 +293,11 @@ def simulate(schedule: Schedule, machine: Machine, full: bool = False,
 
     `collectives`: a CollectiveModel of this machine and world size to reuse; its
     lowerings are cached by GPU set, so simulations of many plans (twin search)
-    lower each group they share once.
+    lower each group they share once. A partial schedule (twin.build.build_stages: some pipeline stages only, for
+    the search's bounds) is refused: the missing stages' ranks would never answer.
     """
+    covered = sum(len(program.ranks) for program in schedule.programs)
+    if covered != schedule.world_size:
+        raise ValueError(f"the schedule's programs cover {covered} of its {schedule.world_size} ranks: a partial "
+                         "schedule (twin.build.build_stages, for bounds) cannot be simulated")
     return Simulator(schedule, machine, full, collectives).run()

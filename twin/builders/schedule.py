@@ -1,4 +1,32 @@
-"""AxoNN's 4D hybrid parallel training step, with Megatron's pipeline and ZeRO on top.
+"""The training step's schedule, written by ordered passes: AxoNN's 4D hybrid parallelism, Megatron's on top.
+
+build_schedule(model, plan) writes one program per pipeline stage. As
+torchtitan applies its parallelisms one after the other, each stage's
+program is written by passes with one job each, in this order (each a
+module of twin.builders, assembled into one writer below):
+
+1. the optimizer's main_grad zeroed (optimizer);
+2. the pipeline's schedule (pipeline_passes, with pipeline's 1F1B or
+   interleaved order): each micro-batch's forward and backward pass over the
+   stage's model chunks, the transfers between stages, and in each pass
+     - the embedding and the loss on the first and last stage (ends),
+     - the transformer blocks (layer), whose linears are the tensor-parallel
+       pass (linears: AxoNN's 3D grid, Megatron's 1D as gx alone, sequence
+       parallelism) and whose attention is flash, unfused or, with context
+       parallelism, a ring (attention, ring_attention);
+3. the gradients scaled, then synchronised over the data-parallel group and
+   ZeRO's shards, and the tied embedding's between the first and last
+   stages (optimizer, data_parallel);
+4. the optimizer's passes on the (sharded) state (optimizer);
+5. ZeRO-1/2's updated weights gathered back (data_parallel).
+
+A new axis is an entry of twin.axes and the pass that uses its groups (cp:
+ring_attention). build_stage_programs is the search's partial build: only
+some stages' programs, for its lower bounds (twin.search.bound); the
+simulator refuses such a schedule.
+
+The convention the passes share:
+
 
 reference/algorithms.md sections 1, 2 and 5. Convention (written down once,
 used by the simulator and the executor alike): for a linear O[m, n] = I[m, k] W[k, n]
@@ -127,10 +155,7 @@ by 1 / data-parallel size, then the optimizer's multi-tensor passes
 Every op carries its meaning as a tag (twin.ir.OpTag, in the words of
 twin.builders.tags): micro-batch, chunk, pass, layer, block and role. Its
 name is a label with the same parts (mb3.c1.bwd.L12.mlp_up.dW), which no
-consumer parses. The writer of a stage's program is assembled from one
-module per job: twin.builders.linears (one linear), .attention and .layer
-(a transformer layer), .ends (embedding and loss), .optimizer (the step
-around the micro-batches); this module drives the pipeline's passes.
+consumer parses.
 
 Not counted (each under 1% of a step in the cases checked, or not expressible
 in the IR): the data loader's per-micro-batch mask and position kernels, the
@@ -145,12 +170,9 @@ gradients.
 
 from __future__ import annotations
 
-from twin.builders.ends import EndsWriter
-from twin.builders.layer import LayerWriter
-from twin.builders.megatron_kernels import LAYERNORM_BYTES
-from twin.builders.optimizer import StepWriter
-from twin.builders.pipeline import pipeline_order
-from twin.builders.tags import Pass
+from twin.builders.data_parallel import DataParallelWriter
+from twin.builders.optimizer import OptimizerWriter
+from twin.builders.pipeline_passes import PipelineWriter
 from twin.ir import P2P, Collective, GroupAxis, Op, Program, Schedule, StepInfo
 from twin.memory import memory_per_gpu
 from twin.mesh import plan_mesh
@@ -158,106 +180,39 @@ from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 
 
-class _StageWriter(LayerWriter, EndsWriter, StepWriter):
-    """Writes the program every rank of one pipeline stage runs: its passes in the pipeline's order."""
-
-    def virtual_stage(self, chunk: int) -> int:
-        return chunk * self.plan.pp + self.stage
-
-    def is_first(self, chunk: int) -> bool:
-        return self.virtual_stage(chunk) == 0
-
-    def is_last(self, chunk: int) -> bool:
-        return self.virtual_stage(chunk) == self.n_virtual - 1
-
-    # ---- pipeline transfers ------------------------------------------------
-    def p2p_bytes(self) -> float:
-        return self.b * self.residual_elements()
-
-    def receive(self, at: Pass, what: str, peer: int) -> None:
-        role = f"recv_{what}"
-        op = self.w.collective(f"{at.micro_label}.{role}", "pp", P2P("recv", "pp", peer, self.p2p_bytes(), what),
-                               stream=f"p2p:{role}", tag=at.tag("p2p", role))
-        self.w.wait(op)
-
-    def send(self, at: Pass, what: str, peer: int) -> None:
-        role = f"send_{what}"
-        self.w.collective(f"{at.micro_label}.{role}", "pp", P2P("send", "pp", peer, self.p2p_bytes(), what),
-                          stream=f"p2p:{role}", tag=at.tag("p2p", role))
-
-    def neighbour(self, chunk: int, step: int) -> int:
-        """Offset along the pp axis to the virtual stage `step` (+1 or -1) away (wrapping chunks)."""
-        target = (self.virtual_stage(chunk) + step) % self.plan.pp
-        return target - self.stage
-
-    # ---- passes --------------------------------------------------------------
-    def pass_of(self, phase: str, mb: int, chunk: int) -> Pass:
-        """The pass `phase` of micro-batch `mb` on model chunk `chunk` (chunks tagged with interleaving only)."""
-        return Pass(phase, mb, chunk if self.plan.vpp > 1 else None)
-
-    def forward_chunk(self, mb: int, chunk: int) -> None:
-        at = self.pass_of("fwd", mb, chunk)
-        blocks = self.chunks[chunk]
-        if self.is_first(chunk):
-            self.embedding_forward(at)
-        else:
-            self.receive(at, "act", self.neighbour(chunk, -1))
-        order = [lin for block in blocks for lin in block] + ([self.lm_head] if self.is_last(chunk) else [])
-        gathered = None
-        for i, block in enumerate(blocks):
-            after = order[4 * i + 4] if 4 * i + 4 < len(order) else None
-            gathered = self.block_forward(at, block, gathered, after)
-        if self.is_last(chunk):
-            self.elementwise(*self.kernel(at, "ln_f", "fwd"), self.residual_elements(), LAYERNORM_BYTES, 5)
-            self.linear_forward(at, self.lm_head, gathered, None)
-            self.loss(at)
-        else:
-            self.send(at, "act", self.neighbour(chunk, +1))
-
-    def backward_chunk(self, mb: int, chunk: int) -> None:
-        at = self.pass_of("bwd", mb, chunk)
-        if self.is_last(chunk):
-            # Tied to the word table on one stage: its gradient is summed with the lookup's and accumulated there.
-            self.linear_backward(at, self.lm_head, accumulate=self.plan.pp > 1)
-            self.layernorm_backward(at, None, "ln_f", grad_add=False)
-        else:
-            self.receive(at, "grad", self.neighbour(chunk, +1))
-        recompute = at.to("rc")
-        for block in reversed(self.chunks[chunk]):
-            if self.plan.recompute == "full":
-                self.block_forward(recompute, block, None, None)
-            self.block_backward(at, block)
-        if self.is_first(chunk):
-            self.embedding_backward(at)
-        else:
-            self.send(at, "grad", self.neighbour(chunk, -1))
-        self.w.wait(*self.deferred_waits)
-        self.deferred_waits.clear()
+class StageProgramWriter(PipelineWriter, DataParallelWriter, OptimizerWriter):
+    """Writes the program every rank of one pipeline stage runs: the passes of the module docstring, in order."""
 
     def write(self) -> list[Op]:
-        self.zero_grad()
-        for step in pipeline_order(self.plan.pp, self.plan.vpp, self.plan.ga, self.stage):
-            if step.kind == "F":
-                self.forward_chunk(step.micro_batch, step.chunk)
-            else:
-                self.backward_chunk(step.micro_batch, step.chunk)
-        self.data_parallel_and_optimizer()
+        self.zero_grad()  # 1. optimizer: main_grad zeroed
+        self.run_pipeline()  # 2. the pipeline's passes through the embedding, the blocks and the loss
+        self.scale_gradients()  # 3. scaled, then synchronised over data (and ZeRO's shards)
+        gathers = self.synchronise_gradients()
+        self.optimizer_step()  # 4. the optimizer's passes
+        self.gather_weights(gathers)  # 5. ZeRO-1/2: the updated weights back
         return self.w.ops
 
 
-def build_axonn(model: ModelSpec, plan: ParallelPlan, stages: tuple[int, ...] | None = None) -> Schedule:
-    """The whole training step; `plan` validated, mbs and ga resolved. One Program per pipeline stage.
+def build_schedule(model: ModelSpec, plan: ParallelPlan) -> Schedule:
+    """The whole training step; `plan` validated, mbs and ga resolved (twin.build does both). One Program per
+    pipeline stage."""
+    return _assemble(model, plan, range(plan.pp))
 
-    `stages` keeps only those stages' programs: a partial schedule for the
-    search's lower bound (twin.search.bound), which needs the first, a middle
-    and the last stage of a long pipeline; it cannot be simulated."""
+
+def build_stage_programs(model: ModelSpec, plan: ParallelPlan, stages: tuple[int, ...]) -> Schedule:
+    """Only the programs of pipeline stages `stages`: the search's partial build. Its lower bound
+    (twin.search.bound) of a long pipeline needs the first, a middle and the last stage; the other stages' ranks
+    have no program, so the simulator refuses the schedule (twin.sim.engine)."""
+    return _assemble(model, plan, sorted(set(stages)))
+
+
+def _assemble(model: ModelSpec, plan: ParallelPlan, stages) -> Schedule:
     if plan.mbs <= 0 or plan.ga <= 0:
-        raise ValueError("build_axonn needs a plan with mbs and ga resolved (twin.memory.resolve_micro_batch)")
+        raise ValueError("build_schedule needs a plan with mbs and ga resolved (twin.memory.resolve_micro_batch)")
     mesh = plan_mesh(plan)
     per_stage = mesh.size // plan.pp  # pp is the outermost axis: each stage is a block of consecutive ranks
-    stage_ranks = {s: tuple(range(s * per_stage, (s + 1) * per_stage)) for s in range(plan.pp)}
-    kept = range(plan.pp) if stages is None else sorted(set(stages))
-    programs = tuple(Program(stage_ranks[s], tuple(_StageWriter(model, plan, s).write())) for s in kept)
+    programs = tuple(Program(tuple(range(s * per_stage, (s + 1) * per_stage)),
+                             tuple(StageProgramWriter(model, plan, s).write())) for s in stages)
 
     used = sorted({op.work.group for prog in programs for op in prog.ops if isinstance(op.work, (Collective, P2P))})
     groups = []

@@ -1,0 +1,106 @@
+"""Pipeline stages and their schedule: a stage's forward and backward passes in the pipeline's order.
+
+A stage holds plan.vpp model chunks (twin.builders.stage); this pass runs
+them in twin.builders.pipeline's 1F1B or interleaved order, each forward
+from the embedding (first virtual stage) or a received activation through
+the chunk's blocks to the loss (last virtual stage) or a send, each backward
+the other way, with the recompute of full recompute before each block's
+backward. Pipeline transfers carry the residual stream's share on this rank
+(tokens x hidden / (gy [x gx with sp])); sends never block compute, receives
+do. Without a pipeline it is the same loop over micro-batches, with no
+transfers.
+"""
+
+from __future__ import annotations
+
+from twin.builders.ends import EndsWriter
+from twin.builders.layer import LayerWriter
+from twin.builders.megatron_kernels import LAYERNORM_BYTES
+from twin.builders.pipeline import pipeline_order
+from twin.builders.tags import Pass
+from twin.ir import P2P
+
+
+class PipelineWriter(LayerWriter, EndsWriter):
+    """Writes a stage's micro-batch passes in the pipeline's order, with the transfers between stages."""
+
+    def virtual_stage(self, chunk: int) -> int:
+        return chunk * self.plan.pp + self.stage
+
+    def is_first(self, chunk: int) -> bool:
+        return self.virtual_stage(chunk) == 0
+
+    def is_last(self, chunk: int) -> bool:
+        return self.virtual_stage(chunk) == self.n_virtual - 1
+
+    # ---- pipeline transfers ------------------------------------------------
+    def p2p_bytes(self) -> float:
+        return self.b * self.residual_elements()
+
+    def receive(self, at: Pass, what: str, peer: int) -> None:
+        role = f"recv_{what}"
+        op = self.w.collective(f"{at.micro_label}.{role}", "pp", P2P("recv", "pp", peer, self.p2p_bytes(), what),
+                               stream=f"p2p:{role}", tag=at.tag("p2p", role))
+        self.w.wait(op)
+
+    def send(self, at: Pass, what: str, peer: int) -> None:
+        role = f"send_{what}"
+        self.w.collective(f"{at.micro_label}.{role}", "pp", P2P("send", "pp", peer, self.p2p_bytes(), what),
+                          stream=f"p2p:{role}", tag=at.tag("p2p", role))
+
+    def neighbour(self, chunk: int, step: int) -> int:
+        """Offset along the pp axis to the virtual stage `step` (+1 or -1) away (wrapping chunks)."""
+        target = (self.virtual_stage(chunk) + step) % self.plan.pp
+        return target - self.stage
+
+    # ---- passes --------------------------------------------------------------
+    def pass_of(self, phase: str, mb: int, chunk: int) -> Pass:
+        """The pass `phase` of micro-batch `mb` on model chunk `chunk` (chunks tagged with interleaving only)."""
+        return Pass(phase, mb, chunk if self.plan.vpp > 1 else None)
+
+    def forward_chunk(self, mb: int, chunk: int) -> None:
+        at = self.pass_of("fwd", mb, chunk)
+        blocks = self.chunks[chunk]
+        if self.is_first(chunk):
+            self.embedding_forward(at)
+        else:
+            self.receive(at, "act", self.neighbour(chunk, -1))
+        order = [lin for block in blocks for lin in block] + ([self.lm_head] if self.is_last(chunk) else [])
+        gathered = None
+        for i, block in enumerate(blocks):
+            after = order[4 * i + 4] if 4 * i + 4 < len(order) else None
+            gathered = self.block_forward(at, block, gathered, after)
+        if self.is_last(chunk):
+            self.elementwise(*self.kernel(at, "ln_f", "fwd"), self.residual_elements(), LAYERNORM_BYTES, 5)
+            self.linear_forward(at, self.lm_head, gathered, None)
+            self.loss(at)
+        else:
+            self.send(at, "act", self.neighbour(chunk, +1))
+
+    def backward_chunk(self, mb: int, chunk: int) -> None:
+        at = self.pass_of("bwd", mb, chunk)
+        if self.is_last(chunk):
+            # Tied to the word table on one stage: its gradient is summed with the lookup's and accumulated there.
+            self.linear_backward(at, self.lm_head, accumulate=self.plan.pp > 1)
+            self.layernorm_backward(at, None, "ln_f", grad_add=False)
+        else:
+            self.receive(at, "grad", self.neighbour(chunk, +1))
+        recompute = at.to("rc")
+        for block in reversed(self.chunks[chunk]):
+            if self.plan.recompute == "full":
+                self.block_forward(recompute, block, None, None)
+            self.block_backward(at, block)
+        if self.is_first(chunk):
+            self.embedding_backward(at)
+        else:
+            self.send(at, "grad", self.neighbour(chunk, -1))
+        self.w.wait(*self.deferred_waits)
+        self.deferred_waits.clear()
+
+    def run_pipeline(self) -> None:
+        """Every micro-batch's forward and backward on this stage, in the pipeline's order."""
+        for step in pipeline_order(self.plan.pp, self.plan.vpp, self.plan.ga, self.stage):
+            if step.kind == "F":
+                self.forward_chunk(step.micro_batch, step.chunk)
+            else:
+                self.backward_chunk(step.micro_batch, step.chunk)
