@@ -329,7 +329,7 @@ def _fit_collectives(cm: list[Sample], errors: dict) -> tuple[float, float, floa
     n = np.array([s.params["group_size"] for s in cm], float)
     kind = np.array([s.params["kind"] for s in cm])
     ar = kind == "all_reduce"
-    steps = np.where(ar, 2 * (n - 1), n - 1)  # NCCL's ring steps (twin.sim.collectives.ring_steps)
+    steps = np.where(ar, 2 * (n - 1), n - 1)  # NCCL's ring steps (twin.sim.lowerings.ring_steps)
     traffic = np.where(ar, 2 * (n - 1) / n, (n - 1) / n) * np.array([s.params["nbytes"] for s in cm], float)
     kinds = sorted(set(kind))
     masks = [(kind == k).astype(float) for k in kinds]

@@ -7,7 +7,7 @@ from itertools import combinations, permutations
 
 import pytest
 
-import twin.sim.collectives as collectives
+import twin.sim.lowerings as lowerings
 import twin.sim.rings as ring_search
 from topologies.fabric import Fabric
 from topologies.machine import load_machine
@@ -83,9 +83,9 @@ def test_on_a_switch_the_polynomial_rings_load_the_links_as_the_exhaustive_ones(
     link loads (what the simulator times) are the same."""
     machine = load_machine(name)
     n = machine.node.gpus_per_node
-    exact = collectives._Lowerer(Fabric(machine, n))
+    exact = lowerings._Lowerer(Fabric(machine, n))
     monkeypatch.setattr(ring_search, "EXHAUSTIVE_MAX", 1)
-    fast = collectives._Lowerer(Fabric(machine, n))
+    fast = lowerings._Lowerer(Fabric(machine, n))
     for k in range(2, n + 1):
         for members in list(combinations(range(n), k))[:6]:
             a, b = exact._ring_on_node_zero(members), fast._ring_on_node_zero(members)

@@ -1,0 +1,185 @@
+"""How each collective algorithm loads the links: a Lowering per (group, kind, algorithm).
+
+twin.sim.collectives describes the algorithms, decides which apply to a
+group and times them; this module computes where their bytes go. A Lowering
+says how many bytes cross each directed link of the fabric per byte of the
+collective's buffer, in one or more phases run one after the other. Rings are
+packed on the node's links by twin.sim.rings; every transfer is routed by the
+fabric (topologies.fabric.Fabric.route_loads).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import lru_cache
+
+from topologies.fabric import Fabric
+from twin.sim.rings import Arcs, pack_chains, pack_rings
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """Per-link bytes per buffer byte, in phases that run one after the other."""
+
+    algorithm: str
+    kind: str
+    phases: tuple[dict[int, float], ...]  # per phase: link id -> bytes per byte of buffer
+    n_ranks: int
+    n_nodes: int
+    ranks_per_node: int
+
+    def bottleneck_s_per_byte(self, fabric: Fabric) -> float:
+        """Seconds per buffer byte on the busiest link of each phase, summed; memoised per fabric (a lowering of
+        a large group has thousands of links, and the tuner asks once per protocol and per call)."""
+        memo = self.__dict__.get("_bottleneck")
+        if memo is not None and memo[0] is fabric:
+            return memo[1]
+        cap = fabric.capacity_bytes_per_s
+        value = sum(max((load / cap[link] for link, load in phase.items()), default=0.0) for phase in self.phases)
+        self.__dict__["_bottleneck"] = (fabric, value)  # a frozen dataclass: memo beside the fields
+        return value
+
+
+def per_rank_traffic(kind: str, n: int) -> float:
+    """Bytes each rank sends to its ring successor per byte of buffer."""
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    if kind == "broadcast":
+        return 1.0
+    raise ValueError(f"no ring traffic for {kind}")
+
+
+def ring_steps(kind: str, n: int) -> int:
+    return 2 * (n - 1) if kind == "all_reduce" else n - 1
+
+
+# ---- algorithms --------------------------------------------------------------
+
+class _Lowerer:
+    """Lowers collectives on one fabric, caching the per-node searches."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        self.fabric = fabric
+        node = fabric.machine.node
+        self.arcs: Arcs = fabric.ring_arcs()
+        self.gpn = node.gpus_per_node
+        self._rings = lru_cache(maxsize=None)(lambda members: pack_rings(members, self.arcs))
+        self._chains = lru_cache(maxsize=None)(lambda members, starts: pack_chains(members, starts, self.arcs))
+        self._unit_ring_loads = lru_cache(maxsize=4096)(self._ring_loads_per_unit)
+        self._single_node_ring = lru_cache(maxsize=None)(self._ring_on_node_zero)
+
+    def by_node(self, gpus: tuple[int, ...]) -> dict[int, list[int]]:
+        nodes: dict[int, list[int]] = {}
+        for g in gpus:
+            nodes.setdefault(self.fabric.node_of(g), []).append(self.fabric.local_of(g))
+        return nodes
+
+    def channel_starts(self, locals_: tuple[int, ...], nics: list[int]) -> tuple[int, ...]:
+        """Per channel (one per NIC), the member it enters the node at: the one nearest that NIC."""
+        starts = []
+        for nic in nics:
+            near = [l for l in locals_ if self.fabric.nearest_nic(l) == nic]
+            starts.append(near[0] if near else locals_[0])
+        return tuple(starts)
+
+    def ring_loads(self, gpus: tuple[int, ...], traffic: float) -> dict[int, float]:
+        """Link loads of rings over `gpus`, each rank sending `traffic` bytes (per buffer byte) onward."""
+        if len(gpus) < 2 or traffic == 0:
+            return {}
+        return {link: load * traffic for link, load in self._unit_ring_loads(gpus).items()}
+
+    def _ring_loads_per_unit(self, gpus: tuple[int, ...]) -> dict[int, float]:
+        """Ring loads for one byte sent onward per rank; cached, since every instance of every
+        collective kind on the same ranks shares them. A ring inside one node is computed once
+        per pattern of local GPUs and translated to its node (on-node link ids repeat per node)."""
+        nodes = self.by_node(gpus)
+        if len(nodes) == 1:
+            (node, locals_), = nodes.items()
+            base = self._single_node_ring(tuple(sorted(locals_)))
+            shift = node * self.fabric.links_per_node
+            return {link + shift: load for link, load in base.items()}
+        transfers: list[tuple[int, int, float, int | None]] = []
+        node_ids = list(nodes)
+        nics = sorted({self.fabric.nearest_nic(l) for l in nodes[node_ids[0]]})
+        share = 1.0 / len(nics)
+        node_chains = {}
+        for node in node_ids:
+            members = tuple(sorted(nodes[node]))
+            node_chains[node] = self._chains(members, self.channel_starts(members, nics))
+        for c, nic in enumerate(nics):
+            for j, node in enumerate(node_ids):
+                chain = node_chains[node][c]
+                base = node * self.gpn
+                transfers.extend((base + a, base + b, share, None) for a, b in zip(chain, chain[1:]))
+                next_node = node_ids[(j + 1) % len(node_ids)]
+                entry = next_node * self.gpn + node_chains[next_node][c][0]
+                transfers.append((base + chain[-1], entry, share, nic))
+        return self.fabric.route_loads(transfers)
+
+    def _ring_on_node_zero(self, locals_: tuple[int, ...]) -> dict[int, float]:
+        rings = self._rings(locals_)
+        return self.fabric.route_loads((ring[i], ring[(i + 1) % len(ring)], 1.0 / len(rings), None)
+                                       for ring in rings for i in range(len(ring)))
+
+    def ring(self, gpus: tuple[int, ...], kind: str) -> Lowering:
+        n = len(gpus)
+        nodes = self.by_node(gpus)
+        loads = self.ring_loads(gpus, per_rank_traffic(kind, n) if n > 1 else 0.0)
+        ppn = max(len(v) for v in nodes.values())
+        return Lowering("ring", kind, (dict(loads),), n, len(nodes), ppn)
+
+    def hierarchical(self, gpus: tuple[int, ...], kind: str) -> Lowering:
+        """All-reduce as reduce-scatter in each node, all-reduce of each shard across nodes
+        over all NICs at once (local rank i with the local rank i of every other node), all-gather
+        in each node: three phases, one after the other."""
+        nodes = self.by_node(gpus)
+        per_node, n_nodes = len(next(iter(nodes.values()))), len(nodes)
+        ordered = {node: [node * self.gpn + l for l in sorted(locals_)] for node, locals_ in nodes.items()}
+        intra: dict[int, float] = defaultdict(float)
+        for members in ordered.values():
+            for link, load in self.ring_loads(tuple(members), per_rank_traffic("reduce_scatter", per_node)).items():
+                intra[link] += load
+        inter: dict[int, float] = defaultdict(float)
+        for i in range(per_node):
+            peers = tuple(members[i] for members in ordered.values())
+            for link, load in self.ring_loads(peers, per_rank_traffic("all_reduce", n_nodes) / per_node).items():
+                inter[link] += load
+        return Lowering("hierarchical", kind, (dict(intra), dict(inter), dict(intra)), len(gpus), n_nodes, per_node)
+
+    def tree(self, gpus: tuple[int, ...], kind: str) -> Lowering:
+        """A chain inside each node, NCCL's two mirrored binary trees across the nodes' heads."""
+        nodes = self.by_node(gpus)
+        transfers: list[tuple[int, int, float, int | None]] = []
+        heads = []
+        for node, locals_ in nodes.items():
+            members = tuple(sorted(locals_))
+            chain = self._chains(members, members[:1])[0]
+            base = node * self.gpn
+            for a, b in zip(chain, chain[1:]):  # reduce up the chain, broadcast down
+                transfers += [(base + a, base + b, 1.0, None), (base + b, base + a, 1.0, None)]
+            heads.append(base + chain[0])
+        count = len(heads)
+        for order in (list(range(count)), list(reversed(range(count)))):  # two mirrored binary trees
+            for pos in range(1, count):
+                child, parent = heads[order[pos]], heads[order[(pos - 1) // 2]]
+                transfers += [(child, parent, 0.5, None), (parent, child, 0.5, None)]
+        ppn = max(len(v) for v in nodes.values())
+        return Lowering("tree", kind, (self.fabric.route_loads(transfers),), len(gpus), len(nodes), ppn)
+
+    def neighbour(self, gpus: tuple[int, ...], kind: str) -> Lowering:
+        """Every rank sends the whole buffer to the next member, in group order, the last to the first:
+        one byte per buffer byte on each link of each route (one rank: moves nothing)."""
+        n = len(gpus)
+        loads = self.fabric.route_loads((gpus[i], gpus[(i + 1) % n], 1.0, None) for i in range(n)) if n > 1 else {}
+        nodes = self.by_node(gpus)
+        return Lowering("neighbour", kind, (loads,), n, len(nodes), max(len(v) for v in nodes.values()))
+
+    def pairwise(self, gpus: tuple[int, ...], kind: str) -> Lowering:
+        """Every rank sends nbytes / n straight to every other."""
+        n = len(gpus)
+        loads = self.fabric.route_loads((src, dst, 1.0 / n, None) for src in gpus for dst in gpus if src != dst)
+        nodes = self.by_node(gpus)
+        return Lowering("pairwise", kind, (loads,), n, len(nodes), max(len(v) for v in nodes.values()))
