@@ -47,6 +47,7 @@ def test_every_axis_is_a_plan_degree_and_a_mesh_axis_in_registry_order():
     assert plan_mesh(p).axes == tuple((a.mesh, getattr(p, a.key)) for a in axes.AXES)
     assert p.world_size == 2 * 3 * 5 * 7 * 11 * 13
     assert p.degrees == {"gx": 2, "gy": 3, "gz": 5, "cp": 7, "gdata": 11, "pp": 13}
+    assert p.batch_split == 5 * 11  # cp's ranks see other tokens of the same sequences, not other sequences
 
 
 def test_describe_round_trips_and_keeps_the_text_of_plans_without_cp():

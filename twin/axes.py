@@ -48,6 +48,7 @@ class Axis:
     aliases: tuple[str, ...] = ()  # other --plan names (Megatron-LM's)
     always_described: bool = True  # describe() writes it even at 1 (AxoNN's four do, so plan texts stay stable)
     searched_by_default: bool = True  # twin search varies it unless --axes says otherwise
+    splits_batch: bool = False  # its ranks see different sequences (the global batch is split over it)
     divides: tuple[Divides, ...] = ()
 
 
@@ -61,12 +62,12 @@ AXES: tuple[Axis, ...] = (  # innermost first: the mesh's order
     Axis("gy", "y", "AxoNN's Y: the linears' other dimension", divides=(
         Divides("hidden", "model hidden (split over {axis})", "choose {axis} dividing hidden"),
         Divides("ffn", "model ffn (split over {axis})", "choose {axis} dividing ffn"))),
-    Axis("gz", "z", "AxoNN's Z: tokens, and the weights sharded (FSDP when alone)"),
+    Axis("gz", "z", "AxoNN's Z: tokens, and the weights sharded (FSDP when alone)", splits_batch=True),
     Axis("cp", "cp", "context parallelism: each sequence's tokens, ring attention passing K/V",
          always_described=False, searched_by_default=False, divides=(
              Divides("seq", "model seq (split into 2*cp chunks, two per rank, for causal balance)",
                      "choose cp with 2*cp dividing the sequence length", factor=2),)),
-    Axis("gdata", "data", "data parallelism (ZeRO shards over it)", aliases=("dp",)),
+    Axis("gdata", "data", "data parallelism (ZeRO shards over it)", aliases=("dp",), splits_batch=True),
     Axis("pp", "pp", "pipeline stages (1F1B; interleaved with vpp)", always_described=False),
 )
 
@@ -74,6 +75,7 @@ BY_KEY: dict[str, Axis] = {axis.key: axis for axis in AXES}
 KEYS: tuple[str, ...] = tuple(axis.key for axis in AXES)
 DEFAULT_SEARCH: tuple[str, ...] = tuple(axis.key for axis in AXES if axis.searched_by_default)
 ALIASES: dict[str, str] = {alias: axis.key for axis in AXES for alias in axis.aliases}
+BATCH_KEYS: tuple[str, ...] = tuple(axis.key for axis in AXES if axis.splits_batch)  # gz, gdata
 DIMENSIONS: tuple[str, ...] = ("heads", "hidden", "ffn", "vocab", "seq")  # the order divisibility is checked in
 
 

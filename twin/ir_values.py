@@ -68,7 +68,7 @@ def _bad_plan(plan: ParallelPlan, world_size: int, global_batch: int) -> str | N
                 "the plan must be the schedule's own")
     if plan.global_batch != global_batch:
         return f"global_batch={plan.global_batch}, but info.global_batch is {global_batch}: the plan must be the step's own"
-    if plan.mbs * plan.ga * plan.gz * plan.gdata != global_batch:
+    if plan.mbs * plan.ga * plan.batch_split != global_batch:
         return (f"mbs={plan.mbs} x ga={plan.ga} x gz={plan.gz} x gdata={plan.gdata} sequences is not the global batch "
                 f"of {global_batch}")
     return None

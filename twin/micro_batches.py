@@ -46,7 +46,7 @@ def evaluation_points(plan: ParallelPlan) -> tuple[int, int] | None:
 
 def shortened(plan: ParallelPlan, ga: int) -> ParallelPlan:
     """The plan with `ga` micro-batches of the same size: the batch shrinks, every per-micro-batch op stays."""
-    return replace(plan, ga=ga, global_batch=plan.mbs * ga * plan.gdata * plan.gz)
+    return replace(plan, ga=ga, global_batch=plan.mbs * ga * plan.batch_split)
 
 
 def extended(at_a: tuple[float, ...], at_b: tuple[float, ...], steps: float) -> tuple[float, ...]:

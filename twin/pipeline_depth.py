@@ -77,7 +77,7 @@ def short_step(model: ModelSpec, plan: ParallelPlan, gpus: int, depth: int, ga: 
     """The same stages (layers per stage, ranks per stage, micro-batch) in a pipeline of `depth` stages and `ga`
     micro-batches: (model, plan, gpus)."""
     per_stage = model.layers // plan.pp
-    short_plan = replace(plan, pp=depth, ga=ga, global_batch=plan.mbs * ga * plan.gdata * plan.gz)
+    short_plan = replace(plan, pp=depth, ga=ga, global_batch=plan.mbs * ga * plan.batch_split)
     return replace(model, layers=per_stage * depth), short_plan, gpus // plan.pp * depth
 
 
@@ -87,7 +87,7 @@ def _stage_signatures(model: ModelSpec, plan: ParallelPlan, machine: Machine, gp
     shares of the link classes it loads that could ever limit it; distinct, since how links merge into classes
     depends on the whole job's other transfers). Built with one micro-batch: the costs do not depend on how
     many."""
-    schedule = build_step(model, replace(plan, ga=1, global_batch=plan.mbs * plan.gdata * plan.gz), machine,
+    schedule = build_step(model, replace(plan, ga=1, global_batch=plan.mbs * plan.batch_split), machine,
                           gpus).schedule
     sym = classify(schedule, full=False)
     types = FlowTypes.build(schedule, sym, CollectiveModel(Fabric(machine, gpus)), place_ranks(gpus, machine))

@@ -99,8 +99,13 @@ class ParallelPlan:
         return self.tensor_parallel_size * (self.gradient_replicas if self.zero == 3 else 1)
 
     @property
+    def batch_split(self) -> int:
+        """How many ways the global batch's sequences are split: the degrees of the axes that split it (gz, gdata)."""
+        return math.prod(getattr(self, key) for key in axes.BATCH_KEYS)
+
+    @property
     def sequences_per_rank(self) -> int:
-        return self.global_batch // (self.gdata * self.gz)
+        return self.global_batch // self.batch_split
 
     @property
     def overlap(self) -> bool:
@@ -246,8 +251,8 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
         _require_divides(shards, block, f"{name} weight block k*n/(gx*gy) (sharded over {over})",
                          "choose a gz that divides it")
     _require_divides(
-        plan.gdata * plan.gz, plan.global_batch, "--global-batch (split over gdata*gz)",
-        f"use a multiple of gdata*gz = {plan.gdata * plan.gz} sequences",
+        plan.batch_split, plan.global_batch, "--global-batch (split over gdata*gz)",
+        f"use a multiple of gdata*gz = {plan.batch_split} sequences",
     )
     per_rank = plan.sequences_per_rank
     if plan.mbs and plan.ga and plan.mbs * plan.ga != per_rank:
