@@ -37,7 +37,7 @@ from twin.ir_io import save_schedule  # noqa: E402
 from twin.model import parse_model_spec  # noqa: E402
 from twin.plan import parse_plan  # noqa: E402
 from twin.search.rank import search  # noqa: E402
-from twin.search.space import AXES, SearchSpace  # noqa: E402
+from twin.search.space import DEFAULT_AXES, SearchSpace  # noqa: E402
 
 MODEL = "layers=4,hidden=512,heads=8,seq=128,vocab=2048"
 BATCH = 16
@@ -68,7 +68,7 @@ def main() -> int:
         calibrate_host(args.nproc, machine_path, os.path.join(out, "calibrate"), WorkerOptions(steps=3, warmup=1))
     machine = load_machine(machine_path)
     model = parse_model_spec(args.model, "ranking")
-    space = SearchSpace(axes=AXES, zero=(0, 1), recompute=("full", "none"))
+    space = SearchSpace(axes=DEFAULT_AXES, zero=(0, 1), recompute=("full", "none"))
     result = search(model, args.nproc, args.global_batch, machine, space, top=1000, exhaustive=True, use_cache=False,
                     jobs=1)
     rows = []
