@@ -126,3 +126,24 @@ def test_simulate_with_tensor_parallel_three_on_frontier(capsys):
                        "--global-batch", "48")
     assert rc == 0, err
     assert "step time" in out
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 12])
+def test_a_familys_batched_loads_are_the_sum_of_its_instances_lowerings(model, n):
+    """CollectiveModel.family_loads (one batch of routes for every instance, what the simulator's flow network
+    takes) against adding each instance's own lowering, for every algorithm that applies to the family."""
+    import numpy as np
+
+    for family in filter(None, _families(model, n)):  # a small host has no family of n
+        for kind in COLLECTIVE_KINDS:
+            for algorithm in model.applicable(family[0], kind):
+                if not all(ALGORITHMS[algorithm].applies(model.shape(g), kind) for g in family):
+                    continue
+                batched = model.family_loads(family, kind, algorithm)
+                summed = [np.zeros(len(model.fabric.capacity_bytes_per_s)) for _ in batched]
+                for gpus in family:
+                    for total, phase in zip(summed, model.lowering(gpus, kind, algorithm).phases):
+                        for link, load in phase.items():
+                            total[link] += load
+                for got, want in zip(batched, summed):
+                    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15, err_msg=f"{kind} {algorithm}")

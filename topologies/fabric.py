@@ -258,9 +258,16 @@ class Fabric:
         took most of a simulation's time; here they go through numpy together: the on-node paths from a
         table of every (from, to) device pair, the NIC hops from the NIC's, the network path from the
         network kind's ``paths``."""
+        total = self.route_dense(transfers)
+        touched = np.flatnonzero(total)
+        return dict(zip(touched.tolist(), total[touched].tolist()))
+
+    def route_dense(self, transfers: Iterable[tuple[int, int, float, int | None]]) -> np.ndarray:
+        """route_loads as a vector over every link of the fabric (zero where nothing crosses): for callers that add
+        many batches before they look at the links."""
         rows = list(transfers)
         if not rows:
-            return {}
+            return np.zeros(len(self.capacity_bytes_per_s))
         src, dst = (np.fromiter((r[i] for r in rows), dtype=np.int64, count=len(rows)) for i in (0, 1))
         amount = np.fromiter((r[2] for r in rows), dtype=float, count=len(rows))
         nic = np.fromiter((-1 if r[3] is None else r[3] for r in rows), dtype=np.int64, count=len(rows))
@@ -289,10 +296,8 @@ class Fabric:
         ids.append(self._net_base + link)
         weights.append(amount[away][row])
         flat_ids = np.concatenate([i.ravel() for i in ids])
-        total = np.bincount(flat_ids, weights=np.concatenate([w.ravel() for w in weights]),
-                            minlength=len(self.capacity_bytes_per_s))
-        touched = np.unique(flat_ids)
-        return dict(zip(touched.tolist(), total[touched].tolist()))
+        return np.bincount(flat_ids, weights=np.concatenate([w.ravel() for w in weights]),
+                           minlength=len(self.capacity_bytes_per_s))
 
     def _route(self, src: int, dst: int, nic: int | None) -> tuple[int, ...]:
         for name, gpu in (("src_gpu", src), ("dst_gpu", dst)):

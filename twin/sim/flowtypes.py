@@ -133,23 +133,22 @@ class FlowTypes:
             instances = sym.families[family].instances
             if kind == "p2p":
                 _, _, src, dst = key
-                lowerings = [model.transfer(gpu_of[members[src]], gpu_of[members[dst]]) for members in instances]
-                fraction = 1.0
-                protocol = "simple"
+                first = model.transfer(gpu_of[instances[0][src]], gpu_of[instances[0][dst]])
+                fraction, protocol = 1.0, "simple"
+                phases = (fabric.route_dense((gpu_of[m[src]], gpu_of[m[dst]], 1.0, None) for m in instances),)
             else:
                 _, _, algorithm, protocol = key
                 fraction = model.bw_fraction(kind, protocol)
-                lowerings = [model.lowering(tuple(gpu_of[r] for r in members), kind, algorithm) for members in instances]
+                groups = tuple(tuple(gpu_of[r] for r in members) for members in instances)
+                first = model.lowering(groups[0], kind, algorithm)
+                phases = model.family_loads(groups, kind, algorithm)  # every instance's loads, summed
             indices = []
-            for phase in range(len(lowerings[0].phases)):
-                total: dict[int, float] = defaultdict(float)
-                for lowering in lowerings:
-                    for link, load in lowering.phases[phase].items():
-                        total[link] += load / (fraction * capacity[link])
+            for loads in phases:  # per phase, a vector over the links
+                links = np.flatnonzero(loads)
                 indices.append(len(rows))
-                rows.append(total)
+                rows.append(dict(zip(links.tolist(), (loads[links] / (fraction * capacity[links])).tolist())))
             phase_rows.append(tuple(indices))
-            latencies.append(model.latency_s(lowerings[0], protocol))
+            latencies.append(model.latency_s(first, protocol))
         loads, s_per_byte = _compress(rows, prune=len(rows) <= _DOMINANCE_PRUNE_MAX_TYPES)
         return cls(tuple(per_op), tuple(latencies), tuple(phase_rows), loads, s_per_byte, keys)
 

@@ -14,6 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from topologies.fabric import Fabric
 from twin.sim.rings import Arcs, pack_chains, pack_rings
 
@@ -39,6 +41,9 @@ class Lowering:
         value = sum(max((load / cap[link] for link, load in phase.items()), default=0.0) for phase in self.phases)
         self.__dict__["_bottleneck"] = (fabric, value)  # a frozen dataclass: memo beside the fields
         return value
+
+
+Transfer = tuple[int, int, float, "int | None"]  # (src GPU, dst GPU, bytes per buffer byte, NIC or None: nearest)
 
 
 def per_rank_traffic(kind: str, n: int) -> float:
@@ -72,9 +77,16 @@ class _Lowerer:
         self._single_node_ring = lru_cache(maxsize=None)(self._ring_on_node_zero)
 
     def by_node(self, gpus: tuple[int, ...]) -> dict[int, list[int]]:
+        """Node -> the members' local indices on it, nodes in order of first appearance (gpu // gpus per node:
+        Fabric.node_of and local_of, inlined; a family of thousands of instances asks for every one)."""
         nodes: dict[int, list[int]] = {}
+        gpn = self.gpn
         for g in gpus:
-            nodes.setdefault(self.fabric.node_of(g), []).append(self.fabric.local_of(g))
+            node, local = divmod(g, gpn)
+            if node in nodes:
+                nodes[node].append(local)
+            else:
+                nodes[node] = [local]
         return nodes
 
     def channel_starts(self, locals_: tuple[int, ...], nics: list[int]) -> tuple[int, ...]:
@@ -101,7 +113,18 @@ class _Lowerer:
             base = self._single_node_ring(tuple(sorted(locals_)))
             shift = node * self.fabric.links_per_node
             return {link + shift: load for link, load in base.items()}
-        transfers: list[tuple[int, int, float, int | None]] = []
+        return self.fabric.route_loads(self._ring_transfers(gpus, nodes))
+
+    def _ring_transfers(self, gpus: tuple[int, ...], nodes: dict[int, list[int]] | None = None) -> list[Transfer]:
+        """The transfers of rings over `gpus`, one byte sent onward per rank: the node's packed rings inside one
+        node; across nodes, one channel per NIC, each walking every node's members and leaving through its NIC."""
+        nodes = self.by_node(gpus) if nodes is None else nodes
+        if len(nodes) == 1:
+            (node, locals_), = nodes.items()
+            rings, base = self._rings(tuple(sorted(locals_))), node * self.gpn
+            return [(base + ring[i], base + ring[(i + 1) % len(ring)], 1.0 / len(rings), None)
+                    for ring in rings for i in range(len(ring))]
+        transfers: list[Transfer] = []
         node_ids = list(nodes)
         nics = sorted({self.fabric.nearest_nic(l) for l in nodes[node_ids[0]]})
         share = 1.0 / len(nics)
@@ -117,7 +140,7 @@ class _Lowerer:
                 next_node = node_ids[(j + 1) % len(node_ids)]
                 entry = next_node * self.gpn + node_chains[next_node][c][0]
                 transfers.append((base + chain[-1], entry, share, nic))
-        return self.fabric.route_loads(transfers)
+        return transfers
 
     def _ring_on_node_zero(self, locals_: tuple[int, ...]) -> dict[int, float]:
         rings = self._rings(locals_)
@@ -152,7 +175,13 @@ class _Lowerer:
     def tree(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         """A chain inside each node, NCCL's two mirrored binary trees across the nodes' heads."""
         nodes = self.by_node(gpus)
-        transfers: list[tuple[int, int, float, int | None]] = []
+        ppn = max(len(v) for v in nodes.values())
+        return Lowering("tree", kind, (self.fabric.route_loads(self._tree_transfers(gpus)),), len(gpus), len(nodes),
+                        ppn)
+
+    def _tree_transfers(self, gpus: tuple[int, ...]) -> list[Transfer]:
+        nodes = self.by_node(gpus)
+        transfers: list[Transfer] = []
         heads = []
         for node, locals_ in nodes.items():
             members = tuple(sorted(locals_))
@@ -166,20 +195,69 @@ class _Lowerer:
             for pos in range(1, count):
                 child, parent = heads[order[pos]], heads[order[(pos - 1) // 2]]
                 transfers += [(child, parent, 0.5, None), (parent, child, 0.5, None)]
-        ppn = max(len(v) for v in nodes.values())
-        return Lowering("tree", kind, (self.fabric.route_loads(transfers),), len(gpus), len(nodes), ppn)
+        return transfers
 
     def neighbour(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         """Every rank sends the whole buffer to the next member, in group order, the last to the first:
         one byte per buffer byte on each link of each route (one rank: moves nothing)."""
-        n = len(gpus)
-        loads = self.fabric.route_loads((gpus[i], gpus[(i + 1) % n], 1.0, None) for i in range(n)) if n > 1 else {}
         nodes = self.by_node(gpus)
-        return Lowering("neighbour", kind, (loads,), n, len(nodes), max(len(v) for v in nodes.values()))
+        loads = self.fabric.route_loads(self._neighbour_transfers(gpus))
+        return Lowering("neighbour", kind, (loads,), len(gpus), len(nodes), max(len(v) for v in nodes.values()))
+
+    @staticmethod
+    def _neighbour_transfers(gpus: tuple[int, ...]) -> list[Transfer]:
+        n = len(gpus)
+        return [(gpus[i], gpus[(i + 1) % n], 1.0, None) for i in range(n)] if n > 1 else []
 
     def pairwise(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         """Every rank sends nbytes / n straight to every other."""
-        n = len(gpus)
-        loads = self.fabric.route_loads((src, dst, 1.0 / n, None) for src in gpus for dst in gpus if src != dst)
         nodes = self.by_node(gpus)
-        return Lowering("pairwise", kind, (loads,), n, len(nodes), max(len(v) for v in nodes.values()))
+        loads = self.fabric.route_loads(self._pairwise_transfers(gpus))
+        return Lowering("pairwise", kind, (loads,), len(gpus), len(nodes), max(len(v) for v in nodes.values()))
+
+    @staticmethod
+    def _pairwise_transfers(gpus: tuple[int, ...]) -> list[Transfer]:
+        n = len(gpus)
+        return [(src, dst, 1.0 / n, None) for src in gpus for dst in gpus if src != dst]
+
+    # ---- a family's loads: every instance at once ----------------------------------------------
+    def family_loads(self, instances: tuple[tuple[int, ...], ...], kind: str, algorithm: str
+                     ) -> tuple[np.ndarray, ...] | None:
+        """Per phase, the loads of every instance of a family together, as a vector over the fabric's links
+        (bytes per buffer byte, summed over the instances), routed in one batch: what summing each instance's
+        lowering gives, up to the order of the sums. None for an algorithm without a batched form
+        (hierarchical): sum the lowerings.
+
+        The simulator needs every instance's loads to share the links among them (twin.sim.flowtypes); routing
+        them together costs a fraction of one call per instance at tens of thousands of GPUs. Rings inside one
+        node are the node's cached pattern, moved to each instance's node."""
+        if algorithm == "ring":
+            if len(instances[0]) < 2:
+                return (np.zeros(len(self.fabric.capacity_bytes_per_s)),)
+            return (self._ring_family_unit(instances) * per_rank_traffic(kind, len(instances[0])),)
+        batched = {"tree": self._tree_transfers, "neighbour": self._neighbour_transfers,
+                   "pairwise": self._pairwise_transfers}.get(algorithm)
+        if batched is None:
+            return None
+        return (self.fabric.route_dense(t for gpus in instances for t in batched(gpus)),)
+
+    def _ring_family_unit(self, instances: tuple[tuple[int, ...], ...]) -> np.ndarray:
+        """Every instance's rings, one byte sent onward per rank, summed over the links."""
+        on_one_node: dict[tuple[int, ...], list[int]] = defaultdict(list)  # local pattern -> the nodes it is on
+        across: list[Transfer] = []
+        for gpus in instances:
+            nodes = self.by_node(gpus)
+            if len(nodes) == 1:
+                (node, locals_), = nodes.items()
+                on_one_node[tuple(sorted(locals_))].append(node)
+            else:
+                across += self._ring_transfers(gpus, nodes)
+        total = self.fabric.route_dense(across)
+        per_node = self.fabric.links_per_node
+        for pattern, nodes in on_one_node.items():
+            base = self._single_node_ring(pattern)
+            links = np.fromiter(base, dtype=np.int64, count=len(base))
+            loads = np.fromiter(base.values(), dtype=float, count=len(base))
+            ids = (np.asarray(nodes, dtype=np.int64)[:, None] * per_node + links[None, :]).ravel()
+            total += np.bincount(ids, weights=np.tile(loads, len(nodes)), minlength=len(total))
+        return total
