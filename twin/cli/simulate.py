@@ -73,7 +73,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Add simulate to twin's subcommands."""
     p = sub.add_parser(
         "simulate", help="simulate one training step: summary, trace, timeline figure",
-        description="Simulate one training step (AxoNN 4D, Megatron pipeline/ZeRO) on a machine model. Example: "
+        description="Simulate one training step (AxoNN 4D, Megatron pipeline/ZeRO, context parallelism) on a machine model. Example: "
         "twin simulate --machine frontier --model GPT-80B --gpus 8192 --plan gx=8,gy=1,gz=16,gdata=64 "
         "--global-batch 8192 --trace step.json --figure figures/timeline.png. Without --trace, --figure or --full, a "
         "step of many micro-batches is continued from two short ones, and a deep pipeline of uniform stages from "
