@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from twin.ir import Attention, Collective, Op
+from twin.model import DTYPE_BYTES
 
 _PHASES = ("fwd", "rc", "bwd")
 _ROLES = ("kv_shift", "dkv_shift", "dkv_add", "fwd", "bwd")
@@ -140,7 +141,7 @@ class RingAttentionChecker:
         if not isinstance(op.work, Collective) or op.work.kind != "shift":
             self.errors.append(f"op {op.id} '{op.name}': ring attention expects a shift here, not {op.work}")
             return None
-        want = source.numel() * 2 if op.work.dtype in ("bf16", "fp16") else source.numel() * 4
+        want = source.numel() * DTYPE_BYTES.get(op.work.dtype, 2)
         if abs(op.work.nbytes - want) > 0.5:
             self.errors.append(f"op {op.id} '{op.name}' moves {op.work.nbytes:g} bytes but K and V are "
                                f"{source.numel()} {op.work.dtype} elements ({want} bytes)")

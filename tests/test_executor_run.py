@@ -182,7 +182,8 @@ def test_numerics_fail_when_ring_attention_shifts_k_and_v_to_the_wrong_peer(tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("plan", ["cp=4", "cp=2,gdata=2,zero=1,mbs=2", "cp=2,gz=2,zero=3", "tp=2,cp=2,sp=1,mbs=4"])
+@pytest.mark.parametrize("plan", ["cp=4", "cp=2,gdata=2,zero=1,mbs=2", "cp=2,gz=2,zero=3", "tp=2,cp=2,sp=1,mbs=4",
+                                  "cp=2,pp=2,mbs=1"])
 def test_numerics_pass_for_more_context_parallel_plans(tmp_path, plan):
     schedule, path = export(tmp_path, plan, 4)
     result = numerics(schedule, path, tmp_path / "num")

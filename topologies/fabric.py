@@ -142,6 +142,11 @@ class Fabric:
 
     # -------------------------------------------------------------- basics
     @property
+    def node_link_count(self) -> int:
+        """Links with ids below this are the nodes' own (links_per_node each); the rest are the network's."""
+        return self._net_base
+
+    @property
     def links_per_node(self) -> int:
         """Node n's own links (on-node links, NIC attach, injection, ejection) have ids
         n * links_per_node + offset, the same offsets on every node: on-node routes translate."""

@@ -60,6 +60,7 @@ class BoundModel:
         self._transfer: dict[tuple, float] = {}  # across plans: keyed by GPUs
         self._lines: dict[tuple, list[tuple[float, float]]] = {}  # across plans: keyed by GPUs, not axis names
         self._node_lines: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._stage_line_cache: dict[tuple, list[tuple[float, float]]] = {}  # across plans: keyed by GPUs
         self._rank_of_gpu: dict[int, int] | None = None
 
     def _collective_s(self, schedule: Schedule, axis: str, rank: int, kind: str, nbytes: float) -> float:
@@ -150,6 +151,43 @@ class BoundModel:
         """Every op's duration in the bound, for the program's first rank (twin.search.screen's chains)."""
         self._collective, self._instance_cache = {}, {}  # keyed by axis names: valid for one schedule only
         return self._durations_s(schedule, program)
+
+    def stage_op_durations_s(self, schedule: Schedule, program: Program) -> list[float]:
+        """Every op's duration at most what the full bound gives the same op on any pipeline stage laid out on
+        whole nodes like this program's (twin.search.screen's pipeline term): compute alone; a collective at its
+        latency plus its bytes over the busiest of the nodes' own links (on-node and NIC links), without
+        contention or network links, over every algorithm that applies to its instance. Those two depend on where
+        a stage sits; the nodes' own links repeat on every node, so a stage shifted by whole nodes loads the same
+        ones, and its instances have the same shape, latency and algorithms. Only for schedules without
+        pipeline transfers (the screen's grid)."""
+        self._collective, self._instance_cache = {}, {}  # keyed by axis names: valid for one schedule only
+        rank, out = program.ranks[0], []
+        for op in program.ops:
+            work = op.work
+            if isinstance(work, P2P):
+                raise ValueError("stage_op_durations_s: the schedule has pipeline transfers; give the grid's")
+            if isinstance(work, Collective):
+                mine = self._instances(schedule, work.group, rank)[0]
+                out.append(min(latency + work.nbytes * s_per_byte
+                               for latency, s_per_byte in self._stage_lines(mine, work.kind)))
+            else:
+                out.append(self.compute.duration_s(work))
+        return out
+
+    def _stage_lines(self, mine: tuple[int, ...], kind: str) -> list[tuple[float, float]]:
+        """(latency, seconds per byte on the busiest of the nodes' own links) of each (algorithm, protocol)."""
+        key = (mine, kind)
+        if key not in self._stage_line_cache:
+            model = self.collectives
+            capacity, end = model.fabric.capacity_bytes_per_s, model.fabric.node_link_count
+            lines = []
+            for own in model.lowerings(mine, kind):
+                per_phase = sum(max((load / capacity[link] for link, load in loads.items() if link < end), default=0.0)
+                                for loads in own.phases)
+                lines += [(model.latency_s(own, protocol), per_phase / model.bw_fraction(kind, protocol))
+                          for protocol in model.tuning.protocols]
+            self._stage_line_cache[key] = lines
+        return self._stage_line_cache[key]
 
     def _durations_s(self, schedule: Schedule, program: Program) -> list[float]:
         return [self._op_s(schedule, program.ranks[0], op.work) for op in program.ops]

@@ -172,7 +172,7 @@ def _init_worker(model: ModelSpec, machine: Machine, gpus: int) -> None:
     _WORKER.update(model=model, machine=machine, gpus=gpus, bounds=bounds, screen=ScreenModel(model, bounds))
 
 
-def _layer_s(grid: ParallelPlan) -> tuple[float, float]:
+def _layer_s(grid: ParallelPlan) -> tuple[float, float, float]:
     return _WORKER["screen"].layer_s(grid)
 
 
@@ -257,13 +257,14 @@ class _Workers:
             values = map(_layer_s, grids)
         else:
             values = self._pool.map(_layer_s, grids, chunksize=max(1, len(grids) // (8 * self.jobs)))
-        layer: dict[ParallelPlan, tuple[float, float]] = {}
+        layer: dict[ParallelPlan, tuple[float, float, float]] = {}
         for grid, value in zip(grids, values):
             layer[grid] = value
             if progress:
                 progress("screening", len(layer), len(grids))
-        model = self._args[0]
-        return [screen_bound_s(model, plan, layer[grid_plan(plan)]) for plan in plans]
+        model, machine = self._args[0], self._args[1]
+        gpn = machine.node.gpus_per_node
+        return [screen_bound_s(model, plan, layer[grid_plan(plan)], gpn) for plan in plans]
 
     def branch_and_bound(self, plans: list[ParallelPlan], screens: list[float], top: int, exhaustive: bool,
                          progress: Progress | None) -> tuple[dict[int, float], dict[int, _Simulated]]:

@@ -29,11 +29,20 @@ had them prefetched by the layer before):
   stream, so in the plan's rank 0 every pass of every layer and micro-batch
   adds at least its chain.
 
+- S, C again with each collective at what the full bound gives it on any
+  pipeline stage (BoundModel.stage_op_durations_s: its latency and its bytes
+  over the busiest of the nodes' own links, no contention, no network link).
+  Where a stage holds whole nodes, every stage's ranks are the grid's shifted
+  by whole nodes, whose own links are the same, so every stage's passes add
+  at least S, as rank 0's add C.
+
 With L layers, pp stages and m micro-batches (a rank holds L / pp layers):
 
 - a rank's own work: step >= m (L / pp) W, and for rank 0 >= m (L / pp) C;
-- 1F1B: step >= (pp - 1 + m) (L / pp) W, the chain BoundModel.pipeline_terms_s
-  describes with every stage's work at least its layers' compute.
+- 1F1B: step >= (pp - 1 + m) (L / pp) max(W, S), the chain
+  BoundModel.pipeline_terms_s describes with every stage's forward and
+  backward of a micro-batch at least its layers' compute, and at least
+  their chains (S; W alone where a stage does not hold whole nodes).
 
 Embedding, logits, loss and optimizer work only add to the step and are left
 out; so are weight all-gathers prefetched in an earlier layer (OAG) and
@@ -70,10 +79,10 @@ class ScreenModel:
     def __init__(self, model: ModelSpec, bounds: BoundModel) -> None:
         self.model = model
         self.bounds = bounds
-        self._layer: dict[ParallelPlan, tuple[float, float]] = {}
+        self._layer: dict[ParallelPlan, tuple[float, float, float]] = {}
 
-    def layer_s(self, plan: ParallelPlan) -> tuple[float, float]:
-        """(W, C) of `plan`'s layers (module docstring)."""
+    def layer_s(self, plan: ParallelPlan) -> tuple[float, float, float]:
+        """(W, C, S) of `plan`'s layers (module docstring)."""
         grid = grid_plan(plan)
         if grid not in self._layer:
             schedule = build_schedule(replace(self.model, layers=self.LAYERS), grid)
@@ -82,20 +91,23 @@ class ScreenModel:
                     for p in schedule.programs)
             rank0 = next(p for p in schedule.programs if p.ranks[0] == 0)
             c = least_per_layer_s(pass_chains_s(rank0, self.bounds.op_durations_s(schedule, rank0)))
-            self._layer[grid] = (w, c)
+            s = least_per_layer_s(pass_chains_s(rank0, self.bounds.stage_op_durations_s(schedule, rank0)))
+            self._layer[grid] = (w, c, s)
         return self._layer[grid]
 
     def bound_s(self, plan: ParallelPlan) -> float:
         """The screening bound of a plan with mbs and ga resolved."""
-        return screen_bound_s(self.model, plan, self.layer_s(plan))
+        return screen_bound_s(self.model, plan, self.layer_s(plan), self.bounds.machine.node.gpus_per_node)
 
 
-def screen_bound_s(model: ModelSpec, plan: ParallelPlan, layer: tuple[float, float]) -> float:
-    """The bound from (W, C) (module docstring): a rank's own layers, and a 1F1B pipeline's fill and drain."""
-    w, c = layer
+def screen_bound_s(model: ModelSpec, plan: ParallelPlan, layer: tuple[float, float, float],
+                   gpus_per_node: int) -> float:
+    """The bound from (W, C, S) (module docstring): a rank's own layers, and a 1F1B pipeline's fill and drain."""
+    w, c, s = layer
     per_rank = model.layers // (plan.pp * plan.vpp) * plan.vpp
     m = plan.ga
     own = m * per_rank * (w if plan.zero == 3 else max(w, c))
     if plan.pp > 1 and plan.vpp == 1:
-        return max(own, (plan.pp - 1 + m) * per_rank * w)
+        whole_nodes = (plan.world_size // plan.pp) % gpus_per_node == 0 and plan.zero != 3
+        return max(own, (plan.pp - 1 + m) * per_rank * (max(w, s) if whole_nodes else w))
     return own

@@ -225,8 +225,8 @@ class _Lowerer:
                      ) -> tuple[np.ndarray, ...] | None:
         """Per phase, the loads of every instance of a family together, as a vector over the fabric's links
         (bytes per buffer byte, summed over the instances), routed in one batch: what summing each instance's
-        lowering gives, up to the order of the sums. None for an algorithm without a batched form
-        (hierarchical): sum the lowerings.
+        lowering gives, up to the order of the sums. None for an algorithm without a batched form: sum the
+        lowerings.
 
         The simulator needs every instance's loads to share the links among them (twin.sim.flowtypes); routing
         them together costs a fraction of one call per instance at tens of thousands of GPUs. Rings inside one
@@ -235,11 +235,35 @@ class _Lowerer:
             if len(instances[0]) < 2:
                 return (np.zeros(len(self.fabric.capacity_bytes_per_s)),)
             return (self._ring_family_unit(instances) * per_rank_traffic(kind, len(instances[0])),)
+        if algorithm == "hierarchical":
+            return self._hierarchical_family(instances)
         batched = {"tree": self._tree_transfers, "neighbour": self._neighbour_transfers,
                    "pairwise": self._pairwise_transfers}.get(algorithm)
         if batched is None:
             return None
         return (self.fabric.route_dense(t for gpus in instances for t in batched(gpus)),)
+
+    def _hierarchical_family(self, instances: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, ...]:
+        """hierarchical's three phases for every instance: the rings inside each node (reduce-scatter, and the
+        same for the all-gather), and the rings of each local rank across the nodes, as `hierarchical` lays them
+        out, batched by the instances' shape (each shape has its own traffic per byte)."""
+        by_shape: dict[tuple[int, int], tuple[list, list]] = {}  # (per node, nodes) -> (node rings, cross rings)
+        for gpus in instances:
+            nodes = self.by_node(gpus)
+            per_node, n_nodes = len(next(iter(nodes.values()))), len(nodes)
+            ordered = [[node * self.gpn + local for local in sorted(locals_)] for node, locals_ in nodes.items()]
+            inside, across = by_shape.setdefault((per_node, n_nodes), ([], []))
+            inside.extend(tuple(members) for members in ordered)
+            across.extend(tuple(members[i] for members in ordered) for i in range(per_node))
+        intra = np.zeros(len(self.fabric.capacity_bytes_per_s))
+        inter = np.zeros_like(intra)
+        for (per_node, n_nodes), (inside, across) in by_shape.items():
+            if per_node > 1:
+                intra += self._ring_family_unit(tuple(inside)) * per_rank_traffic("reduce_scatter", per_node)
+            if n_nodes > 1:
+                inter += (self._ring_family_unit(tuple(across)) * per_rank_traffic("all_reduce", n_nodes)
+                          / per_node)
+        return intra, inter, intra
 
     def _ring_family_unit(self, instances: tuple[tuple[int, ...], ...]) -> np.ndarray:
         """Every instance's rings, one byte sent onward per rank, summed over the links."""
