@@ -71,7 +71,6 @@ AXES: tuple[Axis, ...] = (  # innermost first: the mesh's order
     Axis("pp", "pp", "pipeline stages (1F1B; interleaved with vpp)", always_described=False),
 )
 
-BY_KEY: dict[str, Axis] = {axis.key: axis for axis in AXES}
 KEYS: tuple[str, ...] = tuple(axis.key for axis in AXES)
 DEFAULT_SEARCH: tuple[str, ...] = tuple(axis.key for axis in AXES if axis.searched_by_default)
 ALIASES: dict[str, str] = {alias: axis.key for axis in AXES for alias in axis.aliases}
@@ -79,11 +78,11 @@ BATCH_KEYS: tuple[str, ...] = tuple(axis.key for axis in AXES if axis.splits_bat
 DIMENSIONS: tuple[str, ...] = ("heads", "hidden", "ffn", "vocab", "seq")  # the order divisibility is checked in
 
 
-def degrees_text(degrees: dict[str, int], always: bool = False) -> str:
+def degrees_text(degrees: dict[str, int]) -> str:
     """'gx=2,gy=1,gz=4,gdata=8[,pp=..]': the degrees as --plan keys, in the registry's order; an axis that is not
-    always described only when above 1 (or every axis, `always`)."""
+    always described only when above 1."""
     return ",".join(f"{axis.key}={degrees[axis.key]}" for axis in AXES
-                    if always or axis.always_described or degrees[axis.key] > 1)
+                    if axis.always_described or degrees[axis.key] > 1)
 
 
 def help_text() -> str:

@@ -178,19 +178,10 @@ class CollectiveModel:
     def family_loads(self, instances: tuple[tuple[int, ...], ...], kind: str, algorithm: str
                      ) -> tuple[np.ndarray, ...]:
         """Per phase, every instance's link loads summed (bytes per buffer byte), as a vector over the fabric's
-        links: batched where the algorithm allows (twin.sim.lowerings), else the sum of the instances' lowerings.
-        The algorithm must apply to every instance (`choose` with the others as peers)."""
+        links, routed in one batch (twin.sim.lowerings). The algorithm must apply to every instance (`choose`
+        with the others as peers)."""
         self.lowering(instances[0], kind, algorithm)  # NotApplicable, with its message, where it does not apply
-        batched = self._lowerer.family_loads(instances, kind, algorithm)
-        if batched is not None:
-            return batched
-        lowerings = [self.lowering(gpus, kind, algorithm) for gpus in instances]
-        totals = [np.zeros(len(self.fabric.capacity_bytes_per_s)) for _ in lowerings[0].phases]
-        for lowering in lowerings:
-            for total, phase in zip(totals, lowering.phases):
-                links = np.fromiter(phase, dtype=np.int64, count=len(phase))
-                total[links] += np.fromiter(phase.values(), dtype=float, count=len(phase))
-        return tuple(totals)
+        return self._lowerer.family_loads(instances, kind, algorithm)
 
     def transfer(self, src_gpu: int, dst_gpu: int) -> Lowering:
         """A point-to-point send: one byte on every link of the route per byte sent."""

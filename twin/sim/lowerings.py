@@ -222,11 +222,11 @@ class _Lowerer:
 
     # ---- a family's loads: every instance at once ----------------------------------------------
     def family_loads(self, instances: tuple[tuple[int, ...], ...], kind: str, algorithm: str
-                     ) -> tuple[np.ndarray, ...] | None:
+                     ) -> tuple[np.ndarray, ...]:
         """Per phase, the loads of every instance of a family together, as a vector over the fabric's links
         (bytes per buffer byte, summed over the instances), routed in one batch: what summing each instance's
-        lowering gives, up to the order of the sums. None for an algorithm without a batched form: sum the
-        lowerings.
+        lowering gives, up to the order of the sums. A new algorithm needs its batched form here too
+        (tests/test_collective_sizes.py compares each with its lowerings).
 
         The simulator needs every instance's loads to share the links among them (twin.sim.flowtypes); routing
         them together costs a fraction of one call per instance at tens of thousands of GPUs. Rings inside one
@@ -238,9 +238,7 @@ class _Lowerer:
         if algorithm == "hierarchical":
             return self._hierarchical_family(instances)
         batched = {"tree": self._tree_transfers, "neighbour": self._neighbour_transfers,
-                   "pairwise": self._pairwise_transfers}.get(algorithm)
-        if batched is None:
-            return None
+                   "pairwise": self._pairwise_transfers}[algorithm]
         return (self.fabric.route_dense(t for gpus in instances for t in batched(gpus)),)
 
     def _hierarchical_family(self, instances: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, ...]:
