@@ -384,3 +384,20 @@ def test_console_script_is_installed():
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0
     assert "GPT-80B" in proc.stdout
+
+
+def test_a_full_pipeline_trace_has_every_rank_with_its_own_programs_ops(capsys, tmp_path):
+    """--full simulates every rank, so there are more timelines than programs (two ranks per pipeline stage
+    here): each rank's events are its own stage's ops (it crashed pairing timeline i with program i)."""
+    trace = tmp_path / "pipe.json"
+    rc, _, err = run(capsys, "simulate", "--machine", "frontier", "--model-spec",
+                     "layers=4,hidden=256,heads=4,seq=128,vocab=1024", "--gpus", "4", "--plan",
+                     "tp=2,pp=2,vpp=2,mbs=1", "--global-batch", "8", "--full", "--trace", str(trace))
+    assert rc == 0, err
+    complete = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in complete} == {0, 1, 2, 3}
+    names = {pid: {e["name"] for e in complete if e["pid"] == pid} for pid in range(4)}
+    assert names[0] == names[1] and names[2] == names[3] and names[0] != names[2]
+    # the embedding is on stage 0 (virtual stage 0), the loss on stage 1 (virtual stage 3)
+    assert any(".embed.word" in name for name in names[0]) and not any(".embed.word" in name for name in names[2])
+    assert any(".loss." in name for name in names[2]) and not any(".loss." in name for name in names[0])

@@ -17,7 +17,8 @@ from twin.sim.engine import RankTimeline
 
 
 def trace_events(programs: Iterable[Program], timelines: Iterable[RankTimeline]) -> list[dict]:
-    """Trace events for each (program, timeline) pair, times in microseconds."""
+    """Trace events for each (program, timeline) pair, times in microseconds: `programs[i]` is the program
+    `timelines[i]` ran (RankTimeline.program), not the schedule's i-th."""
     events: list[dict] = []
     for program, timeline in zip(programs, timelines):
         streams = sorted({op.stream for op in program.ops}, key=lambda s: (s != "compute", s))

@@ -37,7 +37,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     run = simulate(schedule, machine, full=args.full)
     summary = summarize(run, args.flops_formula)
     if args.trace:
-        write_trace(args.trace, schedule.programs, run.timelines, summary.to_json_dict())
+        programs = [schedule.programs[t.program] for t in run.timelines]  # with --full, one timeline per rank
+        write_trace(args.trace, programs, run.timelines, summary.to_json_dict())
     if args.figure:
         title = f"{summary.model} on {summary.gpus} {machine.name} GPUs ({summary.plan}): step {summary.step_time_s:.2f} s"
         timeline_figure(args.figure, timeline_rows(schedule, run), title)
