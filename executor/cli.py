@@ -247,7 +247,7 @@ def _add_exec_options(p: argparse.ArgumentParser, steps: int = 5, warmup: int = 
                    help="CPU: niceness of each rank's compute thread, so communication threads preempt it (default 10; "
                    "0: off; use the same value to calibrate and to run)")
     p.add_argument("--out",
-                   help="folder for the ranks' files, trace and summary (default {DEFAULT_DIR}/<command>-<schedule>)")
+                   help=f"folder for the ranks' files, trace and summary (default {DEFAULT_DIR}/<command>-<schedule>)")
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
