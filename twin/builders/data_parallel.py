@@ -12,12 +12,9 @@ last stage first. Ops are tagged with the pass "step" and no micro-batch.
 
 from __future__ import annotations
 
-from twin.builders.stage import StageBase
+from twin.builders.stage import Bucket, StageBase
 from twin.builders.tags import STEP
 from twin.ir import Collective
-
-Bucket = tuple[str, "int | None", float]  # (block, layer, parameters)
-
 
 class DataParallelWriter(StageBase):
     """Writes the gradient synchronisation around the optimizer step."""

@@ -40,7 +40,7 @@ class RingAttentionWriter(StageBase):
     def ring_forward(self, at: Pass, layer: int) -> None:
         name, _ = self.kernel(at, "attn", "fwd", layer)
         for step in range(self.plan.cp):
-            shift = self.kv_shift(at, layer, step) if step < self.plan.cp - 1 else None
+            shift = self.shift(at, layer, "kv", step) if step < self.plan.cp - 1 else None
             self.w.compute(f"{name}.ring{step}", self.ring_block(backward=False), tag=at.tag("attn", "fwd", layer))
             if step:
                 self.elementwise(f"{name}.ring{step}.out_correction", at.tag("attn", "out_correction", layer),
@@ -51,8 +51,8 @@ class RingAttentionWriter(StageBase):
     def ring_backward(self, at: Pass, layer: int) -> None:
         name, _ = self.kernel(at, "attn", "bwd", layer)
         for step in range(self.plan.cp):
-            shift = self.kv_shift(at, layer, step) if step < self.plan.cp - 1 else None
-            travelling = self.dkv_shift(at, layer, step) if step else None  # the sum of the block held before
+            shift = self.shift(at, layer, "kv", step) if step < self.plan.cp - 1 else None
+            travelling = self.shift(at, layer, "dkv", step) if step else None  # the sum of the block held before
             self.w.compute(f"{name}.ring{step}", self.ring_block(backward=True), tag=at.tag("attn", "bwd", layer))
             if travelling is not None:
                 self.w.wait(travelling)
@@ -60,19 +60,14 @@ class RingAttentionWriter(StageBase):
                                  2 * self.head_elements(), RING_ADD_BYTES, 1)
             if shift is not None:
                 self.w.wait(shift)
-        self.w.wait(self.dkv_shift(at, layer, self.plan.cp))  # each block's gradient home
+        self.w.wait(self.shift(at, layer, "dkv", self.plan.cp))  # each block's gradient home
 
-    def kv_shift(self, at: Pass, layer: int, step: int) -> int:
-        """K and V of the block held at `step` on to the next rank (it is the next step's there)."""
-        return self.w.collective(f"{at.label}.L{layer}.attn_kv_shift{step}", "cp",
+    def shift(self, at: Pass, layer: int, what: str, step: int) -> int:
+        """`what` on to the next rank at `step`: "kv", K and V of the block held (the next step's there), or
+        "dkv", dK and dV summed so far for the block held at step - 1. Role <what>_shift."""
+        return self.w.collective(f"{at.label}.L{layer}.attn_{what}_shift{step}", "cp",
                                  Collective("shift", "cp", 2 * self.b * self.head_elements(), self.dtype),
-                                 tag=at.tag("attn", "kv_shift", layer))
-
-    def dkv_shift(self, at: Pass, layer: int, step: int) -> int:
-        """dK and dV summed so far for the block held at step - 1, after it to the next rank."""
-        return self.w.collective(f"{at.label}.L{layer}.attn_dkv_shift{step}", "cp",
-                                 Collective("shift", "cp", 2 * self.b * self.head_elements(), self.dtype),
-                                 tag=at.tag("attn", "dkv_shift", layer))
+                                 tag=at.tag("attn", f"{what}_shift", layer))
 
     def ring_block(self, backward: bool) -> Attention:
         """One step's kernel: causal attention over this rank's share of each sequence (module docstring)."""

@@ -20,6 +20,9 @@ from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 
 
+Bucket = tuple[str, "int | None", float]  # a gradient bucket: (block, layer, parameters)
+
+
 @dataclass(frozen=True)
 class Linear:
     """One linear of the model; `transposed` swaps the X and Y roles. `layer` is None for the LM head."""
@@ -72,11 +75,11 @@ class StageBase:
         self.lm_head = Linear("lm_head", None, model.hidden, model.vocab, False)
         self.deferred_waits: list[int] = []  # ors: reduce-scatters waited at the end of backward
 
-    def gradient_buckets(self) -> list[tuple[str, int | None, float]]:
+    def gradient_buckets(self) -> list[Bucket]:
         """(block, layer, parameters) per gradient bucket, in the order backward finishes them: each layer ("layer"),
         the embedding, the LM head and final norm."""
         layers = [block[0].layer for chunk in reversed(self.chunks) for block in reversed(chunk)]
-        buckets: list[tuple[str, int | None, float]] = [("layer", layer, float(self.model.params_per_layer))
+        buckets: list[Bucket] = [("layer", layer, float(self.model.params_per_layer))
                                                          for layer in layers]
         final_norm = 2.0 * self.model.hidden
         if self.plan.pp == 1:

@@ -143,9 +143,7 @@ class _Lowerer:
         return transfers
 
     def _ring_on_node_zero(self, locals_: tuple[int, ...]) -> dict[int, float]:
-        rings = self._rings(locals_)
-        return self.fabric.route_loads((ring[i], ring[(i + 1) % len(ring)], 1.0 / len(rings), None)
-                                       for ring in rings for i in range(len(ring)))
+        return self.fabric.route_loads(self._ring_transfers(locals_))  # local indices are node 0's GPUs
 
     def ring(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         n = len(gpus)
@@ -172,12 +170,15 @@ class _Lowerer:
                 inter[link] += load
         return Lowering("hierarchical", kind, (dict(intra), dict(inter), dict(intra)), len(gpus), n_nodes, per_node)
 
+    def _routed(self, algorithm: str, gpus: tuple[int, ...], kind: str, transfers: list[Transfer]) -> Lowering:
+        """A one-phase lowering: `transfers` routed on the fabric."""
+        nodes = self.by_node(gpus)
+        return Lowering(algorithm, kind, (self.fabric.route_loads(transfers),), len(gpus), len(nodes),
+                        max(len(v) for v in nodes.values()))
+
     def tree(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         """A chain inside each node, NCCL's two mirrored binary trees across the nodes' heads."""
-        nodes = self.by_node(gpus)
-        ppn = max(len(v) for v in nodes.values())
-        return Lowering("tree", kind, (self.fabric.route_loads(self._tree_transfers(gpus)),), len(gpus), len(nodes),
-                        ppn)
+        return self._routed("tree", gpus, kind, self._tree_transfers(gpus))
 
     def _tree_transfers(self, gpus: tuple[int, ...]) -> list[Transfer]:
         nodes = self.by_node(gpus)
@@ -200,9 +201,7 @@ class _Lowerer:
     def neighbour(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         """Every rank sends the whole buffer to the next member, in group order, the last to the first:
         one byte per buffer byte on each link of each route (one rank: moves nothing)."""
-        nodes = self.by_node(gpus)
-        loads = self.fabric.route_loads(self._neighbour_transfers(gpus))
-        return Lowering("neighbour", kind, (loads,), len(gpus), len(nodes), max(len(v) for v in nodes.values()))
+        return self._routed("neighbour", gpus, kind, self._neighbour_transfers(gpus))
 
     @staticmethod
     def _neighbour_transfers(gpus: tuple[int, ...]) -> list[Transfer]:
@@ -211,9 +210,7 @@ class _Lowerer:
 
     def pairwise(self, gpus: tuple[int, ...], kind: str) -> Lowering:
         """Every rank sends nbytes / n straight to every other."""
-        nodes = self.by_node(gpus)
-        loads = self.fabric.route_loads(self._pairwise_transfers(gpus))
-        return Lowering("pairwise", kind, (loads,), len(gpus), len(nodes), max(len(v) for v in nodes.values()))
+        return self._routed("pairwise", gpus, kind, self._pairwise_transfers(gpus))
 
     @staticmethod
     def _pairwise_transfers(gpus: tuple[int, ...]) -> list[Transfer]:
