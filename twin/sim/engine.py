@@ -9,7 +9,9 @@ starts when every class that takes part has issued it (a rendezvous), pays
 its latency, then moves its bytes as one flow of the flow network
 (twin.sim.network), which shares link bandwidth with every other transfer in
 flight. Which ranks are simulated, and which collective instances run as one
-flow, is twin.sim.symmetry's business.
+flow, is twin.sim.symmetry's business. Consecutive compute ops that nothing
+on another stream waits for run as one timeout (_compute_runs), their own
+times placed afterwards: the same times, a fraction of the events.
 
 The host. A framework issues a rank's ops from one host thread, in program
 order, and on a small model the host, not the device, sets the pace (PyTorch
@@ -65,15 +67,17 @@ class ComputeUnit:
         return 1.0 - self.slowdown if self.comm_active > 0 else 1.0
 
     def run(self, work_s: float):
-        """Generator: `yield from unit.run(seconds)` inside the compute stream's process."""
-        remaining = work_s
+        """Generator: `yield from unit.run(seconds)` inside the compute stream's process. Returns the pieces it
+        ran at one rate, (start time, rate, work done before it), which place the ends of fused ops."""
+        remaining, pieces = work_s, []
         while True:
             rate, start = self.rate(), self.env.now
+            pieces.append((start, rate, work_s - remaining))
             self._running = self.env.active_process
             try:
                 yield self.env.timeout(max(remaining, 0.0) / rate)
                 self._running = None
-                return
+                return pieces
             except simpy.Interrupt:
                 remaining -= (self.env.now - start) * rate
 
@@ -164,8 +168,9 @@ class SimRun:
 
 class Simulator:
     def __init__(self, schedule: Schedule, machine: Machine, full: bool = False,
-                 collectives: CollectiveModel | None = None) -> None:
-        self.schedule, self.machine, self.full = schedule, machine, full
+                 collectives: CollectiveModel | None = None, fuse: bool = True) -> None:
+        """`fuse=False` runs every compute op as its own timeout (see _compute_runs): the tests' reference."""
+        self.schedule, self.machine, self.full, self.fuse = schedule, machine, full, fuse
         if collectives is not None and (collectives.fabric.machine is not machine
                                         or collectives.fabric.n_gpus != schedule.world_size):
             raise ValueError("a shared CollectiveModel must be for this machine and world size")
@@ -236,7 +241,8 @@ class Simulator:
 
     def _stream(self, env, cls, ops, done, starts, ends, unit, calls, communicate, host):
         duration = self.compute.duration_s
-        for op in ops:
+        for run in _compute_runs(ops, done, calls, fuse=self.fuse and host is None):
+            op = run[0]
             for dep in op.deps:
                 event = done[dep]
                 if event is not None and not event.processed:
@@ -249,19 +255,25 @@ class Simulator:
             starts[op.id] = env.now
             if op.id in calls:
                 yield communicate(calls[op.id], (cls, op.id))
-            else:
+            elif len(run) == 1:
                 yield from unit.run(duration(op.work))
-            ends[op.id] = env.now
-            if done[op.id] is not None:
-                done[op.id].succeed()
+            else:
+                works = [duration(o.work) for o in run]
+                pieces = yield from unit.run(sum(works))
+                _place_fused(run, works, pieces, starts, ends, env.now)
+            last = run[-1]
+            ends[last.id] = env.now
+            if done[last.id] is not None:
+                done[last.id].succeed()
 
     def _check_finished(self, timelines: list[RankTimeline]) -> None:
         stuck = []
         for timeline in timelines:
             program = self.schedule.programs[timeline.program]
-            pending = [op for op in program.ops if np.isnan(timeline.end_s[op.id])]
-            if pending:
-                stuck.append(f"rank {timeline.rank} at op {pending[0].id} '{pending[0].name}'")
+            pending = np.flatnonzero(np.isnan(timeline.end_s))
+            if len(pending):
+                op = program.ops[pending[0]]
+                stuck.append(f"rank {timeline.rank} at op {op.id} '{op.name}'")
         if stuck:
             more = f" (and {len(stuck) - 3} more ranks)" if len(stuck) > 3 else ""
             raise TwinError(
@@ -278,6 +290,47 @@ def _completion_events(env: simpy.Environment, program: Program, host_waits: boo
     needed = {dep for op in program.ops for dep in op.deps
               if stream[dep] != op.stream or (host_waits and isinstance(program.ops[dep].work, P2P))}
     return [env.event() if i in needed else None for i in range(len(program.ops))]
+
+
+def _compute_runs(ops: list, done: list, calls: dict, fuse: bool) -> list[list]:
+    """A stream's ops cut into runs that each take one SimPy timeout: a communication op alone, and consecutive
+    compute ops fused while nothing outside the stream waits for one of them but the last (no completion event)
+    and none of them but the first waits for an op of another stream. A fused run takes the sum of its ops'
+    work at the unit's rate, which changes only with communication, so it ends when its last op would have, and
+    its ops' own ends are placed from the rates it ran at (_place_fused): timelines and critical paths are those
+    of the op-by-op run, to round-off. Fewer events per step: most of a pipeline stage's ops are such runs.
+    Not fused with a host thread: there each op waits for its own issue time."""
+    if not fuse:
+        return [[op] for op in ops]
+    runs: list[list] = []
+    on_stream = {op.id for op in ops}
+    open_run = False  # whether the last run is compute that nothing outside the stream waits for
+    for op in ops:
+        compute = op.id not in calls
+        if open_run and compute and (not op.deps or on_stream.issuperset(op.deps)):
+            runs[-1].append(op)
+        else:
+            runs.append([op])
+        open_run = compute and done[op.id] is None
+    return runs
+
+
+def _place_fused(run: list, works: list[float], pieces: list[tuple[float, float, float]], starts: np.ndarray,
+                 ends: np.ndarray, end_s: float) -> None:
+    """Each op of a fused run ends where the run's work done reaches its own cumulative work, along the pieces
+    the unit ran at one rate; the next op starts there. The last ends at the run's end."""
+    placed, done_work, piece = [], 0.0, 0
+    start_s, rate, before = pieces[0]
+    for work in works[:-1]:
+        done_work += work
+        while piece + 1 < len(pieces) and pieces[piece + 1][2] <= done_work:
+            piece += 1
+            start_s, rate, before = pieces[piece]
+        placed.append(min(start_s + (done_work - before) / rate, end_s))
+    placed.append(end_s)
+    ids = [op.id for op in run]
+    ends[ids] = placed
+    starts[ids[1:]] = placed[:-1]
 
 
 def _by_stream(program: Program) -> dict[str, list]:
