@@ -73,7 +73,7 @@ def simulate_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
     plan, batch and memory are the full plan's.
     """
     resolved, memory = resolve_step(model, plan, machine, gpus)
-    deep = simulate_deep(model, resolved, machine, gpus, flops_formula)
+    deep = simulate_deep(model, resolved, machine, gpus, flops_formula, collectives)
     if deep is not None:
         return replace(deep, memory_per_gpu_gb=memory.total / 1e9)
     points = evaluation_points(resolved)

@@ -81,7 +81,8 @@ def short_step(model: ModelSpec, plan: ParallelPlan, gpus: int, depth: int, ga: 
     return replace(model, layers=per_stage * depth), short_plan, gpus // plan.pp * depth
 
 
-def _stage_signatures(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> list[tuple]:
+def _stage_signatures(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
+                      collectives: CollectiveModel) -> list[tuple]:
     """Per stage, what its communication costs in the simulator: for each class of ranks on the stage, its
     communication ops in order as (kind, bytes, peer, latency, per phase: seconds per byte alone and the distinct
     shares of the link classes it loads that could ever limit it; distinct, since how links merge into classes
@@ -90,7 +91,7 @@ def _stage_signatures(model: ModelSpec, plan: ParallelPlan, machine: Machine, gp
     schedule = build_step(model, replace(plan, ga=1, global_batch=plan.mbs * plan.batch_split), machine,
                           gpus).schedule
     sym = classify(schedule, full=False)
-    types = FlowTypes.build(schedule, sym, CollectiveModel(Fabric(machine, gpus)), place_ranks(gpus, machine))
+    types = FlowTypes.build(schedule, sym, collectives, place_ranks(gpus, machine))
     # A link class can only ever limit a transfer where the shares of everything that crosses it add up to a
     # whole link: each flow runs at most at its own bottleneck's pace, so below that the class never binds.
     bindable = types.loads.sum(axis=0) >= 1 - 1e-9
@@ -123,18 +124,34 @@ def _alone(signature: tuple) -> tuple:
                        for kind, nbytes, peer, latency, phases in cls) for cls in signature)
 
 
-def uniform_stages(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> bool:
+def uniform_stages(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
+                   models: _Models | None = None) -> bool:
     """Whether every interior stage of `plan` sees the same communication costs and link shares as every other,
     and the short pipelines' first, interior and last stages cost alone what the full pipeline's do (module
     docstring)."""
     if (gpus // plan.pp) % machine.node.gpus_per_node:
         return False
-    full = _stage_signatures(model, plan, machine, gpus)
+    models = models or _Models(machine)
+    full = _stage_signatures(model, plan, machine, gpus, models.of(gpus))
     short_model, short_plan, short_gpus = short_step(model, plan, gpus, SHORT + 1, 1)
-    short = _stage_signatures(short_model, short_plan, machine, short_gpus)
+    short = _stage_signatures(short_model, short_plan, machine, short_gpus, models.of(short_gpus))
     if not full or not short or len(set(full[1:-1])) != 1 or len({_alone(s) for s in short[1:-1]}) != 1:
         return False
     return [_alone(s) for s in (full[0], full[1], full[-1])] == [_alone(s) for s in (short[0], short[1], short[-1])]
+
+
+class _Models:
+    """One CollectiveModel per job size (the full job's may be given), so the short pipelines of one depth and
+    the uniformity check share their lowerings and flow types' routes."""
+
+    def __init__(self, machine: Machine, full: CollectiveModel | None = None) -> None:
+        self.machine = machine
+        self.by_gpus = {full.fabric.n_gpus: full} if full is not None else {}
+
+    def of(self, gpus: int) -> CollectiveModel:
+        if gpus not in self.by_gpus:
+            self.by_gpus[gpus] = CollectiveModel(Fabric(self.machine, gpus))
+        return self.by_gpus[gpus]
 
 
 def _diagnostics(s: Summary, keys: list[str]) -> np.ndarray:
@@ -142,7 +159,7 @@ def _diagnostics(s: Summary, keys: list[str]) -> np.ndarray:
 
 
 def simulate_deep(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
-                  flops_formula: str = "hardware") -> Summary | None:
+                  flops_formula: str = "hardware", collectives: CollectiveModel | None = None) -> Summary | None:
     """The Summary of `plan`'s step (mbs and ga resolved) from four short pipelines, or None where the shortcut
     does not apply or the step times are not on one plane (the caller then simulates the full depth).
 
@@ -151,13 +168,17 @@ def simulate_deep(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
     both. The critical rank's exposed communication and busy time per op class are continued along the same
     plane, but they are not exactly planar in depth (the first stage's blocking sends wait longer the deeper
     the pipeline, and the compute they overlap slows), so the Summary says so in `continued`."""
-    if not applies(plan) or not uniform_stages(model, plan, machine, gpus):
+    if not applies(plan):
+        return None
+    models = _Models(machine, collectives)
+    if not uniform_stages(model, plan, machine, gpus, models):
         return None
     points = [(SHORT, SHORT + 1), (SHORT, SHORT + 2), (SHORT + 1, SHORT + 2), (SHORT + 2, SHORT + 3)]
     summaries = []
     for depth, ga in points:
         m, p, g = short_step(model, plan, gpus, depth, ga)
-        summaries.append(summarize(simulate(build_step(m, p, machine, g).schedule, machine), flops_formula))
+        summaries.append(summarize(simulate(build_step(m, p, machine, g).schedule, machine,
+                                            collectives=models.of(g)), flops_formula))
     basis = np.array([[1.0, d, ga] for d, ga in points])
     steps = np.array([s.step_time_s for s in summaries])
     plane = np.linalg.solve(basis[:3], steps[:3])

@@ -188,10 +188,19 @@ def executed_flops_by_class(schedule: Schedule) -> dict[str, float]:
     """FLOPs of every compute op the schedule runs, summed over all ranks, per op class (gemm, attention,
     elementwise). A Program is run by each of its ranks, so its ops count once per rank."""
     totals: dict[str, float] = defaultdict(float)
+    class_of: dict[type, str | None] = {}  # by the work's type: a pipeline step has ~10^6 ops
     for program in schedule.programs:
+        per_program: dict[str, float] = defaultdict(float)
         for op in program.ops:
-            if not op.is_comm:
-                totals[op_class(op.work)] += len(program.ranks) * op.work.flops
+            work = op.work
+            kind = type(work)
+            if kind not in class_of:
+                class_of[kind] = None if op.is_comm else op_class(work)
+            name = class_of[kind]
+            if name is not None:
+                per_program[name] += work.flops
+        for name, flops in per_program.items():
+            totals[name] += len(program.ranks) * flops
     return dict(sorted(totals.items()))
 
 

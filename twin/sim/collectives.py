@@ -53,6 +53,7 @@ send and a shift base + one hop [estimate]; the protocol
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from math import log2
@@ -63,6 +64,7 @@ import numpy as np
 from topologies.fabric import Fabric
 from twin.sim.lowerings import Lowering, _Lowerer, ring_steps
 
+ROWS_KEPT = 512  # flow types' rows a CollectiveModel keeps for later simulations (cached_rows)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,21 @@ class CollectiveModel:
         self._lowering = lru_cache(maxsize=None)(self._lower)
         self._shape = lru_cache(maxsize=65536)(self._shape_of)
         self._choice: dict[tuple, tuple[Lowering, str]] = {}
+        self._rows: OrderedDict[tuple, tuple] = OrderedDict()
+
+    def cached_rows(self, key: tuple, compute: Callable[[], tuple]) -> tuple:
+        """A flow type's (latency, per phase: loaded links, seconds per byte on each) (twin.sim.flowtypes),
+        kept for the next simulation on this model: the short steps twin.micro_batches and twin.pipeline_depth
+        simulate share their families' routes. Keyed by what determines them (the kind, algorithm, protocol
+        and every instance's GPUs); the least recently used go beyond ROWS_KEPT (a family's row can hold
+        10^5 links)."""
+        if key in self._rows:
+            self._rows.move_to_end(key)
+            return self._rows[key]
+        rows = self._rows[key] = compute()
+        if len(self._rows) > ROWS_KEPT:
+            self._rows.popitem(last=False)
+        return rows
 
     def _shape_of(self, gpus: tuple[int, ...]) -> GroupShape:
         counts: dict[int, int] = {}

@@ -29,6 +29,8 @@ from twin.sim.symmetry import Symmetry
 
 _DOMINANCE_PRUNE_MAX_TYPES = 64
 
+Row = tuple[np.ndarray, np.ndarray]  # one (type, phase): the links it loads, seconds per byte on each
+
 
 @dataclass(frozen=True)
 class CommCall:
@@ -123,9 +125,7 @@ class FlowTypes:
             per_op.append(calls)
 
         keys = tuple(type_ids)
-        fabric = model.fabric
-        capacity = fabric.capacity_bytes_per_s
-        rows: list[dict[int, float]] = []  # one per (type, phase)
+        rows: list[Row] = []  # one per (type, phase)
         phase_rows: list[tuple[int, ...]] = []
         latencies = []
         for key in keys:
@@ -133,24 +133,45 @@ class FlowTypes:
             instances = sym.families[family].instances
             if kind == "p2p":
                 _, _, src, dst = key
-                first = model.transfer(gpu_of[instances[0][src]], gpu_of[instances[0][dst]])
-                fraction, protocol = 1.0, "simple"
-                phases = (fabric.route_dense((gpu_of[m[src]], gpu_of[m[dst]], 1.0, None) for m in instances),)
+                flows = tuple((gpu_of[m[src]], gpu_of[m[dst]]) for m in instances)
+                latency, phases = model.cached_rows(("p2p", flows), lambda: _p2p_rows(model, flows))
             else:
                 _, _, algorithm, protocol = key
-                fraction = model.bw_fraction(kind, protocol)
                 groups = tuple(tuple(gpu_of[r] for r in members) for members in instances)
-                first = model.lowering(groups[0], kind, algorithm)
-                phases = model.family_loads(groups, kind, algorithm)  # every instance's loads, summed
-            indices = []
-            for loads in phases:  # per phase, a vector over the links
-                links = np.flatnonzero(loads)
-                indices.append(len(rows))
-                rows.append(dict(zip(links.tolist(), (loads[links] / (fraction * capacity[links])).tolist())))
-            phase_rows.append(tuple(indices))
-            latencies.append(model.latency_s(first, protocol))
+                latency, phases = model.cached_rows(
+                    (kind, algorithm, protocol, groups),
+                    lambda: _collective_rows(model, groups, kind, algorithm, protocol))
+            phase_rows.append(tuple(range(len(rows), len(rows) + len(phases))))
+            rows.extend(phases)
+            latencies.append(latency)
         loads, s_per_byte = _compress(rows, prune=len(rows) <= _DOMINANCE_PRUNE_MAX_TYPES)
         return cls(tuple(per_op), tuple(latencies), tuple(phase_rows), loads, s_per_byte, keys)
+
+
+def _seconds_per_byte(model: CollectiveModel, phases, fraction: float) -> tuple[Row, ...]:
+    """Per phase, the loaded links and seconds per buffer byte on each: its load (a vector over the links) over
+    the achieved bandwidth (the protocol's fraction of each link's capacity)."""
+    capacity = model.fabric.capacity_bytes_per_s
+    rows = []
+    for loads in phases:
+        links = np.flatnonzero(loads)
+        rows.append((links, loads[links] / (fraction * capacity[links])))
+    return tuple(rows)
+
+
+def _p2p_rows(model: CollectiveModel, flows: tuple[tuple[int, int], ...]) -> tuple[float, tuple[Row, ...]]:
+    """A transfer type's latency and its one phase: every concurrent instance's route (src, dst GPUs)."""
+    first = model.transfer(*flows[0])
+    loads = model.fabric.route_dense((src, dst, 1.0, None) for src, dst in flows)
+    return model.latency_s(first, "simple"), _seconds_per_byte(model, (loads,), 1.0)
+
+
+def _collective_rows(model: CollectiveModel, groups: tuple[tuple[int, ...], ...], kind: str, algorithm: str,
+                     protocol: str) -> tuple[float, tuple[Row, ...]]:
+    """A collective type's latency and its phases: every instance's loads, summed."""
+    first = model.lowering(groups[0], kind, algorithm)
+    phases = model.family_loads(groups, kind, algorithm)
+    return model.latency_s(first, protocol), _seconds_per_byte(model, phases, model.bw_fraction(kind, protocol))
 
 
 def _positions(schedule: Schedule, sym: Symmetry) -> dict[tuple[int, str], int]:
@@ -165,7 +186,7 @@ def _positions(schedule: Schedule, sym: Symmetry) -> dict[tuple[int, str], int]:
     return out
 
 
-def _compress(rows: list[dict[int, float]], prune: bool) -> tuple[np.ndarray, np.ndarray]:
+def _compress(rows: list[Row], prune: bool) -> tuple[np.ndarray, np.ndarray]:
     """Types x link-class matrix of seconds per byte, normalised per row; equal and dominated links merged.
 
     Links are compared by their sparse columns (a 32,768-GPU pipeline has ~10^5 links but only a few loads on
@@ -173,9 +194,9 @@ def _compress(rows: list[dict[int, float]], prune: bool) -> tuple[np.ndarray, np
     """
     if not rows:
         return np.zeros((0, 1)), np.zeros(0)
-    link_of = np.fromiter((link for row in rows for link in row), dtype=np.int64)
-    row_of = np.repeat(np.arange(len(rows)), [len(row) for row in rows])
-    value = np.fromiter((v for row in rows for v in row.values()), dtype=float, count=len(link_of))
+    link_of = np.concatenate([links for links, _ in rows]).astype(np.int64)
+    row_of = np.repeat(np.arange(len(rows)), [len(links) for links, _ in rows])
+    value = np.concatenate([values for _, values in rows]).astype(float)
     nonzero = value != 0
     link_of, row_of, value = link_of[nonzero], row_of[nonzero], value[nonzero]
     if not len(value):
