@@ -303,11 +303,12 @@ def _compute_runs(ops: list, done: list, calls: dict, fuse: bool) -> list[list]:
     if not fuse:
         return [[op] for op in ops]
     runs: list[list] = []
-    on_stream = {op.id for op in ops}
+    stream = ops[0].stream if ops else ""
+    stream_of = {op.id: op.stream for op in ops}
     open_run = False  # whether the last run is compute that nothing outside the stream waits for
     for op in ops:
         compute = op.id not in calls
-        if open_run and compute and (not op.deps or on_stream.issuperset(op.deps)):
+        if open_run and compute and all(stream_of.get(d) == stream for d in op.deps):
             runs[-1].append(op)
         else:
             runs.append([op])

@@ -81,6 +81,7 @@ class FlowTypes:
         type_ids: dict[tuple, int] = {}
         choices: dict[tuple[int, str, float], tuple[str, str]] = {}
         per_op: list[dict[int, CommCall]] = []
+        p2p_members: dict[tuple, tuple[int, ...]] = {}  # p2p type -> the classes of its sender and receiver
 
         gpus_of_family: dict[int, tuple[tuple[int, ...], ...]] = {}
 
@@ -118,10 +119,13 @@ class FlowTypes:
                     channel = (family, src, dst, work.tag)
                     seq = counters[(work.kind,) + channel]
                     counters[(work.kind,) + channel] += 1
-                    type_id = type_ids.setdefault((family, "p2p", src, dst), len(type_ids))
-                    instance = sym.families[family].instances[0]
-                    members = tuple(sorted({sym.class_of[instance[src]], sym.class_of[instance[dst]]}))
-                    calls[op.id] = CommCall(channel + (seq,), 2, members, type_id, work.nbytes)
+                    type_key = (family, "p2p", src, dst)
+                    type_id = type_ids.setdefault(type_key, len(type_ids))
+                    if type_key not in p2p_members:
+                        instance = sym.families[family].instances[0]
+                        p2p_members[type_key] = tuple(sorted({sym.class_of[instance[src]],
+                                                              sym.class_of[instance[dst]]}))
+                    calls[op.id] = CommCall(channel + (seq,), 2, p2p_members[type_key], type_id, work.nbytes)
             per_op.append(calls)
 
         keys = tuple(type_ids)
