@@ -98,6 +98,7 @@ def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local")
         "",
         "[node]",
         f"gpus_per_node = {num(n, 'the number of ranks calibrated')}",
+        f"shared_cores = {num(host['logical_cpus'], 'logical CPUs (os.cpu_count) the ranks share: the rates above are those of every rank computing at once')}",
         "",
         "# gloo over loopback: every rank has one port of the measured bandwidth to a switch vertex.",
         "[node.switch]",

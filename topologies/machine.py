@@ -180,6 +180,7 @@ def _node(f: Fields) -> NodeSpec:
     if [x.index for x in nics] != list(range(len(nics))):
         f.fail("nics", f"indices are {[x.index for x in nics]}; number the NICs 0..{len(nics) - 1}")
     switch = _switch(f.table("switch")) if f.has("switch") else None
+    shared_cores = f.number("shared_cores", "positive") if f.has("shared_cores") else 0.0
     ef = f.table("link_efficiency")
     eff = {k: ef.number(k, "fraction") for k in ef.keys()}
     kinds = {lk.kind for lk in links} | {"nic", "attach"} | ({switch.link_kind} if switch else set())
@@ -190,7 +191,7 @@ def _node(f: Fields) -> NodeSpec:
     if switch is None:
         _check_connected(f, n, links)
     f.finish()
-    return NodeSpec(n, tuple(links), tuple(nics), eff, switch)
+    return NodeSpec(n, tuple(links), tuple(nics), eff, switch, shared_cores)
 
 
 def _switch(f: Fields) -> NodeSwitch:

@@ -127,6 +127,10 @@ class NodeSpec:
     nics: tuple[NicSpec, ...]  # sorted by index, indices 0..n-1
     link_efficiency: dict[str, float]  # link kinds + "nic" + "attach" (+ optional "network")
     switch: NodeSwitch | None = None
+    # Cores the node's devices share (a CPU host whose ranks are processes); 0: each device computes on its
+    # own (GPUs). The device's compute rates are then those of every device computing at once (twin calibrate
+    # measures them so), and a device computing while fewer others do runs faster (twin.sim.engine.NodeCores).
+    shared_cores: float = 0.0
 
     @property
     def network_link_efficiency(self) -> float:

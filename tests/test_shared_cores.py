@@ -1,0 +1,81 @@
+"""Ranks that share a CPU host's cores (node.shared_cores; twin.sim.engine.NodeCores).
+
+A calibrated rate is each rank's with every rank of the node computing at once. On 2 cores shared by 4
+ranks that is half a core; a rank computing alone gets a whole core, twice the calibrated rate; three at
+once get 2/3 of a core each, 4/3 of it. Worked out by hand here, on hand-made schedules, in the reduced
+and the per-rank simulation; then a pipeline, whose stages idle in turn, must run faster than without
+sharing and a data-parallel plan, whose ranks compute in lockstep, exactly as fast.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import SMALL_SPEC, quad_machine
+from test_sim import REFERENCE, _gemm_alone_s, all_reduce, schedule
+from twin.build import build_step
+from twin.ir import Gemm, Op
+from twin.model import parse_model_spec
+from twin.plan import parse_plan
+from twin.sim.engine import simulate
+
+
+def _gemm(op_id: int, deps=()) -> Op:
+    return Op(op_id, f"gemm{op_id}", "compute", Gemm(REFERENCE, REFERENCE, REFERENCE), tuple(deps))
+
+
+@pytest.mark.parametrize("busy, factor", [(1, 2.0), (2, 2.0), (3, 4 / 3), (4, 1.0)])
+def test_a_rank_runs_at_its_share_of_the_cores(tmp_path, busy, factor):
+    machine = quad_machine(tmp_path, shared_cores=2)
+    sched = schedule(4, {}, [((r,), [_gemm(0)]) for r in range(busy)] +
+                     [((r,), []) for r in range(busy, 4)])
+    t_gemm = _gemm_alone_s()
+    for full in (False, True):
+        run = simulate(sched, machine, full=full)
+        by_rank = {t.rank: t for t in run.timelines}
+        assert by_rank[0].end_s[0] == pytest.approx(t_gemm / factor, rel=1e-6)
+
+
+def test_a_rank_speeds_up_when_the_others_stop(tmp_path):
+    """Rank 0 computes two GEMMs, ranks 1-3 one each: all four share the cores (calibrated rate) until the
+    first GEMMs end together, then rank 0 has a core to itself for its second: twice as fast."""
+    machine = quad_machine(tmp_path, shared_cores=2)
+    sched = schedule(4, {}, [((0,), [_gemm(0), _gemm(1)])] + [((r,), [_gemm(0)]) for r in (1, 2, 3)])
+    t_gemm = _gemm_alone_s()
+    run = simulate(sched, machine, full=True)
+    assert run.timelines[0].end_s[0] == pytest.approx(t_gemm, rel=1e-9)
+    assert run.step_time_s == pytest.approx(t_gemm + t_gemm / 2, rel=1e-9)
+
+
+def test_comm_compute_slowdown_still_applies_on_shared_cores(tmp_path):
+    """Ranks 0 and 1 all-reduce while they compute (slowed by the comm-compute factor); ranks 2 and 3 idle,
+    so 2 ranks share the 2 cores: a core each, twice the calibrated rate, times (1 - slowdown) during comm."""
+    slowdown, nbytes = 0.2, 20e9
+    machine = quad_machine(tmp_path, slowdown=slowdown, shared_cores=2)
+    sched = schedule(4, {"x": ((0, 1),)}, [((0, 1), [all_reduce(0, nbytes), _gemm(1)]),
+                                           ((2, 3), [])])
+    run = simulate(sched, machine, full=True)
+    # the all-reduce (20 GB over a 10 GB/s pair) outlasts the GEMM: slowed all along
+    assert run.timelines[0].end_s[1] == pytest.approx(_gemm_alone_s() / 2 / (1 - slowdown), rel=1e-6)
+
+
+def test_a_pipeline_gains_from_idle_stages_and_lockstep_data_parallelism_does_not(tmp_path):
+    model = parse_model_spec(SMALL_SPEC)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shared, alone = quad_machine(tmp_path / "a", shared_cores=2), quad_machine(tmp_path / "b")
+    for plan_text, gains in (("tp=2,pp=2,mbs=1,global_batch=4", True), ("gdata=4,mbs=1,global_batch=8", False)):
+        plan = parse_plan(plan_text)
+        sched = build_step(model, plan, shared, 4).schedule
+        with_sharing, without = simulate(sched, shared).step_time_s, simulate(sched, alone).step_time_s
+        assert simulate(sched, shared, full=True).step_time_s == pytest.approx(with_sharing, rel=1e-9)
+        if gains:
+            assert with_sharing < 0.9 * without
+        else:
+            assert with_sharing == pytest.approx(without, rel=1e-12)
+
+
+def test_shared_cores_must_be_positive(tmp_path):
+    from topologies.errors import InputError
+    with pytest.raises(InputError, match="shared_cores"):
+        quad_machine(tmp_path, shared_cores=-1)
