@@ -1,4 +1,4 @@
-"""Ranks that share a CPU host's cores (node.shared_cores; twin.sim.engine.NodeCores).
+"""Ranks that share a CPU host's cores (node.shared_cores; twin.sim.compute_unit.NodeCores).
 
 A calibrated rate is each rank's with every rank of the node computing at once. On 2 cores shared by 4
 ranks that is half a core; a rank computing alone gets a whole core, twice the calibrated rate; three at

@@ -129,7 +129,7 @@ class NodeSpec:
     switch: NodeSwitch | None = None
     # Cores the node's devices share (a CPU host whose ranks are processes); 0: each device computes on its
     # own (GPUs). The device's compute rates are then those of every device computing at once (twin calibrate
-    # measures them so), and a device computing while fewer others do runs faster (twin.sim.engine.NodeCores).
+    # measures them so), and one computing while fewer others do runs faster (twin.sim.compute_unit).
     shared_cores: float = 0.0
 
     @property

@@ -8,11 +8,11 @@ running (NCCL/RCCL kernels occupy SMs/CUs and HBM bandwidth). A collective
 starts when every class that takes part has issued it (a rendezvous), pays
 its latency, then moves its bytes as one flow of the flow network
 (twin.sim.network), which shares link bandwidth with every other transfer in
-flight. On a CPU host whose ranks share its cores (node.shared_cores), a rank
-computes faster while fewer of the others do (NodeCores). Which ranks are
-simulated, and which collective instances run as one flow, is
-twin.sim.symmetry's business. Consecutive compute ops that nothing
-on another stream waits for run as one timeout (_compute_runs), their own
+flight. On a CPU host whose ranks share its cores (node.shared_cores), a
+rank computes faster while fewer of the others do (twin.sim.compute_unit).
+Which ranks are simulated, and which collective instances run as one flow,
+is twin.sim.symmetry's business. Consecutive compute ops that nothing on
+another stream waits for run as one timeout (_compute_runs), their own
 times placed afterwards: the same times, a fraction of the events.
 
 The host. A framework issues a rank's ops from one host thread, in program
@@ -47,91 +47,10 @@ from twin.errors import TwinError
 from twin.ir import P2P, Program, Schedule
 from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
+from twin.sim.compute_unit import ComputeUnit, NodeCores
 from twin.sim.flowtypes import CommCall, FlowTypes
 from twin.sim.network import FlowNetwork
 from twin.sim.symmetry import Symmetry, classify
-
-
-class NodeCores:
-    """The cores a CPU host's ranks share (the machine's node.shared_cores), as a processor-sharing resource.
-
-    A calibrated device rate is what each rank got with every rank of the node computing at once (twin
-    calibrate runs its microbenchmarks so). With `busy` ranks computing, each gets min(1, cores / busy) of a
-    core where calibration gave it min(1, cores / ranks), so its rate is scaled by the ratio: on 2 cores
-    shared by 4 ranks, a rank computing while its pipeline neighbour waits runs twice as fast as calibrated.
-    A change of `busy` re-arms every running unit whose rate it sets (`units`)."""
-
-    def __init__(self, cores: float, ranks: int) -> None:
-        self.cores, self.busy = cores, 0
-        self.calibrated_share = min(1.0, cores / ranks)
-        self.units: list[ComputeUnit] = []
-
-    def factor(self) -> float:
-        """A computing rank's rate over the calibrated one, at the present number of computing ranks."""
-        return min(1.0, self.cores / max(self.busy, 1)) / self.calibrated_share
-
-    def change(self, delta: int, source: "ComputeUnit") -> None:
-        before = self.factor()
-        self.busy += delta
-        if self.factor() != before:
-            for unit in self.units:
-                if unit is not source:
-                    unit.rate_changed()
-
-
-class ComputeUnit:
-    """The compute stream's engine on one rank: one op at a time, slowed while comms run.
-
-    A running op is a single SimPy timeout; when the rank's communication
-    starts or stops mid-op (or, on a host whose ranks share cores, another
-    rank starts or stops computing), the waiting stream process is
-    interrupted and re-arms with the remaining work at the new rate.
-    `shares`: on such a host, the NodeCores this rank's class occupies while
-    it computes, with how many of its ranks each holds; `home` is the one
-    whose share sets its rate (its representative's node).
-    """
-
-    def __init__(self, env: simpy.Environment, slowdown: float, home: NodeCores | None = None,
-                 shares: tuple[tuple[NodeCores, int], ...] = ()) -> None:
-        self.env, self.slowdown = env, slowdown
-        self.home, self.shares = home, shares
-        self.comm_active = 0
-        self._running: simpy.Process | None = None
-
-    def rate(self) -> float:
-        rate = 1.0 - self.slowdown if self.comm_active > 0 else 1.0
-        return rate * self.home.factor() if self.home is not None else rate
-
-    def run(self, work_s: float):
-        """Generator: `yield from unit.run(seconds)` inside the compute stream's process. Returns the pieces it
-        ran at one rate, (start time, rate, work done before it), which place the ends of fused ops."""
-        for cores, ranks in self.shares:
-            cores.change(+ranks, self)
-        remaining, pieces = work_s, []
-        while True:
-            rate, start = self.rate(), self.env.now
-            pieces.append((start, rate, work_s - remaining))
-            self._running = self.env.active_process
-            try:
-                yield self.env.timeout(max(remaining, 0.0) / rate)
-                self._running = None
-                for cores, ranks in self.shares:
-                    cores.change(-ranks, self)
-                return pieces
-            except simpy.Interrupt:
-                remaining -= (self.env.now - start) * rate
-
-    def comm_changed(self, delta: int) -> None:
-        before = self.rate()
-        self.comm_active += delta
-        if self.rate() != before:
-            self.rate_changed()
-
-    def rate_changed(self) -> None:
-        """Re-arm the running op (if any) at the present rate."""
-        if self._running is not None:
-            running, self._running = self._running, None
-            running.interrupt()
 
 
 @dataclass
