@@ -48,8 +48,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     for run, step in zip(runs, predicted):
         p = run.plan
-        slots = p.ga + p.pp - 1
-        rows.append({"tp": p.gx, "pp": p.pp, "dp": p.gdata, "mbs": p.mbs, "micro_batches": p.ga, "slots": slots,
+        micro_batches = p.global_batch // (p.batch_split * p.mbs)  # per pipeline: the batch over dp, in mbs
+        slots = micro_batches + p.pp - 1
+        rows.append({"tp": p.gx, "pp": p.pp, "dp": p.gdata, "mbs": p.mbs, "micro_batches": micro_batches,
+                     "slots": slots,
                      "measured_slot_s": run.step_time_s / slots, "predicted_slot_s": step / slots,
                      "measured_s": run.step_time_s, "predicted_s": step})
     if args.json:
