@@ -23,7 +23,7 @@ import pytest
 from topologies.machine import load_machine
 from topologies.overrides import parse_override
 from twin.build import build_step, resolve_step
-from twin.model import ModelSpec
+from twin.model import ModelSpec, get_model
 from twin.plan import parse_plan
 from twin import pipeline_depth
 from twin.pipeline_depth import MIN_DEPTH, applies, simulate_deep, uniform_stages
@@ -73,6 +73,25 @@ def test_shortcut_equals_full_simulation(machine, plan, pp, ga, layers, override
     assert set(deep.time_by_class_s) == set(full.time_by_class_s)
     for k, v in full.time_by_class_s.items():
         assert deep.time_by_class_s[k] == pytest.approx(v, rel=1e-2, abs=1e-3 * full.step_time_s), k
+
+
+def test_stages_next_to_the_ends_may_differ(monkeypatch):
+    """Frontier, one dragonfly group per stage, GPT-80B's layers: the last stage's own end-of-step collectives
+    (its data-parallel all-reduce, in another protocol for the LM head's size; the tied embedding's sum with the
+    first stage) load links that its neighbour's transfers cross, so the stages next to the ends differ from the
+    interior ones. They are matched against the short pipelines' own neighbours of the ends, and the shortcut
+    is exact; comparing only the first and last stages (as before) refused it."""
+    m = load_machine("frontier")
+    model = replace(get_model("GPT-80B"), layers=12)
+    plan = replace(parse_plan("tp=8,dp=128,pp=12,mbs=1,ga=13"), global_batch=13 * 128)
+    resolved, _ = resolve_step(model, plan, m, 12288)
+    deep = simulate_deep(model, resolved, m, 12288)
+    assert deep is not None
+    full = summarize(simulate(build_step(model, resolved, m, 12288).schedule, m))
+    assert deep.step_time_s == pytest.approx(full.step_time_s, rel=1e-6)
+    assert deep.flops_executed == pytest.approx(full.flops_executed, rel=1e-6)
+    monkeypatch.setattr(pipeline_depth, "ENDS", 1)
+    assert not uniform_stages(model, resolved, m, 12288)
 
 
 def test_shortcut_equals_per_rank_simulation():

@@ -29,10 +29,13 @@ nodes. The full-depth step is built with one micro-batch (cheap), and each
 stage's sequence of communication ops, as the simulator will see them
 (twin.sim.flowtypes: latency, seconds per byte alone with every concurrent
 instance on the links, and the shares of the link classes it loads), must be
-the same for every interior stage; the short pipelines' first, interior and
-last stages must cost alone what the full pipeline's do (link shares are not
-compared across the two jobs: which links merge into one class, and which
-can never saturate first, depends on the whole job). Where either fails (a
+the same for every interior stage; the short pipelines' end stages (the
+first two and the last two: the last stage's neighbour sends over links that
+the last stage's own end-of-step traffic, the tied embedding's gradient sum,
+also crosses) and interior stages must cost alone what the full pipeline's
+do (link shares are not compared across the two jobs: which links merge
+into one class, and which can never saturate first, depends on the whole
+job). Where either fails (a
 boundary that crosses a leaf switch or a dragonfly group that others do not,
 a bottleneck shared by more stages in the full job), twin.micro_batches'
 continuation in micro-batches alone is used. What the check cannot see is a
@@ -65,6 +68,7 @@ from twin.sim.symmetry import classify
 SHORT = 6  # the shortest of the short pipelines (stages): past the ramps' own transients
 MIN_DEPTH = 2 * SHORT  # below this the short pipelines save little
 PLANAR = 1e-9  # relative distance of the fourth point from the plane of the first three
+ENDS = 2  # stages at each end that may differ from the interior ones (matched against the short pipelines')
 
 
 def applies(plan: ParallelPlan) -> bool:
@@ -135,9 +139,11 @@ def uniform_stages(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus:
     full = _stage_signatures(model, plan, machine, gpus, models.of(gpus))
     short_model, short_plan, short_gpus = short_step(model, plan, gpus, SHORT + 1, 1)
     short = _stage_signatures(short_model, short_plan, machine, short_gpus, models.of(short_gpus))
-    if not full or not short or len(set(full[1:-1])) != 1 or len({_alone(s) for s in short[1:-1]}) != 1:
+    inner = slice(ENDS, -ENDS)
+    if not full or not short or len(set(full[inner])) != 1 or len({_alone(s) for s in short[inner]}) != 1:
         return False
-    return [_alone(s) for s in (full[0], full[1], full[-1])] == [_alone(s) for s in (short[0], short[1], short[-1])]
+    compared = [*range(ENDS + 1), *range(-ENDS, 0)]  # the end stages and one interior stage
+    return [_alone(full[i]) for i in compared] == [_alone(short[i]) for i in compared]
 
 
 class _Models:
