@@ -24,15 +24,26 @@ def _peak_mb() -> float:
 def _in_child(conn, fn: Callable, args: tuple) -> None:
     try:
         result = fn(*args)
+        _end_children()
         result["peak_mb"] = _peak_mb()
         conn.send(("ok", result))
     except BaseException as e:  # the parent re-raises it: a case's error is the benchmark's error
         conn.send(("error", f"{type(e).__name__}: {e}"))
     finally:
         conn.close()
-        # Leave at once: a worker pool the case shut down without waiting (twin validate's second process)
-        # would otherwise be joined here forever; its workers see their pipes close and end.
+        _end_children()
+        # Leave at once: the interpreter's exit would join what is left of a pool the case shut down without
+        # waiting (twin validate's second process) forever.
         os._exit(0)
+
+
+def _end_children() -> None:
+    """End the worker processes a case left running (a pool shut down without waiting: twin validate's second
+    process) and wait for them, so that their memory counts in the peak and none outlives the benchmark (they
+    did: a forked pool worker holds its own task pipe's write end, so it never sees the pipe close)."""
+    for child in multiprocessing.active_children():
+        child.terminate()
+        child.join()
 
 
 def isolated(fn: Callable, *args) -> dict:
