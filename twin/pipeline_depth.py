@@ -130,9 +130,9 @@ def _alone(signature: tuple) -> tuple:
 
 def uniform_stages(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
                    models: _Models | None = None) -> bool:
-    """Whether every interior stage of `plan` sees the same communication costs and link shares as every other,
-    and the short pipelines' first, interior and last stages cost alone what the full pipeline's do (module
-    docstring)."""
+    """Whether every interior stage of `plan` (all but ENDS at each end) sees the same communication costs and
+    link shares as every other, and the short pipelines' end stages and an interior one cost alone what the
+    full pipeline's do (module docstring)."""
     if (gpus // plan.pp) % machine.node.gpus_per_node:
         return False
     models = models or _Models(machine)

@@ -280,19 +280,19 @@ def _compute_runs(ops: list, done: list, calls: dict, fuse: bool) -> list[list]:
     """A stream's ops cut into runs that each take one SimPy timeout: a communication op alone, and consecutive
     compute ops fused while nothing outside the stream waits for one of them but the last (no completion event)
     and none of them but the first waits for an op of another stream. A fused run takes the sum of its ops'
-    work at the unit's rate, which changes only with communication, so it ends when its last op would have, and
+    work at the unit's rate, which changes with communication (and, on shared cores, the other ranks' compute)
+    whether or not the run is one op, so it ends when its last op would have, and
     its ops' own ends are placed from the rates it ran at (_place_fused): timelines and critical paths are those
     of the op-by-op run, to round-off. Fewer events per step: most of a pipeline stage's ops are such runs.
     Not fused with a host thread: there each op waits for its own issue time."""
     if not fuse:
         return [[op] for op in ops]
     runs: list[list] = []
-    stream = ops[0].stream if ops else ""
-    stream_of = {op.id: op.stream for op in ops}
+    on_stream = {op.id for op in ops}
     open_run = False  # whether the last run is compute that nothing outside the stream waits for
     for op in ops:
         compute = op.id not in calls
-        if open_run and compute and all(stream_of.get(d) == stream for d in op.deps):
+        if open_run and compute and all(d in on_stream for d in op.deps):
             runs[-1].append(op)
         else:
             runs.append([op])
