@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -132,15 +133,21 @@ class SimRun:
 
 class Simulator:
     def __init__(self, schedule: Schedule, machine: Machine, full: bool = False,
-                 collectives: CollectiveModel | None = None, fuse: bool = True) -> None:
-        """`fuse=False` runs every compute op as its own timeout (see _compute_runs): the tests' reference."""
+                 collectives: CollectiveModel | None = None, fuse: bool = True,
+                 gpus: Sequence[int] | None = None) -> None:
+        """`fuse=False` runs every compute op as its own timeout (see _compute_runs): the tests' reference.
+        `gpus`: the GPU of each rank on the collectives' fabric, where the job is not its first GPUs in rank order
+        (twin.pipeline_depth's short pipelines on the full pipeline's end stages)."""
         self.schedule, self.machine, self.full, self.fuse = schedule, machine, full, fuse
+        self.gpu_of = list(gpus) if gpus is not None else place_ranks(schedule.world_size, machine)
+        if len(self.gpu_of) != schedule.world_size:
+            raise ValueError("gpus must name one GPU per rank")
         if collectives is not None and (collectives.fabric.machine is not machine
-                                        or collectives.fabric.n_gpus != schedule.world_size):
+                                        or collectives.fabric.n_gpus != (schedule.world_size if gpus is None
+                                                                         else max(self.gpu_of) + 1)):
             raise ValueError("a shared CollectiveModel must be for this machine and world size")
-        self.collectives = collectives or CollectiveModel(Fabric(machine, schedule.world_size))
+        self.collectives = collectives or CollectiveModel(Fabric(machine, max(self.gpu_of) + 1))
         self.fabric = self.collectives.fabric
-        self.gpu_of = place_ranks(schedule.world_size, machine)
         self.compute = ComputeModel(machine.device)
         self.symmetry = classify(schedule, full)
 
@@ -326,16 +333,17 @@ def _by_stream(program: Program) -> dict[str, list]:
 
 
 def simulate(schedule: Schedule, machine: Machine, full: bool = False,
-             collectives: CollectiveModel | None = None) -> SimRun:
+             collectives: CollectiveModel | None = None, gpus: Sequence[int] | None = None) -> SimRun:
     """Simulate one training step; `full` simulates every rank instead of one per class.
 
     `collectives`: a CollectiveModel of this machine and world size to reuse; its
     lowerings are cached by GPU set, so simulations of many plans (twin search)
-    lower each group they share once. A partial schedule (twin.build.build_stages: some pipeline stages only, for
+    lower each group they share once. `gpus`: each rank's GPU on that model's fabric where the job is not the
+    machine's first GPUs in rank order. A partial schedule (twin.build.build_stages: some pipeline stages only, for
     the search's bounds) is refused: the missing stages' ranks would never answer.
     """
     covered = sum(len(program.ranks) for program in schedule.programs)
     if covered != schedule.world_size:
         raise ValueError(f"the schedule's programs cover {covered} of its {schedule.world_size} ranks: a partial "
                          "schedule (twin.build.build_stages, for bounds) cannot be simulated")
-    return Simulator(schedule, machine, full, collectives).run()
+    return Simulator(schedule, machine, full, collectives, gpus=gpus).run()
