@@ -222,7 +222,11 @@ def short_pipelines(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus
     """The short pipelines that continue `plan` (mbs and ga resolved) in depth, or None where none qualify
     within SAVING (module docstring): from SHORT stages up, each depth whose stages match the full pipeline's,
     kept where it tells the fit something new, until the full pipeline's kinds are spanned, and one more."""
-    if (gpus // plan.pp) % machine.node.gpus_per_node:
+    offset = 1 if plan.ga > plan.pp else 0  # the short pipelines in the full one's regime: ga = depth (+ 1)
+    budget = _replaced_cost(plan) / SAVING
+    fewest = [(SHORT, SHORT + offset), (SHORT, SHORT + offset + 1), (SHORT + 1, SHORT + 1 + offset),
+              (SHORT + 2, SHORT + 2 + offset)]  # uniform stages' four
+    if (gpus // plan.pp) % machine.node.gpus_per_node or sum(d * ga for d, ga in fewest) > budget:
         return None
     models = models or _Models(machine)
     full = _stage_signatures(model, plan, machine, gpus, models.of(gpus))
@@ -238,19 +242,16 @@ def short_pipelines(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus
         counts = np.bincount([kinds[s] for s in full[ENDS:depth - ENDS]], minlength=len(kinds))
         return np.array([1.0, ga, *counts])
 
-    target = features(plan.pp, plan.ga)
-    offset = 1 if plan.ga > plan.pp else 0  # the short pipelines in the full one's regime: ga = depth (+ 1)
-    budget, cost = _replaced_cost(plan) / SAVING, 0
-    points: list[tuple[int, int]] = []
-    rows: list[np.ndarray] = []
+    target, cost, seamed = features(plan.pp, plan.ga), 0, False
     points: list[ShortPipeline] = []
     rows: list[np.ndarray] = []
     for depth in range(SHORT, plan.pp - ENDS):
         if cost + depth * (depth + offset) > budget:
             return None
-        seamed = _layout(full, model, plan, machine, gpus, depth, models)
-        if seamed is None:
+        matched = _layout(full, model, plan, machine, gpus, depth, models, seamed_first=seamed)
+        if matched is None:
             continue
+        seamed = matched
         for ga in (depth + offset, depth + offset + 1)[:1 if points else 2]:
             row, spanned = features(depth, ga), _spans(rows, target)
             if spanned or _rank([*rows, row]) > _rank(rows):
@@ -263,11 +264,12 @@ def short_pipelines(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus
 
 
 def _layout(full: list[tuple], model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, depth: int,
-            models: _Models) -> bool | None:
+            models: _Models, seamed_first: bool = False) -> bool | None:
     """Whether the short pipeline of `depth` stages whose stages match the full pipeline's is seamed (True) or on
-    the first nodes (False), or None where neither matches. The first nodes are tried first."""
+    the first nodes (False), or None where neither matches. The first nodes are tried first, unless
+    `seamed_first` (the last depth that matched was seamed)."""
     short_model, short_plan, short_gpus = short_step(model, plan, gpus, depth, 1)
-    for seamed in (False, True):
+    for seamed in (seamed_first, not seamed_first):
         gpu_of = seamed_gpus(plan, gpus, depth) if seamed else None
         signatures = _stage_signatures(short_model, short_plan, machine, short_gpus,
                                        models.of(gpus if seamed else short_gpus), gpu_of)
