@@ -311,9 +311,9 @@ def simulate_deep(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
     if np.any(np.abs(short.features @ fit - steps) > PLANAR * steps):
         return None
     bilinear = np.array([[1.0, p.depth, p.ga, p.depth * p.ga] for p in short.points])
-    flops = np.linalg.lstsq(bilinear, np.array([s.flops_executed for s in summaries]), rcond=None)[0]
     if np.linalg.matrix_rank(bilinear) < 4:
         return None
+    flops = np.linalg.lstsq(bilinear, np.array([s.flops_executed for s in summaries]), rcond=None)[0]
     executed = float(np.array([1.0, plan.pp, plan.ga, plan.pp * plan.ga]) @ flops)
     keys = sorted({k for s in summaries for k in s.time_by_class_s})
     diagnostics = short.target @ np.linalg.lstsq(short.features, np.array([_diagnostics(s, keys) for s in summaries]),
