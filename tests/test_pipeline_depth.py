@@ -117,6 +117,25 @@ def test_kinds_found_deep_in_the_pipeline():
     assert deep is not None and deep.step_time_s == pytest.approx(full.step_time_s, rel=1e-6)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("machine, plan, pp, ga", [
+    ("frontier", "tp=4,dp=8,zero=1", 48, 49),   # three kinds, seamed, three dragonfly groups
+    ("frontier", "tp=8,dp=4,zero=1", 40, 41),   # the same with tp=8
+    ("frontier", "tp=2,dp=8", 40, 41),          # stages of two nodes: one kind
+    ("alps", "tp=4,dp=2", 40, 41),              # three kinds on Alps' dragonfly
+    ("dgx-a100", "tp=8,dp=3", 40, 40),          # a fat tree's spine crossed, as many micro-batches as stages
+])
+def test_shortcut_equals_full_simulation_across_machines(machine, plan, pp, ga):
+    """More machines and stage sizes than the default cases (the sweep behind docs/speed.md's stages of several
+    kinds): each continued in depth, and exact."""
+    model, resolved, m, gpus = _case(machine, plan, pp, ga)
+    deep = simulate_deep(model, resolved, m, gpus)
+    assert deep is not None
+    full = summarize(simulate(build_step(model, resolved, m, gpus).schedule, m))
+    assert deep.step_time_s == pytest.approx(full.step_time_s, rel=1e-6)
+    assert deep.flops_executed == pytest.approx(full.flops_executed, rel=1e-6)
+
+
 def test_seamed_short_pipelines_run_on_the_full_pipelines_end_nodes():
     """A seamed short pipeline's last ENDS stages are the full pipeline's last ones, on their nodes."""
     model, resolved, m, gpus = _case("frontier", "tp=4,dp=8,zero=1", 40, 41)
