@@ -32,6 +32,7 @@ from twin.sim.engine import simulate
 
 MODEL = ModelSpec("pipe-test", layers=1, hidden=1024, heads=16, seq=1024)
 FITTED_A100 = "topologies/fitted/dgx-a100-800g.toml"
+SHIPPED_SAVING = pipeline_depth.SAVING
 
 
 @pytest.fixture(autouse=True)
@@ -189,9 +190,9 @@ def test_non_planar_steps_are_refused(monkeypatch):
 def test_shallow_interleaved_and_short_batches_are_left_alone(monkeypatch):
     model, resolved, m, gpus = _case("dgx-a100", "tp=8,dp=1", MIN_DEPTH - 1, 12)
     assert not applies(resolved)
-    monkeypatch.setattr(pipeline_depth, "SAVING", 2)  # as shipped
+    monkeypatch.setattr(pipeline_depth, "SAVING", SHIPPED_SAVING)
     model, resolved, m, gpus = _case("dgx-a100", "tp=8,dp=1", 16, 17)
-    assert applies(resolved) and short_pipelines(model, resolved, m, gpus) is None  # 218 of the step's 272
+    assert applies(resolved) and short_pipelines(model, resolved, m, gpus) is None  # 218 of the step's 272 (SAVING 2)
     model, resolved, m, gpus = _case("dgx-a100", "tp=8,dp=1", 16, 40)
     assert short_pipelines(model, resolved, m, gpus) is not None  # of twin.micro_batches' 16 x (17 + 18)
     model, resolved, m, gpus = _case("dgx-a100", "tp=8,dp=1", 12, 11)  # ga < pp: stages skip their warm-up
