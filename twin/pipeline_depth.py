@@ -156,20 +156,6 @@ def _same_stages(full: list[tuple], short: list[tuple]) -> bool:
     return bool(short) and all(_alone(s) == _alone(full[i]) for s, i in zip(short, places))
 
 
-class _Models:
-    """One CollectiveModel per job size (the full job's may be given), so the short pipelines of one depth and
-    the stage checks share their lowerings and flow types' routes."""
-
-    def __init__(self, machine: Machine, full: CollectiveModel | None = None) -> None:
-        self.machine = machine
-        self.by_gpus = {full.fabric.n_gpus: full} if full is not None else {}
-
-    def of(self, gpus: int) -> CollectiveModel:
-        if gpus not in self.by_gpus:
-            self.by_gpus[gpus] = CollectiveModel(Fabric(self.machine, gpus))
-        return self.by_gpus[gpus]
-
-
 @dataclass(frozen=True)
 class ShortPipeline:
     """One short pipeline to simulate: `depth` stages, `ga` micro-batches, and whether it is seamed (its last
@@ -202,6 +188,13 @@ def seamed_gpus(plan: ParallelPlan, gpus: int, depth: int) -> list[int]:
     return [r if r < cut else r + shift for r in range(depth * per_stage)]
 
 
+def short_gpus_of(plan: ParallelPlan, gpus: int, depth: int, seamed: bool) -> list[int]:
+    """Each rank's GPU in a short pipeline of `depth` stages, seamed or on the first nodes. Short pipelines run on
+    the full job's fabric and CollectiveModel: their collective families are the full job's own (the same GPU
+    sets), lowered once for the signatures and every short simulation."""
+    return seamed_gpus(plan, gpus, depth) if seamed else list(range(gpus // plan.pp * depth))
+
+
 def _rank(rows: list[np.ndarray]) -> int:
     return int(np.linalg.matrix_rank(np.array(rows))) if rows else 0
 
@@ -218,7 +211,7 @@ def _replaced_cost(plan: ParallelPlan) -> int:
 
 
 def short_pipelines(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
-                    models: _Models | None = None) -> ShortPipelines | None:
+                    collectives: CollectiveModel | None = None) -> ShortPipelines | None:
     """The short pipelines that continue `plan` (mbs and ga resolved) in depth, or None where none qualify
     within SAVING (module docstring): from SHORT stages up, each depth whose stages match the full pipeline's,
     kept where it tells the fit something new, until the full pipeline's kinds are spanned, and one more."""
@@ -228,8 +221,8 @@ def short_pipelines(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus
               (SHORT + 2, SHORT + 2 + offset)]  # uniform stages' four
     if (gpus // plan.pp) % machine.node.gpus_per_node or sum(d * ga for d, ga in fewest) > budget:
         return None
-    models = models or _Models(machine)
-    full = _stage_signatures(model, plan, machine, gpus, models.of(gpus))
+    collectives = collectives or CollectiveModel(Fabric(machine, gpus))
+    full = _stage_signatures(model, plan, machine, gpus, collectives)
     if not full:
         return None
     kinds: dict[tuple, int] = {}
@@ -248,7 +241,7 @@ def short_pipelines(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus
     for depth in range(SHORT, plan.pp - ENDS):
         if cost + depth * (depth + offset) > budget:
             return None
-        matched = _layout(full, model, plan, machine, gpus, depth, models, seamed_first=seamed)
+        matched = _layout(full, model, plan, machine, gpus, depth, collectives, seamed_first=seamed)
         if matched is None:
             continue
         seamed = matched
@@ -264,15 +257,14 @@ def short_pipelines(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus
 
 
 def _layout(full: list[tuple], model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, depth: int,
-            models: _Models, seamed_first: bool = False) -> bool | None:
+            collectives: CollectiveModel, seamed_first: bool = False) -> bool | None:
     """Whether the short pipeline of `depth` stages whose stages match the full pipeline's is seamed (True) or on
     the first nodes (False), or None where neither matches. The first nodes are tried first, unless
     `seamed_first` (the last depth that matched was seamed)."""
     short_model, short_plan, short_gpus = short_step(model, plan, gpus, depth, 1)
     for seamed in (seamed_first, not seamed_first):
-        gpu_of = seamed_gpus(plan, gpus, depth) if seamed else None
-        signatures = _stage_signatures(short_model, short_plan, machine, short_gpus,
-                                       models.of(gpus if seamed else short_gpus), gpu_of)
+        signatures = _stage_signatures(short_model, short_plan, machine, short_gpus, collectives,
+                                       short_gpus_of(plan, gpus, depth, seamed))
         if _same_stages(full, signatures):
             return seamed
     return None
@@ -295,16 +287,15 @@ def simulate_deep(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
     `continued`."""
     if not applies(plan):
         return None
-    models = _Models(machine, collectives)
-    short = short_pipelines(model, plan, machine, gpus, models)
+    collectives = collectives or CollectiveModel(Fabric(machine, gpus))
+    short = short_pipelines(model, plan, machine, gpus, collectives)
     if short is None:
         return None
     summaries = []
     for point in short.points:
         m, p, g = short_step(model, plan, gpus, point.depth, point.ga)
-        on = seamed_gpus(plan, gpus, point.depth) if point.seamed else None
-        run = simulate(build_step(m, p, machine, g).schedule, machine, collectives=models.of(gpus if on else g),
-                       gpus=on)
+        run = simulate(build_step(m, p, machine, g).schedule, machine, collectives=collectives,
+                       gpus=short_gpus_of(plan, gpus, point.depth, point.seamed))
         summaries.append(summarize(run, flops_formula))
     steps = np.array([s.step_time_s for s in summaries])
     fit = np.linalg.lstsq(short.features, steps, rcond=None)[0]

@@ -136,16 +136,16 @@ class Simulator:
                  collectives: CollectiveModel | None = None, fuse: bool = True,
                  gpus: Sequence[int] | None = None) -> None:
         """`fuse=False` runs every compute op as its own timeout (see _compute_runs): the tests' reference.
-        `gpus`: the GPU of each rank on the collectives' fabric, where the job is not its first GPUs in rank order
-        (twin.pipeline_depth's short pipelines on the full pipeline's end stages)."""
+        `gpus`: the GPU of each rank on the collectives' fabric, where the job is not that fabric's GPUs in rank
+        order (twin.pipeline_depth's short pipelines, on the full job's fabric and some of its nodes)."""
         self.schedule, self.machine, self.full, self.fuse = schedule, machine, full, fuse
         self.gpu_of = list(gpus) if gpus is not None else place_ranks(schedule.world_size, machine)
         if len(self.gpu_of) != schedule.world_size:
             raise ValueError("gpus must name one GPU per rank")
         if collectives is not None and (collectives.fabric.machine is not machine
-                                        or collectives.fabric.n_gpus != (schedule.world_size if gpus is None
-                                                                         else max(self.gpu_of) + 1)):
-            raise ValueError("a shared CollectiveModel must be for this machine and world size")
+                                        or (collectives.fabric.n_gpus != schedule.world_size if gpus is None
+                                            else collectives.fabric.n_gpus <= max(self.gpu_of))):
+            raise ValueError("a shared CollectiveModel must be for this machine and world size (with gpus: hold them)")
         self.collectives = collectives or CollectiveModel(Fabric(machine, max(self.gpu_of) + 1))
         self.fabric = self.collectives.fabric
         self.compute = ComputeModel(machine.device)
@@ -338,8 +338,8 @@ def simulate(schedule: Schedule, machine: Machine, full: bool = False,
 
     `collectives`: a CollectiveModel of this machine and world size to reuse; its
     lowerings are cached by GPU set, so simulations of many plans (twin search)
-    lower each group they share once. `gpus`: each rank's GPU on that model's fabric where the job is not the
-    machine's first GPUs in rank order. A partial schedule (twin.build.build_stages: some pipeline stages only, for
+    lower each group they share once. `gpus`: each rank's GPU on that model's fabric, where the job is not all
+    of the fabric's GPUs in rank order. A partial schedule (twin.build.build_stages: some pipeline stages only, for
     the search's bounds) is refused: the missing stages' ranks would never answer.
     """
     covered = sum(len(program.ranks) for program in schedule.programs)
