@@ -1,0 +1,48 @@
+"""Where a job's ranks run: `simulate(gpus=)` places them on a shared CollectiveModel's fabric.
+
+twin.pipeline_depth simulates short pipelines on the full job's fabric (some of its nodes, possibly not the
+first ones in rank order); a job named on a larger fabric must simulate as it does on its own, and a placement
+that does not fit is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from topologies.fabric import Fabric
+from topologies.machine import load_machine
+from twin.build import build_step
+from twin.model import ModelSpec
+from twin.plan import parse_plan
+from twin.sim.collectives import CollectiveModel
+from twin.sim.engine import simulate
+
+MODEL = ModelSpec("placement-test", layers=4, hidden=1024, heads=16, seq=1024)
+
+
+def _schedule(machine, gpus: int, plan: str):
+    return build_step(MODEL, replace(parse_plan(plan), global_batch=8), machine, gpus).schedule
+
+
+def test_a_job_on_a_larger_fabric_simulates_as_on_its_own():
+    """A 4-node pipeline (tp=8, pp=4 on dgx-a100) named on 4 nodes of a 16-node fabric: the same step."""
+    m = load_machine("dgx-a100")
+    schedule = _schedule(m, 32, "tp=8,pp=4,mbs=1")
+    alone = simulate(schedule, m).step_time_s
+    larger = CollectiveModel(Fabric(m, 128))
+    for first in (0, 32):  # its own nodes 0-3, or nodes 4-7 (the same leaf switch)
+        on = list(range(first, first + 32))
+        assert simulate(schedule, m, collectives=larger, gpus=on).step_time_s == pytest.approx(alone, rel=1e-12)
+
+
+def test_placements_that_do_not_fit_are_refused():
+    m = load_machine("dgx-a100")
+    schedule = _schedule(m, 16, "tp=8,pp=2,mbs=1")
+    with pytest.raises(ValueError, match="one GPU per rank"):
+        simulate(schedule, m, gpus=list(range(8)))
+    with pytest.raises(ValueError, match="hold them"):
+        simulate(schedule, m, collectives=CollectiveModel(Fabric(m, 16)), gpus=list(range(8, 24)))
+    with pytest.raises(ValueError, match="world size"):
+        simulate(schedule, m, collectives=CollectiveModel(Fabric(m, 32)))
