@@ -142,11 +142,13 @@ class Simulator:
         self.gpu_of = list(gpus) if gpus is not None else place_ranks(schedule.world_size, machine)
         if len(self.gpu_of) != schedule.world_size:
             raise ValueError("gpus must name one GPU per rank")
-        if collectives is not None and (collectives.fabric.machine is not machine
-                                        or (collectives.fabric.n_gpus != schedule.world_size if gpus is None
-                                            else collectives.fabric.n_gpus <= max(self.gpu_of))):
-            raise ValueError("a shared CollectiveModel must be for this machine and world size (with gpus: hold them)")
-        self.collectives = collectives or CollectiveModel(Fabric(machine, max(self.gpu_of) + 1))
+        needed = max(self.gpu_of) + 1  # the fabric's GPUs the job uses: its world size without `gpus`
+        if collectives is not None:
+            n = collectives.fabric.n_gpus
+            if collectives.fabric.machine is not machine or (n != needed if gpus is None else n < needed):
+                raise ValueError("a shared CollectiveModel must be for this machine and world size "
+                                 "(with gpus: hold them all)")
+        self.collectives = collectives or CollectiveModel(Fabric(machine, needed))
         self.fabric = self.collectives.fabric
         self.compute = ComputeModel(machine.device)
         self.symmetry = classify(schedule, full)
