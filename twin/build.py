@@ -8,12 +8,11 @@ fit checked against the device (twin.memory), then the builder runs.
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from topologies.machine import Machine
 from twin.builders.schedule import build_schedule, build_stage_programs
+from twin.collector import paused
 from twin.errors import TwinError
 from twin.ir import Schedule
 from twin.memory import MemoryBreakdown, check_fit, resolve_micro_batch
@@ -42,7 +41,7 @@ def resolve_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: i
 def build_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, measured: bool = False) -> BuiltStep:
     """The checked step and its schedule; `measured` as resolve_step."""
     resolved, memory = resolve_step(model, plan, machine, gpus, measured)
-    with _collector_paused():
+    with paused():
         return BuiltStep(build_schedule(model, resolved), resolved, memory)
 
 
@@ -51,19 +50,5 @@ def build_stages(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: i
     """The checked step with only pipeline stages `stages` built: the search's partial build for its bounds
     (twin.builders.schedule.build_stage_programs), which cannot be simulated."""
     resolved, memory = resolve_step(model, plan, machine, gpus)
-    with _collector_paused():
+    with paused():
         return BuiltStep(build_stage_programs(model, resolved, stages), resolved, memory)
-
-
-@contextmanager
-def _collector_paused():
-    """Python's cyclic garbage collector off while a schedule is built: the builder allocates hundreds of
-    thousands of small objects (ops, their work and tags) that form no cycles, and the collector's passes over
-    the growing schedule took half the build time. Whatever cycles are made meanwhile are collected after."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()

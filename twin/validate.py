@@ -41,6 +41,7 @@ from typing import Callable
 from topologies.machine import Machine, load_machine
 from topologies.overrides import Override
 from twin.build import resolve_step
+from twin.collector import infrequent
 from twin.errors import TwinError
 from twin.fit.protocol import CALIBRATION_ROWS
 from twin.micro_batches import simulate_step
@@ -321,6 +322,7 @@ def calibrated_files() -> dict[str, str]:
     return {name: str(FITTED_DIR / f"{name}.toml") for name in MACHINES if (FITTED_DIR / f"{name}.toml").is_file()}
 
 
+@infrequent()
 def validate(jobs: int | None = None, progress: Callable[[str], None] | None = None,
              sections: tuple[str, ...] = ("A", "B"),
              overrides: dict[str, tuple[Override, ...]] | None = None,

@@ -17,6 +17,7 @@ import sys
 from executor import cli as executor_cli
 from twin.cli import catalog, explain, export, fit, presets, scale, search, simulate, validate
 from twin.cli.args import OneLineErrorParser
+from twin.collector import infrequent
 from twin.errors import TwinError
 
 COMMANDS = (catalog, simulate, explain, presets, scale, export, search, validate, fit, executor_cli)
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@infrequent()
 def main(argv: list[str] | None = None) -> int:
     """Run one `twin` command; its exit code."""
     parser = build_parser()

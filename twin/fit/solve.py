@@ -36,6 +36,7 @@ import numpy as np
 from topologies.fabric import Fabric
 from topologies.machine import Machine, load_machine
 from topologies.overrides import Override
+from twin.collector import infrequent
 from twin.errors import TwinError
 from twin.fit.params import FitParameter, file_value
 from twin.fit.paths import PathCosts, combined, path_costs, simulate_plan, step_plans
@@ -259,6 +260,7 @@ def _relative_errors(paths: list[PathCosts], runs: list[MeasuredRun]) -> np.ndar
     return np.array([p.step_s / r.step_time_s - 1 for p, r in zip(paths, runs)])
 
 
+@infrequent()
 def fit(runs: list[MeasuredRun], machine_name: str, base: tuple[Override, ...], params: tuple[FitParameter, ...],
         *, folds: int = 5, jobs: int = 1, explicit: bool = True, progress: Callable | None = None,
         say: Callable[[str], None] = lambda line: None, refuse: bool = True) -> FitResult:

@@ -36,6 +36,7 @@ from typing import Callable
 
 from topologies.machine import Machine
 from twin.build import build_stages, build_step
+from twin.collector import infrequent
 from twin.errors import TwinError
 from twin.micro_batches import continued, extended, simulate_step
 from twin.model import ModelSpec
@@ -113,6 +114,7 @@ def worker_count(jobs: int | None) -> int:
     return min(jobs or cores, cores)
 
 
+@infrequent()
 def search(model: ModelSpec, gpus: int, global_batch: int, machine: Machine, space: SearchSpace | None = None,
            top: int = 10, exhaustive: bool = False, progress: Progress | None = None,
            use_cache: bool = True, jobs: int | None = None) -> SearchResult:
