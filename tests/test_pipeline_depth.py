@@ -198,3 +198,17 @@ def test_shallow_interleaved_and_short_batches_are_left_alone(monkeypatch):
     model, resolved, m, gpus = _case("dgx-a100", "tp=8,dp=1", 12, 11)  # ga < pp: stages skip their warm-up
     assert not applies(resolved)
     assert not applies(replace(resolved, vpp=2, ga=24))
+
+
+def test_depth_increments_benchmark_prints_each_added_stage(capsys):
+    """benchmarks/depth_increments.py, which the refusal of share-only kinds cites, runs (here on 9 stages)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from depth_increments import main
+
+    rows = main(["--depth", "9", "--json"])
+    assert [r["depth"] for r in rows] == [7, 8, 9]
+    assert [r["stage_added"] for r in rows] == [4, 5, 6]
+    assert all(r["increment_s"] > 0 for r in rows)

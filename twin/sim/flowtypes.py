@@ -84,12 +84,14 @@ class FlowTypes:
         p2p_members: dict[tuple, tuple[int, ...]] = {}  # p2p type -> the classes of its sender and receiver
 
         gpus_of_family: dict[int, tuple[tuple[int, ...], ...]] = {}
+        ranks_are_gpus = all(gpu == rank for rank, gpu in enumerate(gpu_of))  # the default placement
 
         def family_gpus(family: int) -> tuple[tuple[int, ...], ...]:
             """Every instance of the family, as GPUs: one choice of algorithm must apply to them all."""
             if family not in gpus_of_family:
-                gpus_of_family[family] = tuple(tuple(gpu_of[r] for r in members)
-                                               for members in sym.families[family].instances)
+                instances = sym.families[family].instances
+                gpus_of_family[family] = instances if ranks_are_gpus else tuple(
+                    tuple(gpu_of[r] for r in members) for members in instances)
             return gpus_of_family[family]
 
         position = _positions(schedule, sym)
@@ -141,7 +143,7 @@ class FlowTypes:
                 latency, phases = model.cached_rows(("p2p", flows), lambda: _p2p_rows(model, flows))
             else:
                 _, _, algorithm, protocol = key
-                groups = tuple(tuple(gpu_of[r] for r in members) for members in instances)
+                groups = family_gpus(family)
                 latency, phases = model.cached_rows(
                     (kind, algorithm, protocol, groups),
                     lambda: _collective_rows(model, groups, kind, algorithm, protocol))
