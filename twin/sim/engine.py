@@ -44,7 +44,7 @@ import simpy
 from topologies.fabric import Fabric
 from topologies.machine import Machine
 from topologies.placement import place_ranks
-from twin.collector import infrequent
+from twin.collector import frozen, infrequent
 from twin.errors import TwinError
 from twin.ir import P2P, Program, Schedule
 from twin.sim.collectives import CollectiveModel
@@ -336,6 +336,7 @@ def _by_stream(program: Program) -> dict[str, list]:
 
 
 @infrequent()
+@frozen()
 def simulate(schedule: Schedule, machine: Machine, full: bool = False,
              collectives: CollectiveModel | None = None, gpus: Sequence[int] | None = None) -> SimRun:
     """Simulate one training step; `full` simulates every rank instead of one per class.
