@@ -33,13 +33,20 @@ YOUNG_THRESHOLD = 100_000  # net allocations between young-generation passes (CP
 @contextmanager
 def paused() -> Iterator[None]:
     """The collector off: for building a schedule, whose hundreds of thousands of small objects (ops, their work
-    and tags) form no cycles. Whatever cycles are made meanwhile are collected after."""
+    and tags) form no cycles. On the way out what was made is moved to the oldest generation untraversed (a
+    freeze and an unfreeze: gc.freeze also resets the young generation's count), where it had been the young
+    generation's next pass, which traversed all of it: 0.24 s after a 1.95 s build of 175B on 1,024 GCDs
+    (286k ops). Whatever cycles were made meanwhile are collected by the next full pass. Where the caller has
+    frozen objects itself the unfreeze would be theirs to do, and the collector is simply turned back on."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if enabled:
+            if not gc.get_freeze_count():
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
