@@ -200,7 +200,7 @@ def test_shallow_interleaved_and_short_batches_are_left_alone(monkeypatch):
     assert not applies(replace(resolved, vpp=2, ga=24))
 
 
-def test_depth_increments_benchmark_prints_each_added_stage(capsys):
+def test_depth_increments_benchmark_prints_each_added_stage():
     """benchmarks/depth_increments.py, which the refusal of share-only kinds cites, runs (here on 9 stages)."""
     import sys
     from pathlib import Path

@@ -53,10 +53,11 @@ across jobs (which links merge into one class, and which can never saturate
 first, depends on the whole job), so kinds that differ only in their shares
 are refused: a short pipeline could not say which it holds, and such stages'
 contributions interact (fitted one per kind, 40 stages of three nodes on
-Frontier came out 2.9e-4 off the full simulation; benchmarks/depth_increments.py
-shows that what such a stage adds to the step changes with the depth). Where no short pipelines
-qualify within 1 / SAVING of the stage-micro-batches they stand for,
-twin.micro_batches' continuation in micro-batches alone is used. What the
+Frontier came out 2.9e-4 off the full simulation, and what one such stage
+adds to the step changes with the depth: benchmarks/depth_increments.py).
+Where no short pipelines qualify within 1 / SAVING of the
+stage-micro-batches they stand for, twin.micro_batches' continuation in
+micro-batches alone is used. What the
 check cannot see is a link that saturates only under the full job's mix of
 concurrent transfers and not in the short jobs'; the fit's extra point and
 tests/test_pipeline_depth.py (the shortcut against the full simulation,
