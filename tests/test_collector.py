@@ -41,13 +41,32 @@ def test_infrequent_leaves_a_caller_that_collects_less_often_alone():
     assert gc.get_threshold() == (10 * YOUNG_THRESHOLD, 5, 5)
 
 
-def test_infrequent_decorates_the_commands():
-    from twin.cli.commands import main
+def test_a_command_runs_with_the_raised_threshold(monkeypatch):
+    """`twin CMD` (twin.cli.commands.main) runs its command with infrequent passes, and restores them after."""
+    import argparse
+
+    from twin.cli import commands
+
+    seen = []
+
+    class Parser:
+        def parse_args(self, argv):
+            return argparse.Namespace(func=lambda args: seen.append(gc.get_threshold()[0]) or 0)
+
+    monkeypatch.setattr(commands, "build_parser", Parser)
+    gc.set_threshold(700, 10, 10)
+    assert commands.main([]) == 0
+    assert seen == [YOUNG_THRESHOLD] and gc.get_threshold() == (700, 10, 10)
+
+
+def test_the_library_entry_points_are_wrapped():
+    """search, validate and fit, called from Python (the benchmarks do), carry the same decorator; only that
+    they are wrapped is checked here (simulate's behaviour is, below)."""
+    from twin.fit.solve import fit
     from twin.search.rank import search
-    from twin.sim.engine import simulate
     from twin.validate import validate
 
-    for command in (main, search, simulate, validate):
+    for command in (search, validate, fit):
         assert hasattr(command, "__wrapped__"), command.__qualname__
 
 
@@ -121,17 +140,20 @@ def test_frozen_leaves_a_callers_own_freeze_alone():
         gc.unfreeze()
 
 
-def test_a_simulation_runs_frozen_and_unfrozen_after(monkeypatch):
+def test_a_simulation_runs_frozen_with_infrequent_passes_and_restores_both(monkeypatch):
     from twin.sim import engine
 
     seen = []
     real = engine.Simulator.run
 
     def run(self):
-        seen.append(gc.get_freeze_count())
+        seen.append((gc.get_freeze_count(), gc.get_threshold()[0]))
         return real(self)
 
     monkeypatch.setattr(engine.Simulator, "run", run)
     built = build_step(get_model("tiny"), parse_plan("tp=2,dp=2,mbs=1,global_batch=4"), load_machine("dgx-a100"), 4)
+    gc.set_threshold(700, 10, 10)
     engine.simulate(built.schedule, load_machine("dgx-a100"))
-    assert seen and seen[0] > 0 and gc.get_freeze_count() == 0
+    (frozen_count, threshold), = seen
+    assert frozen_count > 0 and threshold == YOUNG_THRESHOLD
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == (700, 10, 10)

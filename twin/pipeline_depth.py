@@ -55,15 +55,14 @@ are refused: a short pipeline could not say which it holds, and such stages'
 contributions interact (fitted one per kind, 40 stages of three nodes on
 Frontier came out 2.9e-4 off the full simulation, and what one such stage
 adds to the step changes with the depth: benchmarks/depth_increments.py).
-Where no short pipelines qualify within 1 / SAVING of the
-stage-micro-batches they stand for, twin.micro_batches' continuation in
-micro-batches alone is used. What the
-check cannot see is a link that saturates only under the full job's mix of
-concurrent transfers and not in the short jobs'; the fit's extra point and
-tests/test_pipeline_depth.py (the shortcut against the full simulation,
-with data-parallel collectives sharing the NICs with pipeline transfers, on
-a fat tree and on Frontier's and Perlmutter's dragonflies, uniform stages
-and stages of several kinds, seamed) are the guard there.
+Where no short pipelines qualify within 1 / SAVING of the stage-micro-batches
+they stand for, twin.micro_batches' continuation in micro-batches alone is
+used. What the check cannot see is a link that saturates only under the full
+job's mix of concurrent transfers and not in the short jobs'; the fit's extra
+point and tests/test_pipeline_depth.py (the shortcut against the full
+simulation, with data-parallel collectives sharing the NICs with pipeline
+transfers, on a fat tree and on Frontier's and Perlmutter's dragonflies,
+uniform stages and stages of several kinds, seamed) are the guard there.
 """
 
 from __future__ import annotations
