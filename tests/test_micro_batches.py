@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from topologies import load_machine
@@ -72,3 +74,12 @@ def test_one_ranks_busy_time_is_continued_like_the_step():
             assert fast[name] == pytest.approx(seconds, rel=1e-6, abs=1e-9), (rank, name)
     with pytest.raises(Exception, match="--rank 16"):
         rank_time_by_class(run, 16)
+
+
+def test_the_two_short_steps_at_once_give_the_same_summary():
+    """jobs=2 simulates one short step in a forked process (twin.forked): the same Summary, every field."""
+    machine, model = load_machine("frontier"), parse_model_spec(SPEC)
+    plan = parse_plan("gx=2,gdata=2,pp=4,mbs=1,global_batch=64")
+    one = simulate_step(model, plan, machine, 16)
+    two = simulate_step(model, plan, machine, 16, jobs=2)
+    assert replace(two, sim_wall_s=one.sim_wall_s) == one

@@ -4,6 +4,11 @@ physics behind each row is tested with the search and the simulator, and runs fo
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -172,3 +177,50 @@ def test_the_calibrated_column_runs_on_the_fitted_files_and_leaves_out_rows_fitt
     assert rc == 0 and "calibrated" not in out
     rc, out, err = run(capsys, "validate", "--set", "device.hbm_efficiency=0.7")
     assert rc == 0 and "| calibrated |" not in out  # a what-if is of the package's files only
+
+
+def _record(folder: str, name: str, seconds: float) -> None:
+    time.sleep(seconds)
+    with open(Path(folder, name), "x") as f:  # "x": a task run twice fails
+        f.write(str(os.getpid()))
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork here")
+def test_tasks_the_second_process_has_not_started_run_here_once(tmp_path):
+    """Section B's tasks go to a second process; once section A is done, this one runs those it has not
+    started (the last first) and waits for the rest: every task runs once, some of them here."""
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    try:
+        names = ["slow", "t0", "t1", "t2", "t3"]
+        finish = v._shared([(_record, str(tmp_path), name, 2.0 if name == "slow" else 0.0) for name in names], pool)
+        finish()
+    finally:
+        pool.shutdown()
+    pids = {path.name: int(path.read_text()) for path in tmp_path.iterdir()}
+    assert sorted(pids) == sorted(names)
+    assert pids["slow"] != os.getpid()
+    assert pids["t3"] == os.getpid()
+
+
+def test_the_fastest_of_a_list_is_found_without_simulating_every_plan(monkeypatch, tmp_path):
+    """AxoNN's plan (axonn_plan) is the fastest of a list, simulated in order of lower bound until the next bound
+    exceeds the fastest step: the same step and plan as simulating all of them, with fewer simulations."""
+    from topologies import load_machine
+    from twin.micro_batches import simulate_step
+    from twin.model import parse_model_spec
+    from twin.plan import parse_plan
+
+    monkeypatch.setenv("EXATWIN_CACHE_DIR", str(tmp_path))
+    machine, model = load_machine("frontier"), parse_model_spec("layers=8,hidden=1024,heads=16,seq=512,vocab=4096")
+    # the lowest bound (gz=4, gdata=4) is not the fastest plan (gdata=16), and gz=16 is bounded out
+    plans = [parse_plan(f"{grid},mbs=1,global_batch=64") for grid in
+             ("gx=16", "gdata=16", "gz=16", "gx=2,gz=2,gdata=4", "gz=4,gdata=4", "gx=2,gdata=8")]
+    every = [simulate_step(model, plan, machine, 16) for plan in plans]
+    fastest = min(every, key=lambda s: s.step_time_s)
+    simulated = []
+    real = v.cached_step
+    monkeypatch.setattr(v, "cached_step", lambda model, plan, *rest: simulated.append(plan) or real(model, plan, *rest))
+    best = v.fastest_simulated(model, plans, machine, 16)
+    assert (best.plan, best.step_time_s) == (fastest.plan, fastest.step_time_s)
+    assert "gdata=16" in best.plan
+    assert [p.describe() for p in simulated] == [plans[4].describe(), plans[1].describe()]

@@ -4,10 +4,13 @@ Nothing here feeds the model: the published numbers (twin.published) are only
 compared with. Where a paper did not publish its plan (AxoNN's Table III, its
 strong-scaling runs), the plan is chosen the way AxoNN chose it: AxoNN ranked
 every plan with its communication model (twin.search.axonn_model) and ran
-the top 10-20 for real, keeping the fastest; the twin simulates that model's
-top MEASURED_TOP and keeps the fastest it finds (the twin's best of all
-plans would predict a faster run than AxoNN measured, by choosing plans
-AxoNN never tried). Fig. 7's baseline is searched under its constraints. The
+the top 10-20 for real, keeping the fastest; the twin keeps the fastest of
+that model's top MEASURED_TOP, simulated (the twin's best of all plans would
+predict a faster run than AxoNN measured, by choosing plans AxoNN never
+tried). It simulates them in order of their lower bound (the search's,
+twin.search.rank.bound_s) and stops where the next bound exceeds the fastest
+step found: the same plan as simulating all of them, at a fraction of the
+cost. Fig. 7's baseline is searched under its constraints. The
 Frontier paper's rows use the authors' launch-script plans (twin.presets),
 the only plans in public text.
 
@@ -53,7 +56,8 @@ from twin.published import (AXONN_BATCH_SEQUENCES, AXONN_TABLE_III, FRONTIER_PAP
 from twin.report import Summary
 from twin.scale import scaling
 from twin.search import cache
-from twin.search.rank import search, worker_count
+from twin.search.bound import BoundModel
+from twin.search.rank import STOP_SLACK, bound_s, search, worker_count
 from twin.search.axonn_model import MEASURED_TOP, MIN_TP, Grid, comm_time_s
 from twin.search.space import AXONN_AXES, SearchSpace, enumerate_space
 from twin.validate_rows import Row, bound_row as _bound, range_row as _range, value_row as _value
@@ -74,6 +78,9 @@ MACHINES = ("frontier", "perlmutter")  # the machine files the published rows ru
 # rather than arguments of every task, because the tasks also run in a forked process that inherits them.
 _OVERRIDES: dict[str, tuple[Override, ...]] = {}
 _FILES: dict[str, str] = {}
+# Processes one simulated step may use (twin.micro_batches.simulate_step's `jobs`: its two short steps at once),
+# for one validate(); a module setting for the same reason.
+_STEP_JOBS: dict[str, int] = {"jobs": 1}
 
 
 def machine_for(name: str) -> Machine:
@@ -136,13 +143,33 @@ def axonn_plan(machine_name: str, model_name: str, gpus: int, batch: int) -> dic
         if not by_grid:
             raise TwinError(f"no plan of {model_name} fits on {gpus} {machine_name} GPUs under AxoNN's constraints")
         ranked = sorted(by_grid, key=lambda g: (comm_time_s(model, g, batch, machine_name), g.describe()))
-        steps = [cached_step(model, by_grid[g], machine, gpus) for g in ranked[:MEASURED_TOP]]
-        best = min(steps, key=lambda s: s.step_time_s)
+        top = [by_grid[g] for g in ranked[:MEASURED_TOP]]
+        best = fastest_simulated(model, top, machine, gpus)
         return {"plan": best.plan, "step_time_s": best.step_time_s,
-                **paper_rate(model_name, best.global_batch, gpus, best.step_time_s), "candidates": len(steps)}
+                **paper_rate(model_name, best.global_batch, gpus, best.step_time_s), "candidates": len(top)}
 
     inputs = {"model": model_name, "gpus": gpus, "batch": batch, "top": MEASURED_TOP}
     return _cached("axonn-plan", inputs, machine, compute)
+
+
+def fastest_simulated(model: ModelSpec, plans: list[ParallelPlan], machine: Machine, gpus: int) -> Summary:
+    """The step of the fastest of `plans` (the earliest of equals), as simulating every one finds it.
+
+    Plans are simulated in order of their lower bound; once the next bound
+    exceeds the fastest step so far, no plan left can be as fast (a bound is
+    never above its step, to STOP_SLACK), so none is simulated."""
+    bounds = BoundModel(machine, gpus)
+    lower = [bound_s(model, plan, machine, gpus, bounds) for plan in plans]
+    best: tuple[float, int, Summary] | None = None
+    for i in sorted(range(len(plans)), key=lambda i: (lower[i], i)):
+        if best is not None and lower[i] > best[0] * (1 + STOP_SLACK):
+            break
+        step = cached_step(model, plans[i], machine, gpus)
+        if best is None or (step.step_time_s, i) < best[:2]:
+            best = (step.step_time_s, i, step)
+    if best is None:
+        raise ValueError("fastest_simulated: no plans given")
+    return best[2]
 
 
 def cached_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> Summary:
@@ -150,8 +177,11 @@ def cached_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: in
     run (the Frontier paper's 1T on 1,024 GCDs is in three rows) simulate it once."""
     resolved, _ = resolve_step(model, plan, machine, gpus)
     inputs = {"model": asdict(model), "gpus": gpus, "plan": resolved.describe(), "batch": resolved.global_batch}
-    return Summary(**_cached("step", inputs, machine, lambda: asdict(simulate_step(model, resolved, machine, gpus)),
-                             shape=Summary))
+
+    def compute() -> dict:
+        return asdict(simulate_step(model, resolved, machine, gpus, jobs=_STEP_JOBS["jobs"]))
+
+    return Summary(**_cached("step", inputs, machine, compute, shape=Summary))
 
 
 def simulate_plan(machine_name: str, model_name: str, gpus: int, plan_text: str, batch: int) -> dict:
@@ -273,25 +303,60 @@ FRONTIER_SCALING = {
 }
 
 
+def frontier_row(model: str, preset_name: str) -> dict:
+    """One of the Frontier paper's runs at its launch script's plan (FRONTIER_ROWS), simulated."""
+    preset = PRESETS[preset_name]
+    return simulate_plan("frontier", model, preset.gpus, preset.plan, preset.global_batch)
+
+
+def frontier_curve(model: str, mode: str) -> list[dict]:
+    """One of the Frontier paper's scaling curves (FRONTIER_SCALING), each point simulated."""
+    plan, batch, counts = FRONTIER_SCALING[model]
+    return scaling_points(model, plan, batch, counts[mode], mode)
+
+
+# Section B as independent tasks, the scaling curves (the most simulations) first and those reaching the most GPUs
+# first among them (the slowest): a second process takes them in this order while section A runs (_validate).
+FRONTIER_TASKS = ([(frontier_curve, model, mode) for model, mode in
+                   sorted(((m, mode) for m in FRONTIER_SCALING for mode in ("weak", "strong")),
+                          key=lambda c: -FRONTIER_SCALING[c[0]][2][c[1]][-1])]
+                  + [(frontier_row, model, preset_name) for model, preset_name in FRONTIER_ROWS])
+
+
 def frontier_rows(progress) -> list[Row]:
     rows = []
     for model, preset_name in FRONTIER_ROWS:
-        preset = PRESETS[preset_name]
-        progress(f"Frontier paper {model} on {preset.gpus} GCDs")
-        r = simulate_plan("frontier", model, preset.gpus, preset.plan, preset.global_batch)
-        rows.append(_value("B", f"Frontier paper {model}@{preset.gpus}: TF/s per GCD",
+        progress(f"Frontier paper {model} on {PRESETS[preset_name].gpus} GCDs")
+        r = frontier_row(model, preset_name)
+        rows.append(_value("B", f"Frontier paper {model}@{PRESETS[preset_name].gpus}: TF/s per GCD",
                            FRONTIER_PAPER_TFLOPS_PER_GCD[model], r["tflops_per_gpu"], "TF/s", _short(r["plan"]),
                            "authors' script plan"))
-    for model, (plan, batch, counts) in FRONTIER_SCALING.items():
+    for model, (plan, _, counts) in FRONTIER_SCALING.items():
         for mode in ("weak", "strong"):
             progress(f"Frontier paper {model} {mode} scaling")
-            points = scaling_points(model, plan, batch, counts[mode], mode)
+            points = frontier_curve(model, mode)
             published = 100 * FRONTIER_PAPER_SCALING_EFFICIENCY[model][mode]
             rows.append(_value("B", f"Frontier paper {model}: {mode}-scaling efficiency {counts[mode][0]} -> "
                                f"{counts[mode][-1]}", published, 100 * points[-1]["efficiency"], "%", _short(plan),
                                f"script plan, batch {points[0]['global_batch']}" + (" fixed" if mode == "strong" else
                                                                                    " per replica kept")))
     return rows
+
+
+def _shared(tasks: list[tuple], pool: ProcessPoolExecutor) -> Callable[[], None]:
+    """Hands `tasks` to `pool` in order; what it returns runs here every task the pool has not started (the last
+    first) and waits for the rest. The tasks fill the cache, so their results are read from it afterwards."""
+    queued = [(task, pool.submit(*task)) for task in tasks]
+
+    def finish() -> None:
+        for task, future in reversed(queued):
+            if future.cancel():
+                task[0](*task[1:])
+        for _, future in queued:
+            if not future.cancelled():
+                future.result()
+
+    return finish
 
 
 @dataclass(frozen=True)
@@ -313,10 +378,6 @@ class Validation:
         return asdict(self)
 
 
-def _warm_frontier_rows() -> None:
-    frontier_rows(lambda _: None)
-
-
 def calibrated_files() -> dict[str, str]:
     """The fitted machine files of the calibrated column that exist, by machine name."""
     return {name: str(FITTED_DIR / f"{name}.toml") for name in MACHINES if (FITTED_DIR / f"{name}.toml").is_file()}
@@ -328,8 +389,8 @@ def validate(jobs: int | None = None, progress: Callable[[str], None] | None = N
              overrides: dict[str, tuple[Override, ...]] | None = None,
              files: dict[str, str] | None = None, calibrated: bool = False) -> Validation:
     """Every row of the chosen sections. With more than one job, section B's simulations (single-process
-    pipelines, the slowest part) run in a second process while section A searches; B's rows then come from
-    the cache they filled. `overrides` (machine name -> --set values) and `files` (machine name -> a machine
+    pipelines, the slowest part) run in a second process while section A searches, and this one runs those the
+    second has not started once A is done; B's rows then come from the cache they filled. `overrides` (machine name -> --set values) and `files` (machine name -> a machine
     file in place of the package's) make it a what-if. `calibrated` adds the column of the fitted files."""
     v = _validate_with(jobs, progress, sections, overrides, files)
     fitted = calibrated_files() if calibrated else {}
@@ -379,21 +440,25 @@ def _validate(jobs: int | None, progress: Callable[[str], None] | None, sections
     say = progress or (lambda _: None)
     rows: list[Row] = []
     jobs = worker_count(jobs)
+    _STEP_JOBS["jobs"] = jobs
     alongside = None
     if "A" in sections and "B" in sections and jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
         alongside = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    finished = False
     try:
-        warming = alongside.submit(_warm_frontier_rows) if alongside else None
+        finish_b = _shared(FRONTIER_TASKS, alongside) if alongside else None
         if "A" in sections:
             rows += axonn_rows(jobs, say)
         if "B" in sections:
-            if warming is not None:
-                say("Frontier paper rows (simulated alongside section A)")
-                warming.result()
+            if finish_b is not None:
+                say("Frontier paper rows (those the second process has not started, then waiting for it)")
+                finish_b()
             rows += frontier_rows(say)
+        finished = True
     finally:
-        if alongside is not None:
-            alongside.shutdown(wait=False, cancel_futures=True)  # on an error, do not wait for B
+        _STEP_JOBS["jobs"] = 1
+        if alongside is not None:  # on an error, do not wait for B
+            alongside.shutdown(wait=finished, cancel_futures=True)
     errors = [abs(r.error) for r in rows if r.error is not None]
     checks = [r.holds for r in rows if r.holds is not None]
     return Validation(rows, sum(errors) / len(errors) if errors else 0.0, max(errors, default=0.0),

@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from twin import limits
 from twin.cli.args import add_preset_argument, add_step_arguments, input_files, schedule_or_step
+from twin.cli.runs import job_count
+from twin.limits import count_flag
 from twin.outputs import FIGURE_FORMATS, check_outputs
 
 if TYPE_CHECKING:
@@ -32,7 +35,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if schedule is None:
         if not (args.trace or args.figure or args.full):
             return _print(simulate_step(source.model, source.plan, machine, args.gpus,
-                                        flops_formula=args.flops_formula), args)
+                                        flops_formula=args.flops_formula, jobs=job_count(args)), args)
         schedule = build_step(source.model, source.plan, machine, args.gpus).schedule
     run = simulate(schedule, machine, full=args.full)
     summary = summarize(run, args.flops_formula)
@@ -88,6 +91,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "executes): Narayanan's with full recompute (hardware, the papers' choice) or without (model, MFU)")
     p.add_argument("--trace", help="write a Chrome trace JSON (opens in Perfetto)")
     p.add_argument("--figure", help="write a timeline figure (PNG) of the critical rank")
+    p.add_argument("--jobs", type=count_flag(limits.JOBS),
+                   help="processes (default: every core; a step continued from two short ones simulates both at once "
+                   "on two, the same summary in about half the time)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=cmd_simulate)
 

@@ -196,27 +196,34 @@ def _layer_continued(model: ModelSpec, plan: ParallelPlan,
                     (model.layers - longer) // unit)
 
 
-def _bound_terms(plan: ParallelPlan) -> tuple[float, ...]:
+def bound_terms(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
+                bounds: BoundModel) -> tuple[float, ...]:
     """Every program's bound terms for `plan`, continued over micro-batches and layers; the bound is their largest
     (each term is continued on its own: the largest of several lines is not itself a line)."""
-    w = _WORKER
     # A long 1F1B pipeline's middle stages repeat the second stage's work: only the first, second and last
     # stages are built (the bound of a subset of programs still bounds the step; see pipeline_terms_s).
     stages = (0, 1, plan.pp - 1) if plan.pp > 3 and plan.vpp == 1 else None
 
-    def built(model: ModelSpec, p: ParallelPlan):
+    def built(short: ModelSpec, p: ParallelPlan):
         if stages is None:
-            return build_step(model, p, w["machine"], w["gpus"]).schedule
-        return build_stages(model, p, w["machine"], w["gpus"], stages).schedule
+            return build_step(short, p, machine, gpus).schedule
+        return build_stages(short, p, machine, gpus, stages).schedule
 
     def terms(p: ParallelPlan) -> tuple[float, ...]:
-        return _layer_continued(w["model"], p, lambda model: w["bounds"].terms_s(built(model, p)))
+        return _layer_continued(model, p, lambda short: bounds.terms_s(built(short, p)))
 
     return continued(plan, terms)
 
 
+def bound_s(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, bounds: BoundModel) -> float:
+    """The full lower bound of `plan`'s simulated step (module docstring, 3): never above what
+    twin.micro_batches.simulate_step gives, to STOP_SLACK."""
+    return max(bound_terms(model, plan, machine, gpus, bounds))
+
+
 def _bound_of(plan: ParallelPlan) -> float:
-    return max(_bound_terms(plan))
+    w = _WORKER
+    return bound_s(w["model"], plan, w["machine"], w["gpus"], w["bounds"])
 
 
 def _simulate_plan(plan: ParallelPlan) -> _Simulated:
