@@ -106,12 +106,16 @@ def run_case(machine_name: str, gpus: int, model_name: str, plan_text: str, full
 
 
 def run_pipeline(label: str, machine_name: str, gpus: int, model_name: str, plan_text: str, batch: int) -> dict:
-    """One pipeline step as the commands simulate it, and how: continued in depth or in micro-batches only."""
+    """One pipeline step as the commands simulate it, and how: continued in depth or in micro-batches only (with
+    every core, as `twin simulate` does: the two short steps of the micro-batch continuation at once on two; the
+    peak memory is then the larger process's)."""
     from twin.micro_batches import simulate_step
+    from twin.search.rank import worker_count
 
     machine = load_machine(machine_name)
     start = time.perf_counter()
-    s = simulate_step(get_model(model_name), parse_plan(f"{plan_text},global_batch={batch}"), machine, gpus)
+    s = simulate_step(get_model(model_name), parse_plan(f"{plan_text},global_batch={batch}"), machine, gpus,
+                      jobs=worker_count(None))
     return {"label": label, "machine": machine_name, "gpus": gpus, "model": model_name, "plan": s.plan,
             "step_time_s": s.step_time_s, "in_depth": bool(s.continued), "wall_s": time.perf_counter() - start}
 

@@ -110,6 +110,8 @@ CASES: list[tuple[str, list[str]]] = [
     ("preset unknown", ["simulate", "--preset", "atlantis-1t"]),
     ("preset contradicted", ["simulate", "--preset", "frontier-22b", "--gpus", "7"]),
     ("flops formula", sim(flops_formula="magic")),
+    ("simulate jobs 0", sim(jobs="0")),
+    ("simulate jobs not a number", sim(jobs="two")),
     ("unknown flag", sim(turbo="1")),
     # sensitivity
     ("factor 0", ["sensitivity", *_with(STEP, factor="0")]),
