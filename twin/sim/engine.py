@@ -146,7 +146,8 @@ class Simulator:
         needed = max(self.gpu_of) + 1  # the fabric's GPUs the job uses: its world size without `gpus`
         if collectives is not None:
             n = collectives.fabric.n_gpus
-            if collectives.fabric.machine is not machine or (n != needed if gpus is None else n < needed):
+            holds = n >= needed if gpus is not None else n == needed  # with `gpus`, a larger job's fabric will do
+            if collectives.fabric.machine is not machine or not holds:
                 raise ValueError("a shared CollectiveModel must be for this machine and world size "
                                  "(with gpus: hold them all)")
         self.collectives = collectives or CollectiveModel(Fabric(machine, needed))
