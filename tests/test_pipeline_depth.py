@@ -116,6 +116,9 @@ def test_kinds_found_deep_in_the_pipeline():
     deep = simulate_deep(model, resolved, m, gpus)
     full = summarize(simulate(build_step(model, resolved, m, gpus).schedule, m))
     assert deep is not None and deep.step_time_s == pytest.approx(full.step_time_s, rel=1e-6)
+    # the ranks simulated are the short pipelines', all of them (as sim_wall_s is their simulations' wall time)
+    per_stage = full.simulated_ranks // resolved.pp
+    assert deep.simulated_ranks == per_stage * sum(p.depth for p in short.points)
 
 
 @pytest.mark.slow

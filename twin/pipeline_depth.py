@@ -316,6 +316,6 @@ def simulate_deep(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
                   model.flops_per_step(plan.global_batch, flops_formula), machine.device),
         plan=plan.describe(), global_batch=plan.global_batch, exposed_comm_s=max(float(diagnostics[0]), 0.0),
         time_by_class_s={k: max(float(v), 0.0) for k, v in zip(keys, diagnostics[1:])},
-        sim_wall_s=sum(s.sim_wall_s for s in summaries),
+        simulated_ranks=sum(s.simulated_ranks for s in summaries), sim_wall_s=sum(s.sim_wall_s for s in summaries),
         continued=(f"continued from pipelines of {min(depths)}-{max(depths)} stages (twin.pipeline_depth): step "
                    "time and throughput exact, exposed communication and time by op class approximate"))
