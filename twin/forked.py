@@ -10,6 +10,7 @@ available the computation runs here when its result is asked for.
 from __future__ import annotations
 
 import multiprocessing
+import signal
 from typing import Callable, Generic, TypeVar
 
 T = TypeVar("T")
@@ -27,6 +28,7 @@ class Forked(Generic[T]):
         self._receive, send = context.Pipe(duplex=False)
 
         def child() -> None:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # on Ctrl-C the parent ends it (close), quietly
             try:
                 outcome = (True, compute())
             except BaseException as error:  # noqa: BLE001 -- raised again in the parent by result()
