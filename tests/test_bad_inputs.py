@@ -112,6 +112,8 @@ CASES: list[tuple[str, list[str]]] = [
     ("flops formula", sim(flops_formula="magic")),
     ("simulate jobs 0", sim(jobs="0")),
     ("simulate jobs not a number", sim(jobs="two")),
+    ("scale jobs 0", ["scale", "--machine", "frontier", "--model", "GPT-5B", "--plan", "tp=2", "--gpus", "2,4",
+                      "--mode", "weak", "--jobs", "0"]),
     ("unknown flag", sim(turbo="1")),
     # sensitivity
     ("factor 0", ["sensitivity", *_with(STEP, factor="0")]),

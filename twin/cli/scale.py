@@ -6,9 +6,11 @@ import argparse
 import json
 import os
 import sys
+from functools import partial
 
 from twin import limits
 from twin.cli.args import add_machine_and_model_arguments, add_plan_switches, input_files, step_inputs
+from twin.cli.runs import job_count
 from twin.errors import TwinError
 from twin.limits import count_flag
 from twin.outputs import DEFAULT_DIR, FIGURE_FORMATS, check_outputs
@@ -16,6 +18,7 @@ from twin.outputs import DEFAULT_DIR, FIGURE_FORMATS, check_outputs
 
 def cmd_scale(args: argparse.Namespace) -> int:
     from twin.figures import scaling_figure
+    from twin.micro_batches import simulate_step
     from twin.plan import plan_keys
     from twin.scale import scaling
 
@@ -39,7 +42,8 @@ def cmd_scale(args: argparse.Namespace) -> int:
         done.append(point)
 
     done: list = []
-    points = scaling(model, plan, machine, counts, args.mode, progress=None if args.json else progress)
+    points = scaling(model, plan, machine, counts, args.mode, progress=None if args.json else progress,
+                     step=partial(simulate_step, jobs=job_count(args)))
     replica = plan.gx * plan.gy * plan.gz * plan.pp
     degrees = ",".join(part for part in plan.describe().split(",") if not part.startswith("gdata="))
     title = f"{model.name} on {machine.name}, {args.mode} scaling ({degrees}; dp = GPUs / {replica})"
@@ -81,5 +85,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="sequences per step at the first GPU count (default 16.8M tokens / seq)")
     add_plan_switches(p)
     p.add_argument("--figure", help=f"figure path (default {DEFAULT_DIR}/scale-MODE-MODEL-MACHINE.png)")
+    p.add_argument("--jobs", type=count_flag(limits.JOBS),
+                   help="processes per point (default: every core; as twin simulate --jobs)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_scale)
