@@ -315,12 +315,11 @@ def frontier_curve(model: str, mode: str) -> list[dict]:
     return scaling_points(model, plan, batch, counts[mode], mode)
 
 
-# Section B as independent tasks, the scaling curves (the most simulations) first and those reaching the most GPUs
-# first among them (the slowest): a second process takes them in this order while section A runs (_validate).
-FRONTIER_TASKS = ([(frontier_curve, model, mode) for model, mode in
-                   sorted(((m, mode) for m in FRONTIER_SCALING for mode in ("weak", "strong")),
-                          key=lambda c: -FRONTIER_SCALING[c[0]][2][c[1]][-1])]
-                  + [(frontier_row, model, preset_name) for model, preset_name in FRONTIER_ROWS])
+# Section B as independent tasks: a second process takes them in this order while section A runs (_validate). The
+# scaling curves first (the most simulations), those reaching the most GPUs (the slowest) first among them.
+_CURVES = sorted(((model, mode) for model in FRONTIER_SCALING for mode in ("weak", "strong")),
+                 key=lambda curve: -FRONTIER_SCALING[curve[0]][2][curve[1]][-1])
+FRONTIER_TASKS = [(frontier_curve, *curve) for curve in _CURVES] + [(frontier_row, *row) for row in FRONTIER_ROWS]
 
 
 def frontier_rows(progress) -> list[Row]:
@@ -390,8 +389,9 @@ def validate(jobs: int | None = None, progress: Callable[[str], None] | None = N
              files: dict[str, str] | None = None, calibrated: bool = False) -> Validation:
     """Every row of the chosen sections. With more than one job, section B's simulations (single-process
     pipelines, the slowest part) run in a second process while section A searches, and this one runs those the
-    second has not started once A is done; B's rows then come from the cache they filled. `overrides` (machine name -> --set values) and `files` (machine name -> a machine
-    file in place of the package's) make it a what-if. `calibrated` adds the column of the fitted files."""
+    second has not started once A is done; B's rows then come from the cache they filled. `overrides` (machine
+    name -> --set values) and `files` (machine name -> a machine file in place of the package's) make it a
+    what-if. `calibrated` adds the column of the fitted files."""
     v = _validate_with(jobs, progress, sections, overrides, files)
     fitted = calibrated_files() if calibrated else {}
     if not fitted:
