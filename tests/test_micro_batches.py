@@ -76,10 +76,16 @@ def test_one_ranks_busy_time_is_continued_like_the_step():
         rank_time_by_class(run, 16)
 
 
-def test_the_two_short_steps_at_once_give_the_same_summary():
+def test_the_two_short_steps_at_once_give_the_same_summary(monkeypatch):
     """jobs=2 simulates one short step in a forked process (twin.forked): the same Summary, every field."""
+    import twin.micro_batches as mb
+
     machine, model = load_machine("frontier"), parse_model_spec(SPEC)
     plan = parse_plan("gx=2,gdata=2,pp=4,mbs=1,global_batch=64")
+    forks, real = [], mb.Forked
+    monkeypatch.setattr(mb, "Forked", lambda compute: forks.append(compute) or real(compute))
     one = simulate_step(model, plan, machine, 16)
+    assert forks == []
     two = simulate_step(model, plan, machine, 16, jobs=2)
+    assert len(forks) == 1
     assert replace(two, sim_wall_s=one.sim_wall_s) == one
