@@ -32,7 +32,7 @@ from twin.plan import parse_plan  # noqa: E402
 from twin.presets import PRESETS  # noqa: E402
 from twin.published import AXONN_BATCH_SEQUENCES, AXONN_TABLE_III, FRONTIER_PAPER_TFLOPS_PER_GCD  # noqa: E402
 from twin.sensitivity import needed_text, estimated_fields, sensitivity  # noqa: E402
-from twin.validate import axonn_plan  # noqa: E402
+from twin.validate_tasks import axonn_plan  # noqa: E402
 
 GEMM_PEAK = "device.empirical_gemm_bf16_tflop_per_s"
 # The estimates that move a step at all in a first full run (`--all-estimates` takes every one), and the

@@ -57,7 +57,7 @@ def validated_runs(quick: bool) -> list[dict]:
     """(label, machine, model, gpus, plan, batch) of the runs twin validate predicts with a plan."""
     from twin.presets import PRESETS
     from twin.published import AXONN_BATCH_SEQUENCES, AXONN_TABLE_III
-    from twin.validate import axonn_plan
+    from twin.validate_tasks import axonn_plan
 
     runs = []
     for name in ("frontier-22b", "frontier-175b") + (() if quick else ("frontier-1t",)):

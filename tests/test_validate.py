@@ -14,6 +14,7 @@ import pytest
 
 from test_cli import run
 from twin import validate as v
+from twin import validate_tasks as tasks
 from twin import validate_table as vt
 from twin.published import AXONN_TABLE_III
 
@@ -25,7 +26,7 @@ def stubbed(monkeypatch):
 
     def best_plan(machine, model, gpus, batch, space, jobs):
         pub = published.get((machine, gpus))
-        factor = 1.0 if "fitted" in v.machine_for(machine).path else 1.1  # the calibrated column is exact
+        factor = 1.0 if "fitted" in tasks.machine_for(machine).path else 1.1  # the calibrated column is exact
         pflops = factor * pub.pflops_total if pub and pub.model == model else 100.0
         step = 10.0 * (1.2 if space.min_gx > 1 else 1.0)  # the Fig. 7 baseline 20% slower
         return {"plan": f"gx=8,gy=1,gz=1,gdata={gpus // 8},mbs=1,ga=1,recompute=full,oar=1,ors=1,oag=1,tune=1",
@@ -93,8 +94,8 @@ def test_what_if_overrides_reach_every_task_and_end_with_the_validation(stubbed,
     plain = v._validate
 
     def spy(jobs, progress, sections):
-        seen["frontier"] = v.machine_for("frontier").device.comm_compute_slowdown
-        seen["perlmutter"] = v.machine_for("perlmutter").device.comm_compute_slowdown
+        seen["frontier"] = tasks.machine_for("frontier").device.comm_compute_slowdown
+        seen["perlmutter"] = tasks.machine_for("perlmutter").device.comm_compute_slowdown
         return plain(jobs, progress, sections)
 
     monkeypatch.setattr(v, "_validate", spy)
@@ -102,7 +103,7 @@ def test_what_if_overrides_reach_every_task_and_end_with_the_validation(stubbed,
     assert rc == 0, err
     assert seen == {"frontier": 0.3, "perlmutter": 0.15}
     assert json.loads(out)["machine_overrides"] == {"frontier": {"device.comm_compute_slowdown": 0.3}}
-    assert v.machine_for("frontier").device.comm_compute_slowdown == 0.15  # over when the validation is
+    assert tasks.machine_for("frontier").device.comm_compute_slowdown == 0.15  # over when the validation is
     rc, out, err = run(capsys, "validate", "--set", "device.hbm_efficiency=0.7")
     assert rc == 0 and "What-if, not the machine files: frontier with device.hbm_efficiency=0.7." in out
     assert "perlmutter with device.hbm_efficiency=0.7" in out
@@ -120,9 +121,9 @@ def test_a_machine_file_in_place_of_the_packages(stubbed, monkeypatch, capsys, t
     plain = v._validate
 
     def spy(jobs, progress, sections):
-        frontier = v.machine_for("frontier")
+        frontier = tasks.machine_for("frontier")
         seen.update(measured=len(frontier.device.gemm_measured), slowdown=frontier.device.comm_compute_slowdown,
-                    perlmutter=len(v.machine_for("perlmutter").device.gemm_measured))
+                    perlmutter=len(tasks.machine_for("perlmutter").device.gemm_measured))
         return plain(jobs, progress, sections)
 
     monkeypatch.setattr(v, "_validate", spy)
@@ -131,7 +132,7 @@ def test_a_machine_file_in_place_of_the_packages(stubbed, monkeypatch, capsys, t
     assert rc == 0, err
     assert seen == {"measured": 1, "slowdown": 0.3, "perlmutter": 0}
     assert f"What-if, not the package's machine files: frontier from {path}." in out
-    assert v.machine_for("frontier").device.gemm_measured == ()  # over when the validation is
+    assert tasks.machine_for("frontier").device.gemm_measured == ()  # over when the validation is
 
 
 @pytest.mark.parametrize("args, mentions", [
@@ -218,9 +219,10 @@ def test_the_fastest_of_a_list_is_found_without_simulating_every_plan(monkeypatc
     every = [simulate_step(model, plan, machine, 16) for plan in plans]
     fastest = min(every, key=lambda s: s.step_time_s)
     simulated = []
-    real = v.cached_step
-    monkeypatch.setattr(v, "cached_step", lambda model, plan, *rest: simulated.append(plan) or real(model, plan, *rest))
-    best = v.fastest_simulated(model, plans, machine, 16)
+    real = tasks.cached_step
+    monkeypatch.setattr(tasks, "cached_step",
+                        lambda model, plan, *rest: simulated.append(plan) or real(model, plan, *rest))
+    best = tasks.fastest_simulated(model, plans, machine, 16)
     assert (best.plan, best.step_time_s) == (fastest.plan, fastest.step_time_s)
     assert "gdata=16" in best.plan
     assert [p.describe() for p in simulated] == [plans[4].describe(), plans[1].describe()]

@@ -7,16 +7,12 @@ every plan with its communication model (twin.search.axonn_model) and ran
 the top 10-20 for real, keeping the fastest; the twin keeps the fastest of
 that model's top MEASURED_TOP, simulated (the twin's best of all plans would
 predict a faster run than AxoNN measured, by choosing plans AxoNN never
-tried). It simulates them in order of their lower bound (the search's,
-twin.search.rank.bound_s) and stops where the next bound exceeds the fastest
-step found: the same plan as simulating all of them, at a fraction of the
-cost. Fig. 7's baseline is searched under its constraints. The
+tried; twin.validate_tasks.axonn_plan). Fig. 7's baseline is searched under its constraints. The
 Frontier paper's rows use the authors' launch-script plans (twin.presets),
 the only plans in public text.
 
-Each task (one search or simulation) is cached on disk with the search
-results (twin.search.cache), keyed by its inputs, the machine file and the
-simulator's source, so a second `twin validate` only prints.
+Each task (one search or simulation: twin.validate_tasks) is cached on disk,
+so a second `twin validate` only prints.
 
 Two columns. "First principles" runs on the package's machine files; the
 "calibrated" column on the fitted files in topologies/fitted/ (`make fit`
@@ -41,170 +37,24 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from topologies.machine import Machine, load_machine
+from topologies.machine import load_machine
 from topologies.overrides import Override
-from twin.build import resolve_step
 from twin.collector import infrequent
-from twin.errors import TwinError
 from twin.fit.protocol import CALIBRATION_ROWS
-from twin.micro_batches import simulate_step
-from twin.model import ModelSpec, get_model
-from twin.plan import ParallelPlan, parse_plan
 from twin.presets import PRESETS
 from twin.published import (AXONN_BATCH_SEQUENCES, AXONN_TABLE_III, FRONTIER_PAPER_SCALING_EFFICIENCY,
                             FRONTIER_PAPER_TFLOPS_PER_GCD)
-from twin.report import Summary
-from twin.scale import scaling
-from twin.search import cache
-from twin.search.bound import BoundModel
-from twin.search.rank import STOP_SLACK, bound_s, search, worker_count
-from twin.search.axonn_model import MEASURED_TOP, MIN_TP, Grid, comm_time_s
-from twin.search.space import AXONN_AXES, SearchSpace, enumerate_space
+from twin.search.axonn_model import MEASURED_TOP
+from twin.search.rank import worker_count
+from twin.search.space import SearchSpace
 from twin.validate_rows import Row, bound_row as _bound, range_row as _range, value_row as _value
+from twin.validate_tasks import (MACHINES, axonn_plan, best_plan, check_machine_files, scaling_points, simulate_plan,
+                                 tasks_see)
 
 FITTED_DIR = Path(__file__).resolve().parent.parent / "topologies" / "fitted"
 TRAINING_TOKENS = 2e12  # AxoNN Fig. 9: time to train on 2T tokens
 SECONDS_PER_DAY = 86400.0
 DAYS_PER_MONTH = 365.25 / 12
-
-
-# ---- cached tasks ---------------------------------------------------------------------------------------------
-
-
-MACHINES = ("frontier", "perlmutter")  # the machine files the published rows run on
-
-# What-if numbers per machine (`twin validate --set`) and machine files in place of the package's
-# (`--machine-file`), for the duration of one validate(); empty for the table the README shows. Module settings
-# rather than arguments of every task, because the tasks also run in a forked process that inherits them.
-_OVERRIDES: dict[str, tuple[Override, ...]] = {}
-_FILES: dict[str, str] = {}
-# Processes one simulated step may use (twin.micro_batches.simulate_step's `jobs`: its two short steps at once),
-# for one validate(); a module setting for the same reason.
-_STEP_JOBS: dict[str, int] = {"jobs": 1}
-
-
-def machine_for(name: str) -> Machine:
-    """A machine as this validation sees it: its file (the package's, or --machine-file's) with its --set
-    overrides, if any."""
-    return load_machine(_FILES.get(name, name), _OVERRIDES.get(name, ()))
-
-
-def check_machine_files(files: dict[str, str]) -> None:
-    """Each --machine-file NAME=PATH must be a machine file of NAME (the rows run on named machines)."""
-    for name, path in files.items():
-        if name not in MACHINES:
-            raise TwinError(f"--machine-file {name}={path}: the published rows run on {' and '.join(MACHINES)}, "
-                            f"not {name!r}")
-        found = load_machine(path).name
-        if found != name:
-            raise TwinError(f"--machine-file {name}={path}: that file describes {found!r}; give a file of {name}")
-
-
-def _cached(name: str, inputs: dict, machine: Machine, compute: Callable[[], dict], shape: type | None = None
-            ) -> dict:
-    """compute(), or its cached result (an entry not of `shape` is discarded and computed again)."""
-    key = cache.cache_key(f"validate-{name}", inputs, cache.machine_text(machine))
-    hit = cache.load("validate", key, shape=shape)
-    if hit is not None:
-        return hit
-    doc = compute()
-    cache.store("validate", key, doc)
-    return doc
-
-
-def paper_rate(model_name: str, global_batch: int, gpus: int, step_time_s: float) -> dict[str, float]:
-    """A predicted step's throughput as the papers computed theirs: the recompute ("hardware") form of
-    Narayanan's formula (reference/published.md, A and B) over the twin's step time.
-
-    Not the Summary's achieved figure, which counts the FLOPs the schedule's ops
-    execute (twin.report): a paper's formula figure set beside the twin's formula
-    figure compares step times, which is what the twin really predicts."""
-    per_gpu = get_model(model_name).flops_per_step(global_batch, "hardware") / step_time_s / gpus
-    return {"pflops_total": per_gpu * gpus / 1e15, "tflops_per_gpu": per_gpu / 1e12}
-
-
-def best_plan(machine_name: str, model_name: str, gpus: int, batch: int, space: SearchSpace, jobs: int | None) -> dict:
-    """The search's best plan: its plan, step and throughput by the papers' formula (search results are cached
-    by twin.search)."""
-    result = search(get_model(model_name), gpus, batch, machine_for(machine_name), space, top=1, jobs=jobs)
-    best = result.ranked[0]
-    return {"plan": best.plan, "step_time_s": best.step_time_s, **paper_rate(model_name, batch, gpus, best.step_time_s),
-            "candidates": result.candidates}
-
-
-def axonn_plan(machine_name: str, model_name: str, gpus: int, batch: int) -> dict:
-    """AxoNN's own way to a plan (module docstring): the fastest, simulated, of its model's top MEASURED_TOP."""
-    machine, model = machine_for(machine_name), get_model(model_name)
-
-    def compute() -> dict:
-        space = SearchSpace(axes=AXONN_AXES, min_tp=MIN_TP.get(model_name, 1))
-        found = enumerate_space(model, gpus, batch, machine.device.hbm_bytes, space)
-        by_grid = {Grid(c.plan.gx, c.plan.gy, c.plan.gz, c.plan.gdata): c.plan for c in found.candidates}
-        if not by_grid:
-            raise TwinError(f"no plan of {model_name} fits on {gpus} {machine_name} GPUs under AxoNN's constraints")
-        ranked = sorted(by_grid, key=lambda g: (comm_time_s(model, g, batch, machine_name), g.describe()))
-        top = [by_grid[g] for g in ranked[:MEASURED_TOP]]
-        best = fastest_simulated(model, top, machine, gpus)
-        return {"plan": best.plan, "step_time_s": best.step_time_s,
-                **paper_rate(model_name, best.global_batch, gpus, best.step_time_s), "candidates": len(top)}
-
-    inputs = {"model": model_name, "gpus": gpus, "batch": batch, "top": MEASURED_TOP}
-    return _cached("axonn-plan", inputs, machine, compute)
-
-
-def fastest_simulated(model: ModelSpec, plans: list[ParallelPlan], machine: Machine, gpus: int) -> Summary:
-    """The step of the fastest of `plans` (the earliest of equals), as simulating every one finds it.
-
-    Plans are simulated in order of their lower bound; once the next bound
-    exceeds the fastest step so far, no plan left can be as fast (a bound is
-    never above its step, to STOP_SLACK), so none is simulated."""
-    bounds = BoundModel(machine, gpus)
-    lower = [bound_s(model, plan, machine, gpus, bounds) for plan in plans]
-    best: tuple[float, int, Summary] | None = None
-    for i in sorted(range(len(plans)), key=lambda i: (lower[i], i)):
-        if best is not None and lower[i] > best[0] * (1 + STOP_SLACK):
-            break
-        step = cached_step(model, plans[i], machine, gpus)
-        if best is None or (step.step_time_s, i) < best[:2]:
-            best = (step.step_time_s, i, step)
-    if best is None:
-        raise ValueError("fastest_simulated: no plans given")
-    return best[2]
-
-
-def cached_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> Summary:
-    """One simulated step, cached by its resolved plan: a row and the scaling curves that start from the same
-    run (the Frontier paper's 1T on 1,024 GCDs is in three rows) simulate it once."""
-    resolved, _ = resolve_step(model, plan, machine, gpus)
-    inputs = {"model": asdict(model), "gpus": gpus, "plan": resolved.describe(), "batch": resolved.global_batch}
-
-    def compute() -> dict:
-        return asdict(simulate_step(model, resolved, machine, gpus, jobs=_STEP_JOBS["jobs"]))
-
-    return Summary(**_cached("step", inputs, machine, compute, shape=Summary))
-
-
-def simulate_plan(machine_name: str, model_name: str, gpus: int, plan_text: str, batch: int) -> dict:
-    s = cached_step(get_model(model_name), parse_plan(f"{plan_text},global_batch={batch}"),
-                    machine_for(machine_name), gpus)
-    compute_s = sum(v for k, v in s.time_by_class_s.items() if k in ("gemm", "attention", "elementwise"))
-    return {"plan": s.plan, "step_time_s": s.step_time_s, **paper_rate(model_name, s.global_batch, gpus, s.step_time_s),
-            "compute_s": compute_s}
-
-
-def scaling_points(model_name: str, plan_text: str, batch: int, counts: list[int], mode: str) -> list[dict]:
-    """The Frontier paper's scaling curves. Its weak-scaling efficiency is of its reported TF/s per GCD, a
-    formula figure: each point's throughput, and the weak efficiency, are the papers' formula over the step
-    (paper_rate); strong efficiency is of step times alone, as twin.scale computes it."""
-    plan = parse_plan(f"{plan_text},global_batch={batch}")
-    points = [asdict(p) for p in scaling(get_model(model_name), plan, machine_for("frontier"), counts, mode,
-                                         step=cached_step)]
-    for p in points:
-        p.update(paper_rate(model_name, p["global_batch"], p["gpus"], p["step_time_s"]))
-    if mode == "weak":
-        for p in points:
-            p["efficiency"] = p["tflops_per_gpu"] / points[0]["tflops_per_gpu"]
-    return points
 
 
 def table_iii_quantity(pub) -> str:
@@ -407,15 +257,9 @@ def _validate_with(jobs, progress, sections, overrides, files) -> Validation:
     check_machine_files(files)
     for name, values in overrides.items():
         load_machine(files.get(name, name), values)  # a bad field fails here, before any search
-    _OVERRIDES.clear()
-    _OVERRIDES.update(overrides)
-    _FILES.clear()
-    _FILES.update(files)
-    try:
+    jobs = worker_count(jobs)
+    with tasks_see(overrides, files, step_jobs=jobs):
         v = _validate(jobs, progress, sections)
-    finally:
-        _OVERRIDES.clear()
-        _FILES.clear()
     return replace(v, machine_overrides={name: dict(o) for name, o in overrides.items()}, machine_files=files)
 
 
@@ -435,12 +279,10 @@ def _merged(v: Validation, cal: Validation, fitted: dict[str, str]) -> Validatio
                    calibrated_holding=sum(bool(r.calibrated_holds) for r in rows if r.calibrated_holds is not None))
 
 
-def _validate(jobs: int | None, progress: Callable[[str], None] | None, sections: tuple[str, ...]) -> Validation:
+def _validate(jobs: int, progress: Callable[[str], None] | None, sections: tuple[str, ...]) -> Validation:
     start = time.perf_counter()
     say = progress or (lambda _: None)
     rows: list[Row] = []
-    jobs = worker_count(jobs)
-    _STEP_JOBS["jobs"] = jobs
     alongside = None
     if "A" in sections and "B" in sections and jobs > 1 and "fork" in multiprocessing.get_all_start_methods():
         alongside = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
@@ -456,7 +298,6 @@ def _validate(jobs: int | None, progress: Callable[[str], None] | None, sections
             rows += frontier_rows(say)
         finished = True
     finally:
-        _STEP_JOBS["jobs"] = 1
         if alongside is not None:  # on an error, do not wait for B
             alongside.shutdown(wait=finished, cancel_futures=True)
     errors = [abs(r.error) for r in rows if r.error is not None]
