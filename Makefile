@@ -41,19 +41,19 @@ bench-search: $(BIN)/twin
 
 # The calibrated machine files of `twin validate`'s second column (topologies/fitted/), each by `twin fit` on
 # calibration runs only (benchmarks/data/README.md), minutes:
-# - vTrain's A100 cluster, fitted on its 1,440 single-node runs: the host's time per op and the HBM efficiency
-#   of element-wise work (the other fittable numbers end on their bounds on these runs: docs/fit.md);
-# - Perlmutter's A100s: those two numbers carried from that fit (same GPU and software generation; AxoNN is
+# - vTrain's A100 cluster, fitted on its 1,440 single-node runs: the host's time per op (the other fittable
+#   numbers end on their bounds on these runs: docs/fit.md);
+# - Perlmutter's A100s: that number carried from that fit (same GPU and software generation; AxoNN is
 #   another code on another host, so this is a transfer, not a measurement);
 # - Frontier: its GEMM rate fitted on the Frontier paper's one run on two nodes (22B on 16 GCDs).
 A100_ASSUME := attention=unfused,recompute=full,dtype=fp16
 fit: $(BIN)/twin
 	mkdir -p topologies/fitted
 	$(BIN)/twin fit --machine dgx-a100-800g --runs benchmarks/data/a100-megatron-single-node.csv \
-		--assume $(A100_ASSUME) --params device.launch_interval_us,device.hbm_efficiency \
+		--assume $(A100_ASSUME) --params device.launch_interval_us \
 		-o topologies/fitted/dgx-a100-800g.toml
 	$(BIN)/twin fit --machine perlmutter --from topologies/fitted/dgx-a100-800g.toml \
-		--params device.launch_interval_us,device.hbm_efficiency -o topologies/fitted/perlmutter.toml
+		--params device.launch_interval_us -o topologies/fitted/perlmutter.toml
 	$(BIN)/twin fit --machine frontier --runs benchmarks/data/frontier-22b-16gcd.csv \
 		--params device.empirical_gemm_bf16_tflop_per_s --folds 0 -o topologies/fitted/frontier.toml
 

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/gemm_published.py            # the table and the summary
     .venv/bin/python benchmarks/gemm_published.py --json     # the same, as JSON
+    .venv/bin/python benchmarks/gemm_published.py --fit      # gemm_k_half from the training shapes
 
 Why: the twin times a GEMM at the empirical GEMM peak (280 TF/s on an A100,
 a 32768^3 cuBLAS GEMM) times a shape efficiency (tile quantization x wave
@@ -23,6 +24,16 @@ rest ("training": non-square or batched), for small (< 1 GFLOP) vs large ones,
 for cuBLAS vs Triton kernels and for batched GEMMs (unfused attention). The
 model ignores dtype, so fp16 rows are compared as they are (the A100's fp16
 and bf16 tensor-core peaks are equal).
+
+--fit measures the one shape number these rows can tell: gemm_k_half, the
+inner dimension at which the k loop halves a GEMM's rate. It uses the cuBLAS
+rows at training shapes (non-square or batched, >= 1 GFLOP: where tile and
+wave waste are small and the k loop is what varies), gives each source and GPU its
+own free rate (their clocks, parts and timing methods differ: "best of a
+search", "slowest of 200 calls"), and picks the k_half that leaves the least
+squared log error within sources: rates measured by one source at several k
+are what pin it. Leaving each row out in turn gives its spread. The A100
+machine files carry the value with this command as its source.
 """
 
 from __future__ import annotations
@@ -32,7 +43,8 @@ import csv
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from math import log
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -44,6 +56,7 @@ from twin.sim.compute import ComputeModel  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 CSV_PATH = ROOT / "benchmarks" / "data" / "gemm_published_a100.csv"
 COLUMNS = ("m", "n", "k", "batch", "layout", "dtype", "tflops", "gpu", "library", "source", "note")
+K_HALF_GRID = tuple(2 ** (i / 40) for i in range(0, 481))  # 1 .. 4096, 1.7% apart
 SMALL_FLOPS = 1e9  # below this a GEMM is "small": a few microseconds, where the fixed overhead matters
 TERA = 1e12
 
@@ -67,6 +80,11 @@ class Measurement:
     @property
     def flops(self) -> float:
         return 2.0 * self.batch * self.m * self.n * self.k
+
+    @property
+    def gemm(self) -> Gemm:
+        """The GEMM the twin times for this row (no layout given: NN, which cuBLAS runs at the same rate)."""
+        return Gemm(self.m, self.n, self.k, layout=self.layout or "NN", dtype=self.dtype, batch=self.batch)
 
     @property
     def shape(self) -> str:
@@ -104,7 +122,7 @@ def predict(rows: list[Measurement], machine: str = "dgx-a100") -> list[dict]:
     overhead_s = compute.device.kernel_overhead_s
     out = []
     for r in rows:
-        gemm = Gemm(r.m, r.n, r.k, layout=r.layout or "NN", dtype=r.dtype, batch=r.batch)
+        gemm = r.gemm
         t = compute.gemm_time_s(gemm)
         kernel, with_overhead = r.flops / (t - overhead_s) / TERA, r.flops / t / TERA
         out.append(dict(shape=r.shape, m=r.m, n=r.n, k=r.k, batch=r.batch, gflop=r.flops / 1e9, library=r.library, gpu=r.gpu,
@@ -113,6 +131,46 @@ def predict(rows: list[Measurement], machine: str = "dgx-a100") -> list[dict]:
                         efficiency=compute.gemm_efficiency(gemm), square=r.m == r.n == r.k and r.batch == 1,
                         small=r.flops < SMALL_FLOPS, triton=r.library.lower().startswith("triton")))
     return out
+
+
+def fit_rows(rows: list[Measurement]) -> list[Measurement]:
+    """The rows --fit learns from: cuBLAS GEMMs at training shapes (non-square or batched), >= 1 GFLOP."""
+    return [r for r in rows if not r.library.lower().startswith("triton")
+            and not (r.m == r.n == r.k and r.batch == 1) and r.flops >= SMALL_FLOPS]
+
+
+def _source_group(r: Measurement) -> str:
+    """Rows of one source measured on one GPU share a rate: the repository (or issue) without its commit, and GPU."""
+    return f"{r.source.split('@')[0].split(':')[0]} / {r.gpu}"
+
+
+def _within_source_error(rows: list[Measurement], compute: ComputeModel) -> float:
+    """Sum of squared log(twin / measured) about each source's mean: the error a free rate per source leaves."""
+    by_group: dict[str, list[float]] = {}
+    for r in rows:
+        t = compute.gemm_time_s(r.gemm) - compute.device.kernel_overhead_s
+        by_group.setdefault(_source_group(r), []).append(log(r.flops / t / TERA / r.tflops))
+    return sum(sum((x - statistics.fmean(v)) ** 2 for x in v) for v in by_group.values())
+
+
+def _best_k_half(rows: list[Measurement], models: dict[float, ComputeModel]) -> float:
+    return min(K_HALF_GRID, key=lambda kh: _within_source_error(rows, models[kh]))
+
+
+def fit_k_half(rows: list[Measurement], machine: str = "dgx-a100") -> dict:
+    """gemm_k_half fitted to the training-shape cuBLAS rows (module docstring), with its leave-one-out range."""
+    device = load_machine(machine).device
+    used = fit_rows(rows)
+    groups = sorted({_source_group(r) for r in used})
+    if len(used) - len(groups) < 2:
+        raise ValueError(f"--fit needs at least two rows more than sources; has {len(used)} rows in {len(groups)}")
+    models = {kh: ComputeModel(replace(device, gemm_k_half=kh)) for kh in K_HALF_GRID}
+    best = _best_k_half(used, models)
+    left_out = [_best_k_half(used[:i] + used[i + 1:], models) for i in range(len(used))]
+    file_model = ComputeModel(device)
+    rms = lambda model: (_within_source_error(used, model) / len(used)) ** 0.5  # noqa: E731
+    return dict(k_half=best, leave_one_out=(min(left_out), max(left_out)), file_k_half=device.gemm_k_half,
+                rows=len(used), groups=groups, rms_log_error=rms(models[best]), file_rms_log_error=rms(file_model))
 
 
 def _mare(preds: list[dict], key: str) -> float:
@@ -144,7 +202,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--csv", type=Path, default=CSV_PATH, help="published measurements (default: %(default)s)")
     ap.add_argument("--machine", default="dgx-a100", help="machine file of the GPU measured (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    ap.add_argument("--fit", action="store_true",
+                    help="fit gemm_k_half to the training-shape cuBLAS rows (a free rate per source) and print it")
     args = ap.parse_args(argv)
+    if args.fit:
+        return _print_fit(fit_k_half(load(args.csv), args.machine), args.json)
     preds = predict(load(args.csv), args.machine)
     where = args.csv.resolve()
     shown = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
@@ -164,6 +226,22 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{s['group']:<24}{s['rows']:>5}{s['mare']:>7.2f}{s['mare_with_overhead']:>7.2f}"
               f"{s['median_ratio']:>14.2f}{s['median_ratio_with_overhead']:>7.2f}")
     return report
+
+
+def _print_fit(fit: dict, as_json: bool) -> dict:
+    if as_json:
+        print(json.dumps(fit, indent=1))
+        return fit
+    low, high = fit["leave_one_out"]
+    print(f"gemm_k_half = {fit['k_half']:.0f} (leaving one row out: {low:.0f}-{high:.0f}; the machine file has "
+          f"{fit['file_k_half']:g})")
+    print(f"  from {fit['rows']} cuBLAS rows at training shapes (non-square or batched, >= 1 GFLOP), a free rate per "
+          "source:")
+    for g in fit["groups"]:
+        print(f"    {g}")
+    print(f"  rms log error within sources: {fit['rms_log_error']:.3f} fitted, {fit['file_rms_log_error']:.3f} "
+          f"with the file's value")
+    return fit
 
 
 if __name__ == "__main__":

@@ -76,3 +76,48 @@ def test_the_shape_model_is_within_15_percent_at_large_cublas_gemms():
     large = [p for p in report["rows"] if p["gflop"] >= 100 and not p["triton"] and p["batch"] == 1]
     assert len(large) >= 5
     assert summarize(large)[0]["mare_with_overhead"] < 0.15
+
+
+def _synthetic(k_half: float, scale_by_source: dict[str, float]) -> list:
+    """The CSV's training-shape rows with rates the twin's own model gives at k_half, one scale per source."""
+    from dataclasses import replace
+
+    from gemm_published import _source_group, fit_rows
+    from topologies.machine import load_machine
+    from twin.sim.compute import ComputeModel
+    device = load_machine("dgx-a100").device
+    compute = ComputeModel(replace(device, gemm_k_half=k_half))
+    rows = []
+    for r in fit_rows(load()):
+        t = compute.gemm_time_s(r.gemm)
+        rate = r.flops / (t - device.kernel_overhead_s) / 1e12 * scale_by_source.get(_source_group(r), 1.0)
+        rows.append(replace(r, tflops=rate))
+    return rows
+
+
+@pytest.mark.parametrize("k_half", [90.0, 600.0])
+def test_fit_recovers_the_k_half_that_made_the_rates_whatever_each_sources_rate(k_half):
+    from gemm_published import _source_group, fit_k_half
+    groups = sorted({_source_group(r) for r in _synthetic(k_half, {})})
+    rows = _synthetic(k_half, {g: 0.7 + 0.1 * i for i, g in enumerate(groups)})
+    fit = fit_k_half(rows)
+    assert fit["k_half"] == pytest.approx(k_half, rel=0.02)
+    assert fit["rms_log_error"] < 1e-3
+    assert fit["leave_one_out"][0] <= fit["k_half"] <= fit["leave_one_out"][1]
+
+
+def test_the_a100_machine_files_carry_the_fitted_k_half():
+    """The A100 files' gemm_k_half names this fit as its source; a new row in the CSV that moves it fails here."""
+    from gemm_published import fit_k_half
+    from topologies.machine import load_machine
+    fitted = fit_k_half(load())["k_half"]
+    for name in ("dgx-a100", "dgx-a100-800g", "perlmutter"):
+        machine = load_machine(name)
+        assert machine.device.gemm_k_half == pytest.approx(fitted, rel=0.02), name
+        assert "gemm_published.py --fit" in machine.sources["device.gemm_k_half"].provenance
+
+
+def test_fit_prints_its_value_and_sources(capsys):
+    report = main(["--fit"])
+    out = capsys.readouterr().out
+    assert f"gemm_k_half = {report['k_half']:.0f}" in out and "EleutherAI/cookbook" in out
