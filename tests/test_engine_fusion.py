@@ -63,6 +63,40 @@ def test_fused_runs_time_every_op_as_the_op_by_op_simulation(machine_name, model
         assert any(interrupted), "no fused run was slowed mid-way by communication: the piecewise placement is untested"
 
 
+HOST_CASES = [
+    # host-bound: a small model at 40 us an op, one micro-batch's compute ops one run on tp=1
+    ("dgx-a100", "layers=4,hidden=1024,heads=16,seq=1024", 8, "tp=1,dp=8,mbs=1,attention=unfused", 16, 40.0),
+    # a pipeline: the host waits for every receive, so runs are cut where it has not issued yet
+    ("dgx-a100", "layers=8,hidden=1024,heads=16,seq=1024", 16, "tp=2,pp=4,dp=2,mbs=1", 16, 40.0),
+    # device-bound with overlapped collectives slowing runs mid-way, and a host that keeps ahead
+    ("dgx-a100", "GPT-5B", 512, "gx=2,gy=1,gz=8,gdata=32,mbs=2", 1024, 5.0),
+]
+
+
+@pytest.mark.parametrize("machine_name,model_name,gpus,plan_text,batch,interval_us", HOST_CASES)
+def test_fused_runs_with_a_host_thread_time_every_op_as_the_op_by_op_simulation(
+        machine_name, model_name, gpus, plan_text, batch, interval_us, monkeypatch):
+    """With a host thread each op of a fused run waits for its own issue time: the same starts and ends."""
+    machine = load_machine(machine_name, (parse_override(f"device.launch_interval_us={interval_us}"),))
+    schedule = build_step(_model(model_name), parse_plan(f"{plan_text},global_batch={batch}"), machine,
+                          gpus).schedule
+    sizes = []
+    run_issued = engine.ComputeUnit.run_issued
+    monkeypatch.setattr(engine.ComputeUnit, "run_issued",
+                        lambda unit, works, issue_s: (sizes.append(len(works)), run_issued(unit, works, issue_s))[1])
+    fused = Simulator(schedule, machine).run()
+    reference = Simulator(schedule, machine, fuse=False).run()
+
+    assert sizes and max(sizes) > 5, "no compute ops were fused with the host: the case does not test it"
+    assert fused.step_time_s == pytest.approx(reference.step_time_s, rel=1e-12)
+    for a, b in zip(fused.timelines, reference.timelines):
+        np.testing.assert_allclose(a.start_s, b.start_s, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(a.end_s, b.end_s, rtol=1e-12, atol=1e-15)
+        np.testing.assert_array_equal(a.host.issue_s, b.host.issue_s)
+    assert [(s.cls, s.op_id, s.kind) for s in critical_path(fused)] == \
+        [(s.cls, s.op_id, s.kind) for s in critical_path(reference)]
+
+
 def test_runs_never_cross_an_op_another_stream_waits_for():
     machine = load_machine("frontier")
     schedule = build_step(get_model("GPT-5B"), parse_plan("gx=2,gy=1,gz=8,gdata=32,mbs=2,global_batch=1024"),
@@ -82,3 +116,32 @@ def test_runs_never_cross_an_op_another_stream_waits_for():
             assert all(stream_of[d] == op.stream for op in run[1:] for d in op.deps)
         assert engine._compute_runs(ops, done, comm, fuse=False) == [[op] for op in ops]
     assert fused
+
+
+def test_a_fused_run_the_host_has_not_issued_to_its_end_is_cut_where_the_host_waits(monkeypatch):
+    """Rank 1's compute ops c1a, c1b, c1c are one run, but its host issues c1b only after the transfer it waits
+    for (a send that depends on a receive) arrives: the run is cut there, and every op is timed as op by op."""
+    from twin.ir import Gemm, GroupAxis, Op, Program, Schedule, StepInfo
+    from twin.sim.engine import HostThread
+    machine = load_machine("dgx-a100", (parse_override("device.launch_interval_us=20"),))
+    gemm = Gemm(4096, 4096, 4096)
+    rank0 = (Op(0, "c0", "compute", gemm), Op(1, "send", "p2p:send", P2P("send", "pp", 1, 1e6, "fwd"), (0,)),
+             Op(2, "recv", "p2p:recv", P2P("recv", "pp", 1, 1e6, "back")))
+    rank1 = (Op(0, "c1a", "compute", gemm), Op(1, "recv", "p2p:recv", P2P("recv", "pp", -1, 1e6, "fwd")),
+             Op(2, "send", "p2p:send", P2P("send", "pp", -1, 1e6, "back"), (1,)),
+             Op(3, "c1b", "compute", gemm, (0,)), Op(4, "c1c", "compute", gemm, (3,)))
+    info = StepInfo(model="hand", plan=None, global_batch=1, seq=1, flops_hardware=1.0, flops_model=1.0,
+                    memory_per_gpu_bytes=0.0)
+    schedule = Schedule(2, (GroupAxis("pp", ((0, 1),)),), (Program((0,), rank0), Program((1,), rank1)), info)
+    runs = []
+    run_issued = engine.ComputeUnit.run_issued
+    monkeypatch.setattr(engine.ComputeUnit, "run_issued",
+                        lambda unit, works, issue_s: (runs.append(len(works)), run_issued(unit, works, issue_s))[1])
+    fused = Simulator(schedule, machine).run()
+    reference = Simulator(schedule, machine, fuse=False).run()
+    assert runs == [2], "c1b and c1c run fused once the host issued them; c1a ran alone, cut from them"
+    one = next(t for t in fused.timelines if t.rank == 1)
+    assert isinstance(one.host, HostThread) and one.start_s[3] > one.end_s[0] + 1e-6  # c1b waited for its host
+    for a, b in zip(fused.timelines, reference.timelines):
+        np.testing.assert_allclose(a.start_s, b.start_s, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(a.end_s, b.end_s, rtol=1e-12, atol=1e-15)

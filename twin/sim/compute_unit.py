@@ -9,6 +9,8 @@ running op with its remaining work at the new rate.
 
 from __future__ import annotations
 
+from math import inf
+
 import simpy
 
 
@@ -81,6 +83,25 @@ class ComputeUnit:
             except simpy.Interrupt:
                 remaining -= (self.env.now - start) * rate
 
+    def run_issued(self, works: list[float], issue_s: list[float]):
+        """Generator: the ops of one fused run (twin.sim.engine) where a host thread issues them, op i starting
+        no earlier than issue_s[i], as one SimPy timeout re-armed when the rate changes. Returns each op's
+        (start, end), as the op-by-op run would time them. Not on shared cores: there a unit waiting for its
+        host would count as computing."""
+        if self.shares:
+            raise ValueError("a run waiting for its host cannot hold shared cores")
+        run = _IssuedRun(works, issue_s, self.env.now)
+        while True:
+            rate, start = self.rate(), self.env.now
+            self._running = self.env.active_process
+            try:
+                yield self.env.timeout(run.end_at(rate) - start)
+                self._running = None
+                run.advance(rate, inf)
+                return run.starts, run.ends
+            except simpy.Interrupt:
+                run.advance(rate, self.env.now)
+
     def comm_changed(self, delta: int) -> None:
         before = self.rate()
         self.comm_active += delta
@@ -92,3 +113,42 @@ class ComputeUnit:
         if self._running is not None:
             running, self._running = self._running, None
             running.interrupt()
+
+
+class _IssuedRun:
+    """Where a fused run waiting for its host is: op `i`, whether it has started, its work `left`, at time `t`."""
+
+    def __init__(self, works: list[float], issue_s: list[float], t: float) -> None:
+        self.works, self.issue_s, self.t = works, issue_s, t
+        self.starts, self.ends = [0.0] * len(works), [0.0] * len(works)
+        self.i, self.started, self.left = 0, False, works[0]
+
+    def end_at(self, rate: float) -> float:
+        """When the run would end at `rate` from here."""
+        t, left, started = self.t, self.left, self.started
+        for i in range(self.i, len(self.works)):
+            if not started:
+                t = max(t, self.issue_s[i])
+            t += left / rate
+            left, started = (self.works[i + 1] if i + 1 < len(self.works) else 0.0), False
+        return t
+
+    def advance(self, rate: float, until: float) -> None:
+        """Run at `rate` up to time `until`, recording the starts and ends reached."""
+        n = len(self.works)
+        while self.i < n:
+            i = self.i
+            if not self.started:
+                start = max(self.t, self.issue_s[i])
+                if start > until:
+                    self.t = until
+                    return
+                self.starts[i], self.t, self.started = start, start, True
+            end = self.t + self.left / rate
+            if end > until:
+                self.left -= (until - self.t) * rate
+                self.t = until
+                return
+            self.ends[i], self.t = end, end
+            self.i, self.started = i + 1, False
+            self.left = self.works[i + 1] if i + 1 < n else 0.0

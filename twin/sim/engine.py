@@ -236,7 +236,10 @@ class Simulator:
 
     def _stream(self, env, cls, ops, done, starts, ends, unit, calls, communicate, host):
         duration = self.compute.duration_s
-        for run in _compute_runs(ops, done, calls, fuse=self.fuse and host is None):
+        runs = _compute_runs(ops, done, calls, fuse=self.fuse and (host is None or not unit.shares))
+        runs.reverse()  # a stack: a run the host has not issued to its end goes back on it, cut (below)
+        while runs:
+            run = runs.pop()
             op = run[0]
             for dep in op.deps:
                 event = done[dep]
@@ -247,11 +250,20 @@ class Simulator:
                     yield host.progressed()
                 if host.issue_s[op.id] > env.now:
                     yield env.timeout(host.issue_s[op.id] - env.now)
+                if len(run) > 1:
+                    waiting = np.flatnonzero(np.isnan(host.issue_s[[o.id for o in run]]))
+                    if len(waiting):  # the rest waits for the host: a run of its own
+                        runs.append(run[waiting[0]:])
+                        run = run[:waiting[0]]
             starts[op.id] = env.now
             if op.id in calls:
                 yield communicate(calls[op.id], (cls, op.id))
             elif len(run) == 1:
                 yield from unit.run(duration(op.work))
+            elif host is not None:
+                ids = [o.id for o in run]
+                placed = yield from unit.run_issued([duration(o.work) for o in run], list(host.issue_s[ids]))
+                starts[ids], ends[ids] = placed
             else:
                 works = [duration(o.work) for o in run]
                 pieces = yield from unit.run(sum(works))
@@ -295,7 +307,8 @@ def _compute_runs(ops: list, done: list, calls: dict, fuse: bool) -> list[list]:
     whether or not the run is one op, so it ends when its last op would have, and
     its ops' own ends are placed from the rates it ran at (_place_fused): timelines and critical paths are those
     of the op-by-op run, to round-off. Fewer events per step: most of a pipeline stage's ops are such runs.
-    Not fused with a host thread: there each op waits for its own issue time."""
+    With a host thread each op of a run also waits for its own issue time (ComputeUnit.run_issued), and a run
+    goes only as far as the host has issued when it starts (_stream); not on shared cores."""
     if not fuse:
         return [[op] for op in ops]
     runs: list[list] = []
