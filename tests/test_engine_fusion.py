@@ -66,7 +66,7 @@ def test_fused_runs_time_every_op_as_the_op_by_op_simulation(machine_name, model
 HOST_CASES = [
     # host-bound: a small model at 40 us an op, one micro-batch's compute ops one run on tp=1
     ("dgx-a100", "layers=4,hidden=1024,heads=16,seq=1024", 8, "tp=1,dp=8,mbs=1,attention=unfused", 16, 40.0),
-    # a pipeline: the host waits for every receive, so runs are cut where it has not issued yet
+    # a pipeline: the host waits for every receive before it issues what follows it
     ("dgx-a100", "layers=8,hidden=1024,heads=16,seq=1024", 16, "tp=2,pp=4,dp=2,mbs=1", 16, 40.0),
     # device-bound with overlapped collectives slowing runs mid-way, and a host that keeps ahead
     ("dgx-a100", "GPT-5B", 512, "gx=2,gy=1,gz=8,gdata=32,mbs=2", 1024, 5.0),

@@ -208,6 +208,33 @@ def test_pipeline_bound_counts_the_bubble_and_stays_below_the_step(text):
     assert per_program < 0.7 * step  # what the bound was without the pipeline term
 
 
+@pytest.mark.parametrize("machine_name, text", [
+    ("frontier", "gdata=4,pp=4,mbs=1,global_batch=16"),  # data-parallel all-reduces and the optimizer after it
+    ("frontier", "gx=2,gdata=2,pp=4,zero=1,mbs=1,global_batch=8"),  # ZeRO-1: reduce-scatter, step, all-gather
+    ("perlmutter", "gdata=4,pp=4,mbs=1,global_batch=16"),
+])
+def test_what_stage_0_does_after_its_last_backward_is_at_least_the_tail_the_bound_adds(machine_name, text):
+    """The pipeline terms add stage 0's tail (twin.search.bound._tail_s): in the simulation, stage 0's program
+    ends at least that long after its last micro-batch op, and the bound stays below the step."""
+    from twin.builders.program import COMPUTE_STREAM
+    from twin.search.bound import _tail_s
+    from twin.search.passes import micro_batch_of
+
+    machine = load_machine(machine_name)
+    model = parse_model_spec(SEARCH_SPEC.replace("layers=4", "layers=8"))
+    schedule = build_step(model, parse_plan(text), machine, 16).schedule
+    bounds = BoundModel(machine, 16)
+    stage0 = next(i for i, p in enumerate(schedule.programs) if 0 in p.ranks)
+    program = schedule.programs[stage0]
+    tail = _tail_s(program, bounds._durations_s(schedule, program))
+    run = simulate(schedule, machine)
+    timeline = next(t for t in run.timelines if t.program == stage0)
+    last = max(op.id for op in program.ops
+               if op.stream == COMPUTE_STREAM and not op.is_comm and micro_batch_of(op) is not None)
+    assert 0 < tail <= (timeline.end_s.max() - timeline.end_s[last]) * (1 + 1e-9)
+    assert max(bounds.pipeline_terms_s(schedule)) <= run.step_time_s * (1 + 1e-9)
+
+
 def test_a_pipeline_bound_from_three_stages_stays_below_the_one_from_all():
     """The search builds a long pipeline's first, second and last stages only; the middle ones count their
     compute (the same on every middle stage) but not their chains, so the bound is at most the one from all."""

@@ -290,6 +290,10 @@ class BoundModel:
         ranks a micro-batch passes through from stage to stage). Interleaved
         schedules (ops tagged with a chunk) get no term.
 
+        Each term bounds when stage 0's last backward run ends; what stage 0
+        must still do after it (the collectives and the optimizer that wait on
+        that run: _tail_s) adds to every term.
+
         The schedule may hold some stages only (twin.build.build_stages): a stage
         between the first and the last that is missing counts its compute
         alone, that of the nearest present stage before it (every middle stage
@@ -302,7 +306,7 @@ class BoundModel:
         compute: dict[int, float] = {}  # per stage: a micro-batch's compute
         through: dict[int, float] = {}  # T_s
         own: dict[int, float] = {}  # A_s
-        micro_batches = 0
+        micro_batches, tail = 0, 0.0
         for index, program in enumerate(schedule.programs):
             program_durations = self._durations_s(schedule, program) if durations is None else durations[index]
             seen: set[int] = set()
@@ -319,6 +323,8 @@ class BoundModel:
             if not seen:
                 return ()
             stage = program.ranks[0] // per_stage
+            if stage == 0:
+                tail = _tail_s(program, program_durations)
             micro_batches = len(seen)
             chains = chains_s(program, program_durations, micro_batch_runs(program))
             runs: dict[int, list[float]] = {}
@@ -334,6 +340,29 @@ class BoundModel:
         terms, before, last_seen = [], 0.0, compute[0]
         for stage in range(stages):
             last_seen = compute.get(stage, last_seen)
-            terms.append(before + own.get(stage, micro_batches * last_seen))
+            terms.append(before + own.get(stage, micro_batches * last_seen) + tail)
             before += through.get(stage, last_seen)
         return tuple(terms)
+
+
+def _tail_s(program: Program, durations: list[float]) -> float:
+    """The longest chain of ops that must follow the program's last micro-batch op on the compute stream (through
+    their dependencies and stream order), each at its duration here: the least time from that op's end to the
+    program's."""
+    last = max((op.id for op in program.ops if op.stream == COMPUTE_STREAM and not op.is_comm
+                and micro_batch_of(op) is not None), default=None)
+    if last is None:
+        return 0.0
+    end = {last: 0.0}
+    stream_last: dict[str, int] = {}  # per stream: its latest op after `last` that follows `last`
+    for op in program.ops[last + 1:]:
+        before = [end[d] for d in op.deps if d in end]
+        if op.stream in stream_last:
+            before.append(end[stream_last[op.stream]])
+        elif op.stream == COMPUTE_STREAM:
+            before.append(0.0)  # the compute stream's next op follows `last` itself
+        if not before:
+            continue  # nothing ties it to the last micro-batch: it may run before that op ends
+        end[op.id] = max(before) + durations[op.id]
+        stream_last[op.stream] = op.id
+    return max(end.values())
