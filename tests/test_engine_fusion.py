@@ -36,6 +36,23 @@ def _model(name: str):
     return parse_model_spec(name) if "=" in name else get_model(name)
 
 
+def _assert_same_times(fused, reference) -> None:
+    """Every op's start and end, and the step, as the op-by-op simulation's."""
+    assert fused.step_time_s == pytest.approx(reference.step_time_s, rel=1e-12)
+    for a, b in zip(fused.timelines, reference.timelines):
+        np.testing.assert_allclose(a.start_s, b.start_s, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(a.end_s, b.end_s, rtol=1e-12, atol=1e-15)
+
+
+def _fused_with_host_and_reference(schedule, machine, monkeypatch):
+    """The fused and the op-by-op simulation, and the size of each run ComputeUnit.run_issued timed."""
+    sizes = []
+    run_issued = engine.ComputeUnit.run_issued
+    monkeypatch.setattr(engine.ComputeUnit, "run_issued",
+                        lambda unit, works, issue_s: (sizes.append(len(works)), run_issued(unit, works, issue_s))[1])
+    return Simulator(schedule, machine).run(), Simulator(schedule, machine, fuse=False).run(), sizes
+
+
 @pytest.mark.parametrize("machine_name,model_name,gpus,plan_text,batch", CASES)
 def test_fused_runs_time_every_op_as_the_op_by_op_simulation(machine_name, model_name, gpus, plan_text, batch,
                                                              monkeypatch):
@@ -53,10 +70,7 @@ def test_fused_runs_time_every_op_as_the_op_by_op_simulation(machine_name, model
     reference = Simulator(schedule, machine, fuse=False).run()
 
     assert interrupted, "no compute ops were fused: the case does not test fusion"
-    assert fused.step_time_s == pytest.approx(reference.step_time_s, rel=1e-12)
-    for a, b in zip(fused.timelines, reference.timelines):
-        np.testing.assert_allclose(a.start_s, b.start_s, rtol=1e-12, atol=1e-15)
-        np.testing.assert_allclose(a.end_s, b.end_s, rtol=1e-12, atol=1e-15)
+    _assert_same_times(fused, reference)
     assert [(s.cls, s.op_id, s.kind) for s in critical_path(fused)] == \
         [(s.cls, s.op_id, s.kind) for s in critical_path(reference)]
     if machine_name == "frontier" and "gz" in plan_text:
@@ -80,18 +94,11 @@ def test_fused_runs_with_a_host_thread_time_every_op_as_the_op_by_op_simulation(
     machine = load_machine(machine_name, (parse_override(f"device.launch_interval_us={interval_us}"),))
     schedule = build_step(_model(model_name), parse_plan(f"{plan_text},global_batch={batch}"), machine,
                           gpus).schedule
-    sizes = []
-    run_issued = engine.ComputeUnit.run_issued
-    monkeypatch.setattr(engine.ComputeUnit, "run_issued",
-                        lambda unit, works, issue_s: (sizes.append(len(works)), run_issued(unit, works, issue_s))[1])
-    fused = Simulator(schedule, machine).run()
-    reference = Simulator(schedule, machine, fuse=False).run()
+    fused, reference, sizes = _fused_with_host_and_reference(schedule, machine, monkeypatch)
 
     assert sizes and max(sizes) > 5, "no compute ops were fused with the host: the case does not test it"
-    assert fused.step_time_s == pytest.approx(reference.step_time_s, rel=1e-12)
+    _assert_same_times(fused, reference)
     for a, b in zip(fused.timelines, reference.timelines):
-        np.testing.assert_allclose(a.start_s, b.start_s, rtol=1e-12, atol=1e-15)
-        np.testing.assert_allclose(a.end_s, b.end_s, rtol=1e-12, atol=1e-15)
         np.testing.assert_array_equal(a.host.issue_s, b.host.issue_s)
     assert [(s.cls, s.op_id, s.kind) for s in critical_path(fused)] == \
         [(s.cls, s.op_id, s.kind) for s in critical_path(reference)]
@@ -133,15 +140,8 @@ def test_a_fused_run_the_host_has_not_issued_to_its_end_is_cut_where_the_host_wa
     info = StepInfo(model="hand", plan=None, global_batch=1, seq=1, flops_hardware=1.0, flops_model=1.0,
                     memory_per_gpu_bytes=0.0)
     schedule = Schedule(2, (GroupAxis("pp", ((0, 1),)),), (Program((0,), rank0), Program((1,), rank1)), info)
-    runs = []
-    run_issued = engine.ComputeUnit.run_issued
-    monkeypatch.setattr(engine.ComputeUnit, "run_issued",
-                        lambda unit, works, issue_s: (runs.append(len(works)), run_issued(unit, works, issue_s))[1])
-    fused = Simulator(schedule, machine).run()
-    reference = Simulator(schedule, machine, fuse=False).run()
+    fused, reference, runs = _fused_with_host_and_reference(schedule, machine, monkeypatch)
     assert runs == [2], "c1b and c1c run fused once the host issued them; c1a ran alone, cut from them"
     one = next(t for t in fused.timelines if t.rank == 1)
     assert isinstance(one.host, HostThread) and one.start_s[3] > one.end_s[0] + 1e-6  # c1b waited for its host
-    for a, b in zip(fused.timelines, reference.timelines):
-        np.testing.assert_allclose(a.start_s, b.start_s, rtol=1e-12, atol=1e-15)
-        np.testing.assert_allclose(a.end_s, b.end_s, rtol=1e-12, atol=1e-15)
+    _assert_same_times(fused, reference)

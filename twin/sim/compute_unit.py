@@ -9,6 +9,7 @@ running op with its remaining work at the new rate.
 
 from __future__ import annotations
 
+from copy import copy
 from math import inf
 
 import simpy
@@ -124,14 +125,11 @@ class _IssuedRun:
         self.i, self.started, self.left = 0, False, works[0]
 
     def end_at(self, rate: float) -> float:
-        """When the run would end at `rate` from here."""
-        t, left, started = self.t, self.left, self.started
-        for i in range(self.i, len(self.works)):
-            if not started:
-                t = max(t, self.issue_s[i])
-            t += left / rate
-            left, started = (self.works[i + 1] if i + 1 < len(self.works) else 0.0), False
-        return t
+        """When the run would end at `rate` from here (a copy plays it out into scratch lists)."""
+        probe = copy(self)
+        probe.starts = probe.ends = [0.0] * len(self.works)
+        probe.advance(rate, inf)
+        return probe.t
 
     def advance(self, rate: float, until: float) -> None:
         """Run at `rate` up to time `until`, recording the starts and ends reached."""
