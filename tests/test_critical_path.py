@@ -100,8 +100,30 @@ def test_path_costs_predict_a_resimulation_nearby(field, factor):
     assert costs.step_s == pytest.approx(simulate_step(model, plan, base, 8).step_time_s, rel=1e-9)
     moved = replace(base, device=replace(base.device, **{field: getattr(base.device, field) * factor}))
     compute = ComputeModel(moved.device)
-    predicted = costs.at({w: compute.duration_s(w) for w in costs.works}, moved.device.launch_interval_s)
+    predicted = costs.at({w: compute.duration_s(w) for w in costs.works}, moved.device.launch_interval_s,
+                         base.node.link_efficiency)
     assert predicted == pytest.approx(simulate_step(model, plan, moved, 8).step_time_s, rel=5e-3)
+
+
+@pytest.mark.parametrize("level,factor,tolerance", [("nic", 0.5, 1e-9), ("nic", 1.2, 1e-9), ("nvlink", 0.9, 1e-2)])
+def test_path_costs_predict_a_resimulation_at_another_link_efficiency(level, factor, tolerance):
+    """A communication op on the path is charged to the level of the links that set its time: moving the NICs'
+    achieved bandwidth on a two-node plan whose path crosses them predicts the re-simulated step exactly (the
+    data-parallel reduction after the last backward); NVLink's tensor-parallel collectives also slow the compute
+    they overlap, which the path holds fixed, so that move is predicted to within a percent."""
+    base = _with_launch_interval(load_machine("dgx-a100"), 20e-6)
+    model = parse_model_spec("layers=4,hidden=1024,heads=16,seq=1024")
+    plan = parse_plan("tp=4,pp=2,dp=2,mbs=2,global_batch=32,attention=unfused")
+    costs = simulate_path_costs(model, plan, base, 16)
+    assert {lvl for lvl, _ in costs.link_work} >= {"nic", "nvlink"}
+    efficiency = dict(base.node.link_efficiency)
+    efficiency[level] = min(1.0, efficiency[level] * factor)
+    moved = replace(base, node=replace(base.node, link_efficiency=efficiency))
+    compute = ComputeModel(moved.device)
+    predicted = costs.at({w: compute.duration_s(w) for w in costs.works}, moved.device.launch_interval_s, efficiency)
+    simulated = simulate_step(model, plan, moved, 16).step_time_s
+    assert simulated != pytest.approx(costs.step_s, rel=1e-3)  # the move matters
+    assert predicted == pytest.approx(simulated, rel=tolerance)
 
 
 def test_path_costs_hold_the_path_not_the_rank():

@@ -21,7 +21,7 @@ from test_cli import assert_user_error, run
 from topologies import load_machine
 from twin.errors import TwinError
 from twin.fit.machinefile import rewrite, write_fitted
-from twin.fit.params import fit_parameters
+from twin.fit.params import DEFAULT_PARAMETERS, default_parameters, fit_parameters
 from twin.fit.protocol import VALIDATION_FILES, check_calibration_file
 from twin.fit.solve import _at_bound, _degeneracy, fit
 from twin.micro_batches import simulate_step
@@ -36,15 +36,23 @@ PLANS = [(1, "tp=1,dp=1,mbs=1", 2), (1, "tp=1,dp=1,mbs=4", 8), (2, "tp=2,dp=1,mb
 HEADER = ["layers", "hidden", "heads", "seq", "gpus", "plan", "global_batch", "step_time_s", "source"]
 
 
-def _synthetic_runs(path: Path, truth=TRUTH) -> Path:
+# Two nodes of eight: data and pipeline parallelism across the NICs, tensor parallelism over NVLink.
+NETWORK_TRUTH = (("node.link_efficiency.nic", 0.5), ("node.link_efficiency.nvlink", 0.4),
+                 ("device.launch_interval_us", 40.0))
+NETWORK_SHAPES = [(2, 256, 8), (2, 1024, 16), (4, 2048, 16)]
+NETWORK_PLANS = [(16, "tp=8,dp=2,mbs=1", 4), (16, "tp=4,pp=2,dp=2,mbs=2", 16), (16, "tp=8,pp=2,dp=1,mbs=1", 4),
+                 (8, "tp=8,dp=1,mbs=1", 2)]
+
+
+def _synthetic_runs(path: Path, truth=TRUTH, shapes=SHAPES, plans=PLANS) -> Path:
     """A runs CSV whose step times the twin itself simulated at `truth`."""
     machine = load_machine(MACHINE, truth)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(HEADER)
-        for layers, hidden, heads in SHAPES:
+        for layers, hidden, heads in shapes:
             model = ModelSpec("m", layers, hidden, heads, seq=256)
-            for gpus, plan, batch in PLANS:
+            for gpus, plan, batch in plans:
                 p = parse_plan(f"{plan},global_batch={batch}")
                 step = simulate_step(model, p, machine, gpus).step_time_s
                 w.writerow([layers, hidden, heads, 256, gpus, plan, batch, repr(step), "simulated at the truth"])
@@ -93,6 +101,25 @@ def test_the_cli_writes_a_fitted_machine_file_every_command_takes(synthetic, tmp
     assert doc["summary"][str(out)]["mean_abs_pct"] < 1.0
     assert doc["summary"][MACHINE]["mean_abs_pct"] > 5.0
     assert any("in-sample" in note for note in doc["notes"])
+
+
+def test_the_collective_librarys_bandwidth_per_level_is_fitted_where_the_runs_cross_it(synthetic, tmp_path):
+    """The achieved fraction of the NICs' and of NVLink's bandwidth, with the host's time per op, from runs on
+    two nodes made with them; on one node's runs the NICs carry nothing, and fitting them is an error."""
+    runs = load_runs(str(_synthetic_runs(tmp_path / "two-nodes.csv", NETWORK_TRUTH, NETWORK_SHAPES, NETWORK_PLANS)))
+    params = fit_parameters(load_machine(MACHINE), tuple(p for p, _ in NETWORK_TRUTH))
+    result = fit(runs, MACHINE, (), params, folds=3, jobs=1)
+    for (path, truth), value in zip(NETWORK_TRUTH, result.values):
+        assert value == pytest.approx(truth, rel=0.01), path
+    assert np.abs(result.errors_before).mean() > 0.05
+    assert np.abs(result.errors_after).max() < 0.005
+    one_node = load_runs(str(synthetic))
+    with pytest.raises(TwinError, match="link_efficiency.nic has no effect"):
+        fit(one_node, MACHINE, (), fit_parameters(load_machine(MACHINE), ("node.link_efficiency.nic",)), folds=0)
+    machine = load_machine(MACHINE)  # by default, link levels are fitted only where a run spans nodes
+    assert default_parameters(machine, [r.gpus for r in one_node]) == DEFAULT_PARAMETERS
+    assert set(default_parameters(machine, [r.gpus for r in runs])) - set(DEFAULT_PARAMETERS) == {
+        "node.link_efficiency.nvlink", "node.link_efficiency.nic", "node.link_efficiency.attach"}
 
 
 def test_two_parameters_that_move_every_run_alike_are_refused():

@@ -173,6 +173,14 @@ class Fabric:
             self._names = names + self._layout.names()
         return self._names
 
+    def efficiency_key(self, link: int) -> str:
+        """The ``[node.link_efficiency]`` entry that scales this link's capacity: a node link's own kind, a
+        network link's "network" (the NIC's where the file gives none): what `twin fit` attributes a
+        transfer's time to when it fits the collective library's achieved bandwidth per level."""
+        if link < self._net_base:
+            return self.link_kind[link]
+        return "network" if "network" in self.machine.node.link_efficiency else "nic"
+
     def node_of(self, gpu: int) -> int:
         return gpu // self._gpn
 

@@ -23,7 +23,7 @@ WORST_SHOWN = 5
 def cmd_fit(args: argparse.Namespace) -> int:
     from topologies.machine import load_machine
     from twin.fit.machinefile import write_fitted
-    from twin.fit.params import DEFAULT_PARAMETERS, fit_parameters
+    from twin.fit.params import DEFAULT_PARAMETERS, default_parameters, fit_parameters
     from twin.fit.protocol import check_calibration_file
     from twin.fit.solve import fit
     from twin.runs import load_runs
@@ -41,6 +41,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         return _carry(args, machine, params)
     check_calibration_file(args.runs)
     runs = load_runs(args.runs, args.assume or "")
+    if not args.params:
+        params = fit_parameters(machine, default_parameters(machine, [r.gpus for r in runs]))
     say = (lambda line: None) if args.json else (lambda line: print(f"  {line}", file=sys.stderr))
     result = fit(runs, args.machine, base, params, folds=args.folds, jobs=job_count(args), explicit=bool(args.params),
                  progress=run_progress(args), say=say)
@@ -141,7 +143,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "fit", help="learn a machine's remaining costs from measured runs -> a fitted machine file",
         description="Fit a few physically named numbers of a machine file (the host's time per op, the device's "
         "fixed cost per kernel, the GEMM rate and its k-loop constant, the HBM efficiency of element-wise work, the "
-        "fused attention rate) to measured runs, by simulation and bounded least squares, and write the machine "
+        "fused attention rate, the achieved fraction of each level's link bandwidth: node.link_efficiency.<kind>, "
+        "e.g. nvlink or nic, which only runs whose critical path crosses that level can pin down) to measured runs, "
+        "by simulation and bounded least squares, and write the machine "
         "file with those numbers marked `fitted` (which runs, when, the cross-validated error). A fit that ends on a "
         "bound, or whose parameters the runs cannot tell apart, is refused. Fit only on calibration runs (e.g. one "
         "node); validation files are refused. --from carries fitted numbers to another machine file. Example: "
@@ -158,7 +162,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "attention=unfused,recompute=full,vocab=50304,dtype=fp16")
     p.add_argument("--params", help="comma-separated machine-file numbers to fit (default: "
                    "device.launch_interval_us, kernel_overhead_us, empirical_gemm_bf16_tflop_per_s, gemm_k_half, "
-                   "hbm_efficiency, attention_efficiency; those no run depends on are left out)")
+                   "hbm_efficiency, attention_efficiency, and where a run spans nodes node.link_efficiency.<kind> "
+                   "for each link kind of the machine (`twin machines NAME`); those no run depends on are left out)")
     p.add_argument("--folds", type=int, default=5, help="k of the k-fold cross-validation (default 5; 0: none)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
                    help="replace a number of the machine file before fitting (repeatable); written into the output")

@@ -11,7 +11,15 @@ cannot memorise the runs it learns from.
 Bounds are physical, not tuning ranges: a host issues an op in 1-500 us; a
 kernel costs between half a microsecond and 200 us of launch and tail; a GEMM cannot beat the device's
 peak nor run below a fifth of the file's empirical rate; efficiencies are
-fractions. A fit that ends on a bound is refused (twin.fit.solve): the runs
+fractions.
+
+Each level of the machine's links (`[node.link_efficiency]`: NVLink or
+xGMI inside a node, the PCIe attach, the NIC, the network between switches)
+has its achieved fraction of peak fittable too: what the collective library
+reaches there, which a datasheet does not say. A level no measured run's
+critical path crosses has no effect and cannot be fitted (a one-node file
+fits no NIC), which is the rule that network bandwidths are fitted only on
+runs that span nodes; by default they are fitted only where a run does. A fit that ends on a bound is refused (twin.fit.solve): the runs
 ask for something the model cannot be, and the fit would be hiding it.
 """
 
@@ -46,13 +54,28 @@ def _parameters(machine: Machine) -> dict[str, FitParameter]:
         FitParameter("device.gemm_k_half", 1.0, 4096.0, "inner dimension at which the k loop halves a GEMM's rate"),
         FitParameter("device.hbm_efficiency", 0.1, 1.0, "achieved / peak HBM bandwidth of element-wise work"),
         FitParameter("device.attention_efficiency", 0.05, 1.0, "fused attention rate / empirical GEMM rate"),
-    )}
+    ) + tuple(
+        FitParameter(path, 0.02, 1.0, f"achieved / peak bandwidth of {path.rsplit('.', 1)[1]} links: the collective "
+                     "library's reach at that level")
+        for path in link_parameters(machine))}
 
 
 DEFAULT_PARAMETERS = (
     "device.launch_interval_us", "device.kernel_overhead_us", "device.empirical_gemm_bf16_tflop_per_s", "device.gemm_k_half",
     "device.hbm_efficiency", "device.attention_efficiency",
 )
+
+
+def link_parameters(machine: Machine) -> tuple[str, ...]:
+    """The achieved fraction of each of the machine's link levels, as fittable paths."""
+    return tuple(f"node.link_efficiency.{kind}" for kind in machine.node.link_efficiency)
+
+
+def default_parameters(machine: Machine, run_gpus: list[int]) -> tuple[str, ...]:
+    """What `twin fit` fits when --params is not given: the device's numbers, and every link level's achieved
+    bandwidth only where some run spans nodes (the levels no run's path crosses are then left out)."""
+    spans_nodes = any(gpus > machine.node.gpus_per_node for gpus in run_gpus)
+    return DEFAULT_PARAMETERS + (link_parameters(machine) if spans_nodes else ())
 
 
 def fit_parameters(machine: Machine, names: tuple[str, ...] = DEFAULT_PARAMETERS) -> tuple[FitParameter, ...]:

@@ -38,6 +38,7 @@ from topologies.machine import Machine, load_machine
 from topologies.overrides import Override
 from twin.collector import infrequent
 from twin.errors import TwinError
+from twin.fit.least_squares import jacobian, least_squares
 from twin.fit.params import FitParameter, file_value
 from twin.fit.paths import PathCosts, combined, path_costs, simulate_plan, step_plans
 from twin.ir_io import load_schedule
@@ -51,7 +52,6 @@ CONVERGED = 0.005  # relative parameter change below which another pass would no
 IMPROVED = 1e-3  # a pass must lower the simulated squared error by this fraction to go on
 MAX_PASSES = 8
 PARALLEL_COLUMNS = 0.995  # |cosine| between two Jacobian columns above which the runs cannot tell them apart
-_JACOBIAN_STEP = 1e-4  # in log-parameter space: a 0.01% move
 
 
 @dataclass
@@ -176,58 +176,23 @@ class Surrogate:
         self.rows, self.work_of, self.stretch = np.array(rows, int), np.array(works, int), np.array(stretch)
         self.constant = np.array([p.constant_s for p in flat])
         self.launches = np.array([p.launches for p in flat])
+        self.levels = list(dict.fromkeys(level for p in flat for level, _ in p.link_work))
+        self.link_work = np.zeros((len(flat), len(self.levels)))
+        for i, p in enumerate(flat):
+            for level, work in p.link_work:
+                self.link_work[i, self.levels.index(level)] += work
 
     def steps(self, log_values: np.ndarray) -> np.ndarray:
         """Every run's step at parameters exp(log_values)."""
         overrides = self.base + _overrides(self.params, log_values)
-        compute = ComputeModel(load_machine(self.machine_name, overrides).device)
+        machine = load_machine(self.machine_name, overrides)
+        compute = ComputeModel(machine.device)
         durations = np.array([compute.duration_s(w) for w in self.works])
+        inverse_efficiency = np.array([1.0 / machine.node.link_efficiency[level] for level in self.levels])
         per_path = (self.constant + self.launches * compute.device.launch_interval_s
-                    + np.bincount(self.rows, self.stretch * durations[self.work_of], minlength=len(self.constant)))
+                    + np.bincount(self.rows, self.stretch * durations[self.work_of], minlength=len(self.constant))
+                    + self.link_work @ inverse_efficiency)
         return per_path.reshape(-1, self.n).max(axis=0)
-
-
-# ---------------------------------------------------------------- bounded least squares
-
-def _jacobian(residuals: Callable[[np.ndarray], np.ndarray], x: np.ndarray, r: np.ndarray,
-              hi: np.ndarray) -> np.ndarray:
-    """Forward differences (backward at an upper bound) of the residuals in log-parameter space."""
-    J = np.empty((len(r), len(x)))
-    for j in range(len(x)):
-        h = -_JACOBIAN_STEP if x[j] + _JACOBIAN_STEP > hi[j] else _JACOBIAN_STEP
-        moved = x.copy()
-        moved[j] += h
-        J[:, j] = (residuals(moved) - r) / h
-    return J
-
-
-def least_squares(residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, lo: np.ndarray,
-                  hi: np.ndarray, max_iterations: int = 60) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Levenberg-Marquardt projected on [lo, hi]: (x, residuals at x, Jacobian at x)."""
-    x = np.clip(x0, lo, hi)
-    r = residuals(x)
-    cost = float(r @ r)
-    damping = 1e-3
-    J = _jacobian(residuals, x, r, hi)
-    for _ in range(max_iterations):
-        A, g = J.T @ J, J.T @ r
-        for _ in range(12):
-            step = np.linalg.solve(A + damping * np.diag(np.diag(A) + 1e-12), -g)
-            x_new = np.clip(x + step, lo, hi)
-            r_new = residuals(x_new)
-            cost_new = float(r_new @ r_new)
-            if cost_new < cost:
-                break
-            damping *= 4
-        else:
-            break  # no step lowers the cost: a minimum within the bounds
-        gain = cost - cost_new
-        x, r, cost = x_new, r_new, cost_new
-        damping = max(damping / 3, 1e-9)
-        J = _jacobian(residuals, x, r, hi)
-        if gain < 1e-10 * max(cost, 1e-30):
-            break
-    return x, r, J
 
 
 def _degeneracy(params: tuple[FitParameter, ...], J: np.ndarray) -> str | None:
@@ -322,13 +287,23 @@ class _Passes:
         self.jobs, self.progress, self.say = jobs, progress, say
         self.measured = np.array([r.step_time_s for r in runs])
         self.count = 0
+        self._last: tuple[tuple, dict[int, PathCosts]] = ((), {})  # the last pass's parameters and paths by run
 
     def simulate(self, rows: np.ndarray, params, x: np.ndarray, what: str) -> list[PathCosts]:
+        """The runs `rows` simulated at x; those the last pass simulated at the same x (the first pass over every
+        run starts where the subset's passes ended) are taken from it."""
         self.count += 1
-        self.say(f"pass {self.count}: simulating {len(rows)} runs {what}")
-        chosen = [self.runs[i] for i in rows]
-        return simulate_runs(chosen, self.machine_name, [self.base + _overrides(params, x)] * len(chosen), self.jobs,
-                             self.progress)
+        at = tuple(_overrides(params, x))
+        known = self._last[1] if self._last[0] == at else {}
+        missing = [i for i in rows.tolist() if i not in known]
+        reused = f" ({len(rows) - len(missing)} as simulated by the pass before)" if len(missing) < len(rows) else ""
+        self.say(f"pass {self.count}: simulating {len(missing)} runs {what}{reused}")
+        chosen = [self.runs[i] for i in missing]
+        fresh = simulate_runs(chosen, self.machine_name, [self.base + at] * len(chosen), self.jobs,
+                              self.progress) if chosen else []
+        paths = dict(known) | dict(zip(missing, fresh))
+        self._last = (at, paths)
+        return [paths[i] for i in rows.tolist()]
 
     def converge(self, rows: np.ndarray, params, x: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                  first: list[PathCosts] | None, tolerance: float
@@ -357,14 +332,14 @@ class _Passes:
         _, x, paths = best
         surrogate = Surrogate(history, self.machine_name, self.base, params)
         residuals = surrogate.steps(x) / measured - 1
-        J = _jacobian(lambda v: surrogate.steps(v) / measured - 1, x, residuals, hi)
+        J = jacobian(lambda v: surrogate.steps(v) / measured - 1, x, residuals, hi)
         return x, paths, J, history
 
 
 def _drop_idle(params, surrogate: Surrogate, start: np.ndarray, runs, rows: np.ndarray, explicit: bool):
     """The parameters some run depends on, and the names of those none does (an error if they were asked for)."""
     measured = np.array([runs[i].step_time_s for i in rows])
-    J = _jacobian(lambda x: surrogate.steps(x) / measured - 1, start, surrogate.steps(start) / measured - 1,
+    J = jacobian(lambda x: surrogate.steps(x) / measured - 1, start, surrogate.steps(start) / measured - 1,
                   np.log([p.upper for p in params]))  # a number on its upper bound is probed downward
     idle = tuple(p.path for p, n in zip(params, np.linalg.norm(J, axis=0)) if n == 0.0)
     if idle and explicit:

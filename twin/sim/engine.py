@@ -130,6 +130,9 @@ class SimRun:
     # (class, op id) of each communication op -> the (class, op id) whose arrival started its
     # transfer (the last member to issue it): what twin.sim.critical_path follows back.
     started_by: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    # What each communication op did (latency, phases, their bottleneck levels): twin.fit.paths splits a
+    # communication op's time on the critical path by the links that set it.
+    flow_types: FlowTypes | None = None
 
 
 class Simulator:
@@ -211,7 +214,8 @@ class Simulator:
         self._check_finished(timelines)
         step = max(float(np.nanmax(t.end_s)) if len(t.end_s) else 0.0 for t in timelines)
         return SimRun(
-            self.schedule, self.machine, sym, tuple(timelines), step, time.perf_counter() - wall, self.full, started_by
+            self.schedule, self.machine, sym, tuple(timelines), step, time.perf_counter() - wall, self.full, started_by,
+            flow_types
         )
 
     def _compute_units(self, env: simpy.Environment) -> list[ComputeUnit]:

@@ -56,6 +56,9 @@ class FlowTypes:
     loads: np.ndarray  # (type, phase) rows x link classes, each row's max = 1 (or all zero)
     s_per_byte: np.ndarray  # per row: seconds per byte alone
     keys: tuple[tuple, ...]  # per type: (family, kind, algorithm, protocol) or (family, "p2p", src, dst)
+    # per row: the [node.link_efficiency] entry of its slowest link alone (Fabric.efficiency_key; "" when it
+    # loads none): the level whose achieved bandwidth sets the phase's time, which `twin fit` attributes it to
+    bottleneck: tuple[str, ...] = ()
 
     @property
     def n_classes(self) -> int:
@@ -151,7 +154,9 @@ class FlowTypes:
             rows.extend(phases)
             latencies.append(latency)
         loads, s_per_byte = _compress(rows, prune=len(rows) <= _DOMINANCE_PRUNE_MAX_TYPES)
-        return cls(tuple(per_op), tuple(latencies), tuple(phase_rows), loads, s_per_byte, keys)
+        bottleneck = tuple(model.fabric.efficiency_key(int(links[np.argmax(values)])) if len(links) else ""
+                           for links, values in rows)
+        return cls(tuple(per_op), tuple(latencies), tuple(phase_rows), loads, s_per_byte, keys, bottleneck)
 
 
 def _seconds_per_byte(model: CollectiveModel, phases, fraction: float) -> tuple[Row, ...]:
