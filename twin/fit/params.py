@@ -18,9 +18,10 @@ xGMI inside a node, the PCIe attach, the NIC, the network between switches)
 has its achieved fraction of peak fittable too: what the collective library
 reaches there, which a datasheet does not say. A level no measured run's
 critical path crosses has no effect and cannot be fitted (a one-node file
-fits no NIC), which is the rule that network bandwidths are fitted only on
-runs that span nodes; by default they are fitted only where a run does. A fit that ends on a bound is refused (twin.fit.solve): the runs
-ask for something the model cannot be, and the fit would be hiding it.
+fits no NIC); without --params they are fitted only where a run spans nodes.
+
+A fit that ends on a bound is refused (twin.fit.solve): the runs ask for
+something the model cannot be, and the fit would be hiding it.
 """
 
 from __future__ import annotations
