@@ -103,16 +103,26 @@ def test_the_cli_writes_a_fitted_machine_file_every_command_takes(synthetic, tmp
     assert any("in-sample" in note for note in doc["notes"])
 
 
-def test_the_collective_librarys_bandwidth_per_level_is_fitted_where_the_runs_cross_it(synthetic, tmp_path):
+def test_the_collective_librarys_bandwidth_per_level_is_fitted_where_the_runs_cross_it(synthetic, tmp_path, capsys):
     """The achieved fraction of the NICs' and of NVLink's bandwidth, with the host's time per op, from runs on
-    two nodes made with them; on one node's runs the NICs carry nothing, and fitting them is an error."""
-    runs = load_runs(str(_synthetic_runs(tmp_path / "two-nodes.csv", NETWORK_TRUTH, NETWORK_SHAPES, NETWORK_PLANS)))
+    two nodes made with them, written into [node.link_efficiency]; on one node's runs the NICs carry nothing, and
+    fitting them is an error."""
+    two_nodes = _synthetic_runs(tmp_path / "two-nodes.csv", NETWORK_TRUTH, NETWORK_SHAPES, NETWORK_PLANS)
+    runs = load_runs(str(two_nodes))
     params = fit_parameters(load_machine(MACHINE), tuple(p for p, _ in NETWORK_TRUTH))
     result = fit(runs, MACHINE, (), params, folds=3, jobs=1)
     for (path, truth), value in zip(NETWORK_TRUTH, result.values):
         assert value == pytest.approx(truth, rel=0.01), path
     assert np.abs(result.errors_before).mean() > 0.05
     assert np.abs(result.errors_after).max() < 0.005
+    out = tmp_path / "fitted.toml"
+    rc, _, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(two_nodes), "-o", str(out), "--folds", "0",
+                     "--params", ",".join(p for p, _ in NETWORK_TRUTH), "--jobs", "1", "--json")
+    assert rc == 0, err
+    fitted = load_machine(str(out))
+    for path, truth in NETWORK_TRUTH:
+        assert fitted.sources[path].fitted and fitted.sources[path].value == pytest.approx(truth, rel=0.01)
+    assert fitted.node.link_efficiency["nic"] == pytest.approx(0.5, rel=0.01)
     one_node = load_runs(str(synthetic))
     with pytest.raises(TwinError, match="link_efficiency.nic has no effect"):
         fit(one_node, MACHINE, (), fit_parameters(load_machine(MACHINE), ("node.link_efficiency.nic",)), folds=0)
