@@ -157,7 +157,9 @@ class Surrogate:
     A critical path found at some parameters is still a chain of dependent ops at any others, so its cost
     there is a lower bound on the step: with the paths of several passes, each run's step is the largest of its
     paths' costs. Exact at every simulated point, it lets the fit see where another path takes over instead of
-    overshooting past it and coming back a pass later.
+    overshooting past it and coming back a pass later. (For a link level the bound holds to first order: a
+    transfer's share of its contended links is kept as simulated, and compute it overlaps is not slowed for
+    longer; the next pass re-simulates both.)
     """
 
     def __init__(self, passes: list[list[PathCosts]], machine_name: str, base: tuple[Override, ...],
