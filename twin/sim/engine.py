@@ -254,18 +254,18 @@ class Simulator:
                     yield host.progressed()
                 if host.issue_s[op.id] > env.now:
                     yield env.timeout(host.issue_s[op.id] - env.now)
+                ids = [o.id for o in run]
                 if len(run) > 1:
-                    waiting = np.flatnonzero(np.isnan(host.issue_s[[o.id for o in run]]))
+                    waiting = np.flatnonzero(np.isnan(host.issue_s[ids]))
                     if len(waiting):  # the rest waits for the host: a run of its own
                         runs.append(run[waiting[0]:])
-                        run = run[:waiting[0]]
+                        run, ids = run[:waiting[0]], ids[:waiting[0]]
             starts[op.id] = env.now
             if op.id in calls:
                 yield communicate(calls[op.id], (cls, op.id))
             elif len(run) == 1:
                 yield from unit.run(duration(op.work))
             elif host is not None:
-                ids = [o.id for o in run]
                 placed = yield from unit.run_issued([duration(o.work) for o in run], list(host.issue_s[ids]))
                 starts[ids], ends[ids] = placed
             else:
