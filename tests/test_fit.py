@@ -132,6 +132,23 @@ def test_the_collective_librarys_bandwidth_per_level_is_fitted_where_the_runs_cr
         "node.link_efficiency.nvlink", "node.link_efficiency.nic", "node.link_efficiency.attach"}
 
 
+def test_the_first_pass_over_every_run_reuses_the_subsets_last_pass(synthetic, monkeypatch):
+    """Early passes over a subset, then passes over every run: the first of those starts where the subset's last
+    pass was simulated, and takes those runs from it instead of simulating them again; the fit is the same."""
+    from twin.fit import solve
+    runs = load_runs(str(synthetic))
+    params = fit_parameters(load_machine(MACHINE), tuple(p for p, _ in TRUTH))
+    monkeypatch.setattr(solve, "SUBSET_MIN", 1)
+    monkeypatch.setattr(solve, "SUBSET_STRIDE", 2)
+    said: list[str] = []
+    result = fit(runs, MACHINE, (), params, folds=0, jobs=1, say=said.append)
+    reused = [line for line in said if "as simulated by the pass before" in line]
+    assert reused and reused[0].startswith("pass ") and f"simulating {len(runs) - len(runs[::2])} runs" in reused[0]
+    for (path, truth), value in zip(TRUTH, result.values):
+        assert value == pytest.approx(truth, rel=0.01), path
+    assert np.abs(result.errors_after).max() < 0.005
+
+
 def test_two_parameters_that_move_every_run_alike_are_refused():
     params = fit_parameters(load_machine(MACHINE), ("device.hbm_efficiency", "device.kernel_overhead_us"))
     J = np.array([[1.0, 2.0], [2.0, 4.0001], [0.5, 1.0]])
