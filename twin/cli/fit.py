@@ -35,14 +35,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
     machine = load_machine(args.machine, base)
     check_outputs({"-o": args.output}, {"--machine": machine.path, "--runs": args.runs, "--from": args.carry_from},
                   {"-o": ("toml",)})
-    names = tuple(n.strip() for n in args.params.split(",") if n.strip()) if args.params else DEFAULT_PARAMETERS
-    params = fit_parameters(machine, names)
+    names = tuple(n.strip() for n in args.params.split(",") if n.strip()) if args.params else ()
+    named = fit_parameters(machine, names) if names else None  # checked before any run is read
     if args.carry_from:
-        return _carry(args, machine, params)
+        return _carry(args, machine, named or fit_parameters(machine, DEFAULT_PARAMETERS))
     check_calibration_file(args.runs)
     runs = load_runs(args.runs, args.assume or "")
-    if not args.params:
-        params = fit_parameters(machine, default_parameters(machine, [r.gpus for r in runs]))
+    params = named or fit_parameters(machine, default_parameters(machine, [r.gpus for r in runs]))
     say = (lambda line: None) if args.json else (lambda line: print(f"  {line}", file=sys.stderr))
     result = fit(runs, args.machine, base, params, folds=args.folds, jobs=job_count(args), explicit=bool(args.params),
                  progress=run_progress(args), say=say)

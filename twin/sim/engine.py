@@ -254,8 +254,8 @@ class Simulator:
                     yield host.progressed()
                 if host.issue_s[op.id] > env.now:
                     yield env.timeout(host.issue_s[op.id] - env.now)
-                ids = [o.id for o in run]
-                if len(run) > 1:
+                if len(run) > 1:  # (a run of one op, or a transfer, is timed without its ids)
+                    ids = [o.id for o in run]
                     waiting = np.flatnonzero(np.isnan(host.issue_s[ids]))
                     if len(waiting):  # the rest waits for the host: a run of its own
                         runs.append(run[waiting[0]:])
