@@ -38,11 +38,18 @@ def resolve_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: i
     return resolved, check_fit(model, resolved, machine.device.hbm_bytes, reserve=not measured)
 
 
-def build_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, measured: bool = False) -> BuiltStep:
-    """The checked step and its schedule; `measured` as resolve_step."""
+def build_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, measured: bool = False,
+               built: dict[tuple[ModelSpec, ParallelPlan], Schedule] | None = None) -> BuiltStep:
+    """The checked step and its schedule; `measured` as resolve_step. `built`: schedules built before, by model
+    and resolved plan, reused (the schedule reads no machine number: only the checks do) and added to."""
     resolved, memory = resolve_step(model, plan, machine, gpus, measured)
-    with paused():
-        return BuiltStep(build_schedule(model, resolved), resolved, memory)
+    schedule = built.get((model, resolved)) if built is not None else None
+    if schedule is None:
+        with paused():
+            schedule = build_schedule(model, resolved)
+        if built is not None:
+            built[(model, resolved)] = schedule
+    return BuiltStep(schedule, resolved, memory)
 
 
 def build_stages(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, stages: tuple[int, ...]

@@ -26,27 +26,23 @@ simulation to a fraction of a percent near the fit; tests check it).
 from __future__ import annotations
 
 import time
-from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
-from multiprocessing import get_context
 from typing import Callable
 
 import numpy as np
 
-from topologies.fabric import Fabric
-from topologies.machine import Machine, load_machine
+from topologies.machine import load_machine
 from topologies.overrides import Override
 from twin.collector import infrequent
 from twin.errors import TwinError
 from twin.fit.least_squares import jacobian, least_squares
 from twin.fit.params import FitParameter, file_value
-from twin.fit.paths import PathCosts, combined, path_costs, simulate_plan, step_plans
-from twin.ir_io import load_schedule
+from twin.fit.paths import PathCosts, combined, step_plans
+from twin.fit.workers import SimulationWorkers, cached_machine
 from twin.ir import Work
 from twin.runs import MeasuredRun
-from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
-from twin.sim.engine import simulate
 
 CONVERGED = 0.005  # relative parameter change below which another pass would not move the path
 IMPROVED = 1e-3  # a pass must lower the simulated squared error by this fraction to go on
@@ -75,49 +71,10 @@ class FitResult:
 
 # ---------------------------------------------------------------- simulation passes
 
-_MACHINES: dict[tuple, Machine] = {}
-_COLLECTIVES: dict[tuple, CollectiveModel] = {}
-
-
-_CACHED = 32  # machines (each pass has its own overrides) and collective models kept per process
-
-
-def _machine(name: str, overrides: tuple[Override, ...]) -> Machine:
-    key = (name, overrides)
-    if key not in _MACHINES:
-        if len(_MACHINES) >= _CACHED:
-            _MACHINES.clear()
-        _MACHINES[key] = load_machine(name, overrides)
-    return _MACHINES[key]
-
-
-def _collectives(name: str, overrides: tuple[Override, ...], gpus: int) -> CollectiveModel:
-    """One CollectiveModel per machine and size in this process: its ring packings are reused across plans."""
-    key = (name, overrides, gpus)
-    if key not in _COLLECTIVES:
-        if len(_COLLECTIVES) >= _CACHED:
-            _COLLECTIVES.clear()
-        _COLLECTIVES[key] = CollectiveModel(Fabric(_machine(name, overrides), gpus))
-    return _COLLECTIVES[key]
-
-
-def _simulate_task(task: tuple) -> PathCosts | str:
-    """One plan (or executed schedule file) simulated, in a worker process: its PathCosts, or the TwinError's text."""
-    machine_name, overrides, model, plan, gpus = task
-    machine = _machine(machine_name, overrides)
-    try:
-        if isinstance(plan, str):
-            schedule = load_schedule(plan)
-            return path_costs(simulate(schedule, machine, collectives=_collectives(machine_name, overrides,
-                                                                                  schedule.world_size)))
-        return simulate_plan(model, plan, machine, gpus, _collectives(machine_name, overrides, gpus))
-    except TwinError as e:
-        return str(e)
-
-
 def simulate_runs(runs: list[MeasuredRun], machine_name: str, overrides: list[tuple[Override, ...]], jobs: int,
-                  progress: Callable | None = None) -> list[PathCosts]:
-    """Every run simulated at its own overrides, in `jobs` processes; a TwinError naming the first run that fails.
+                  progress: Callable | None = None, workers: SimulationWorkers | None = None) -> list[PathCosts]:
+    """Every run simulated at its own overrides, in `jobs` processes (or `workers`, which outlive the call: a
+    fit's passes); a TwinError naming the first run that fails.
 
     Runs that differ only in their number of micro-batches share their short simulations (twin.fit.paths), so
     each distinct simulation runs once."""
@@ -126,18 +83,16 @@ def simulate_runs(runs: list[MeasuredRun], machine_name: str, overrides: list[tu
     for run, o in zip(runs, overrides):
         try:
             plans, extra = ((run.schedule,), 0) if run.schedule else step_plans(run.model, run.plan,
-                                                                                 _machine(machine_name, o), run.gpus)
+                                                                                 cached_machine(machine_name, o),
+                                                                                 run.gpus)
         except TwinError as e:
             raise TwinError(f"{run.where}: {e}") from None
         wanted.append(tuple((machine_name, o, run.model, p, run.gpus) for p in plans))
         extras.append(extra)
     tasks = list(dict.fromkeys(t for ts in wanted for t in ts))
-    if jobs > 1 and len(tasks) > 1:
-        with ProcessPoolExecutor(min(jobs, len(tasks)), mp_context=get_context("fork")) as pool:
-            results = pool.map(_simulate_task, tasks, chunksize=max(1, len(tasks) // (8 * jobs)))
-            results = list(progress(results, total=len(tasks)) if progress else results)
-    else:
-        results = [_simulate_task(t) for t in (progress(tasks) if progress else tasks)]
+    with SimulationWorkers(jobs) if workers is None else nullcontext(workers) as pool:
+        results = pool.simulate(tasks)
+        results = list(progress(results, total=len(tasks)) if progress else results)
     done = dict(zip(tasks, results))
     out = []
     for run, ts, extra in zip(runs, wanted, extras):
@@ -244,21 +199,22 @@ def fit(runs: list[MeasuredRun], machine_name: str, base: tuple[Override, ...], 
         raise TwinError(f"--folds must be 0 (no cross-validation) or 2..{len(runs)}, got {folds}")
     everything = np.arange(len(runs))
     subset = everything[::SUBSET_STRIDE] if len(runs) >= SUBSET_MIN * SUBSET_STRIDE else everything
-    passes = _Passes(runs, machine_name, base, jobs, progress, say)
-    start = np.log([file_value(machine, p) for p in params])
-    at_start = passes.simulate(subset, params, start, "at the machine file's values")
-    params, dropped = _drop_idle(params, Surrogate([at_start], machine_name, base, params), start, runs, subset,
-                                 explicit)
-    if dropped:
-        say(f"left out (no run depends on them): {', '.join(dropped)}")
+    with SimulationWorkers(jobs, keep_schedules=True) as workers:  # across passes, each with its runs' schedules
+        passes = _Passes(runs, machine_name, base, workers, progress, say)
         start = np.log([file_value(machine, p) for p in params])
-    lo, hi = np.log([p.lower for p in params]), np.log([p.upper for p in params])
-    x = np.clip(start, lo, hi)
-    first: list[PathCosts] | None = at_start
-    if len(subset) < len(runs):
-        x, _, _, _ = passes.converge(subset, params, x, lo, hi, first=at_start, tolerance=SUBSET_CONVERGED)
-        first = None
-    x, paths, J, history = passes.converge(everything, params, x, lo, hi, first=first, tolerance=CONVERGED)
+        at_start = passes.simulate(subset, params, start, "at the machine file's values")
+        params, dropped = _drop_idle(params, Surrogate([at_start], machine_name, base, params), start, runs, subset,
+                                     explicit)
+        if dropped:
+            say(f"left out (no run depends on them): {', '.join(dropped)}")
+            start = np.log([file_value(machine, p) for p in params])
+        lo, hi = np.log([p.lower for p in params]), np.log([p.upper for p in params])
+        x = np.clip(start, lo, hi)
+        first: list[PathCosts] | None = at_start
+        if len(subset) < len(runs):
+            x, _, _, _ = passes.converge(subset, params, x, lo, hi, first=at_start, tolerance=SUBSET_CONVERGED)
+            first = None
+        x, paths, J, history = passes.converge(everything, params, x, lo, hi, first=first, tolerance=CONVERGED)
     reason = _at_bound(params, x, lo, hi) or _degeneracy(params, J)
     if reason and refuse:
         raise TwinError(f"fit refused: {reason}")
@@ -284,9 +240,9 @@ TRUST = np.log(4.0)  # one pass moves no parameter by more than a factor of 4: t
 class _Passes:
     """Simulation passes over (some of) the runs, and least squares between them."""
 
-    def __init__(self, runs, machine_name, base, jobs, progress, say) -> None:
+    def __init__(self, runs, machine_name, base, workers: SimulationWorkers, progress, say) -> None:
         self.runs, self.machine_name, self.base = runs, machine_name, base
-        self.jobs, self.progress, self.say = jobs, progress, say
+        self.workers, self.progress, self.say = workers, progress, say
         self.measured = np.array([r.step_time_s for r in runs])
         self.count = 0
         self._last: tuple[tuple, dict[int, PathCosts]] = ((), {})  # the last pass's parameters and paths by run
@@ -301,8 +257,8 @@ class _Passes:
         reused = f" ({len(rows) - len(missing)} as simulated by the pass before)" if len(missing) < len(rows) else ""
         self.say(f"pass {self.count}: simulating {len(missing)} runs {what}{reused}")
         chosen = [self.runs[i] for i in missing]
-        fresh = simulate_runs(chosen, self.machine_name, [self.base + at] * len(chosen), self.jobs,
-                              self.progress) if chosen else []
+        fresh = simulate_runs(chosen, self.machine_name, [self.base + at] * len(chosen), self.workers.jobs,
+                              self.progress, self.workers) if chosen else []
         paths = dict(known) | dict(zip(missing, fresh))
         self._last = (at, paths)
         return [paths[i] for i in rows.tolist()]

@@ -19,8 +19,11 @@ instead of one per parameter and function evaluation.
 
 from __future__ import annotations
 
+import weakref
 from bisect import bisect_right
 from typing import NamedTuple
+
+import numpy as np
 
 from twin.ir import Program
 from twin.sim.engine import SimRun
@@ -40,15 +43,51 @@ class PathStep(NamedTuple):  # a tuple: a path holds one per op, thousands per s
     launches: int = 0  # host: how many ops the host issued in elapsed_s
 
 
-def _predecessors(program: Program) -> list[tuple[int, ...]]:
-    """Per op: the ops whose ends gate its start (its deps and the previous op on its stream)."""
+# id(program) -> (a weak reference to it, its pairs' ops, their predecessors): as long as the program lives.
+_PAIRS: dict[int, tuple[weakref.ref, np.ndarray, np.ndarray]] = {}
+
+
+def _predecessor_pairs(program: Program) -> tuple[np.ndarray, np.ndarray]:
+    """Every (op, predecessor) pair of the program, op by op: the ops whose ends gate an op's start (its deps,
+    then the previous op on its stream). Kept while the program lives: a fit simulates the same schedules pass
+    after pass."""
+    kept = _PAIRS.get(id(program))
+    if kept is not None and kept[0]() is program:
+        return kept[1], kept[2]
+    ops: list[int] = []
+    preds: list[int] = []
     last_on_stream: dict[str, int] = {}
-    out = []
     for op in program.ops:
         prev = last_on_stream.get(op.stream)
-        out.append(tuple(op.deps) + ((prev,) if prev is not None else ()))
+        before = op.deps if prev is None else (*op.deps, prev)
+        ops.extend([op.id] * len(before))
+        preds.extend(before)
         last_on_stream[op.stream] = op.id
-    return out
+    key = id(program)
+    _PAIRS[key] = (weakref.ref(program, lambda ref: _forget(ref, key)), np.array(ops, dtype=np.int64),
+                   np.array(preds, dtype=np.int64))
+    return _PAIRS[key][1], _PAIRS[key][2]
+
+
+def _forget(ref: weakref.ref, key: int) -> None:
+    """A program is gone: its pairs too (unless its id already names another program's)."""
+    kept = _PAIRS.get(key)
+    if kept is not None and kept[0] is ref:
+        del _PAIRS[key]
+
+
+def _latest_predecessors(program: Program, ends: np.ndarray) -> tuple[list[float], list[int]]:
+    """Per op: when the last of its predecessors ended (0.0 without any) and which it was (the first of equals;
+    -1 without any)."""
+    ops, preds = _predecessor_pairs(program)
+    ready, latest = np.zeros(len(ends)), np.full(len(ends), -1, dtype=np.int64)
+    if len(ops):
+        ended = ends[preds]
+        order = np.lexsort((-ended, ops))  # op by op, the latest end first; stable, so the first of equals
+        heads = order[np.r_[True, ops[order][1:] != ops[order][:-1]]]
+        ready[ops[heads]] = ended[heads]
+        latest[ops[heads]] = preds[heads]
+    return ready.tolist(), latest.tolist()
 
 
 def critical_path(run: SimRun) -> list[PathStep]:
@@ -56,10 +95,11 @@ def critical_path(run: SimRun) -> list[PathStep]:
     timelines = run.timelines
     if not any(len(t.end_s) for t in timelines):
         return []
-    preds = {t.program: _predecessors(run.schedule.programs[t.program]) for t in timelines}
     # Python lists: the walk reads single elements, which numpy arrays serve slowly.
     starts = [t.start_s.tolist() for t in timelines]
     ends = [t.end_s.tolist() for t in timelines]
+    gates = [_latest_predecessors(run.schedule.programs[t.program], t.end_s) for t in timelines]
+    issued = [t.host.issue_s.tolist() if t.host is not None else None for t in timelines]
     cls, op_id = max(((c, int(t.end_s.argmax())) for c, t in enumerate(timelines) if len(t.end_s)),
                      key=lambda co: ends[co[0]][co[1]])
     syncs = {c: sorted(t.host.synced) for c, t in enumerate(timelines) if t.host is not None}
@@ -71,18 +111,16 @@ def critical_path(run: SimRun) -> list[PathStep]:
         start = starts[at[0]][at[1]]
         steps.append(PathStep(cls, op_id, end - start, "comm" if starter else "compute"))
         cls, op_id = at
-        timeline, cls_ends = timelines[cls], ends[cls]
-        before = preds[timeline.program][op_id]
-        ready = max((cls_ends[p] for p in before), default=0.0)
-        if timeline.host is not None and timeline.host.issue_s[op_id] > ready:
-            step, op_id = _host_steps(timeline.host, syncs[cls], cls, op_id)
+        ready, latest = gates[cls]
+        if issued[cls] is not None and issued[cls][op_id] > ready[op_id]:
+            step, op_id = _host_steps(timelines[cls].host, syncs[cls], cls, op_id)
             steps.append(step)
             if op_id is None:
                 break
             continue
-        if start <= _TOLERANCE_S or not before:
+        if start <= _TOLERANCE_S or latest[op_id] < 0:
             break
-        op_id = max(before, key=cls_ends.__getitem__)
+        op_id = latest[op_id]
     steps.reverse()
     return steps
 
