@@ -9,7 +9,6 @@ running op with its remaining work at the new rate.
 
 from __future__ import annotations
 
-from copy import copy
 from math import inf
 
 import simpy
@@ -125,11 +124,17 @@ class _IssuedRun:
         self.i, self.started, self.left = 0, False, works[0]
 
     def end_at(self, rate: float) -> float:
-        """When the run would end at `rate` from here (a copy plays it out into scratch lists)."""
-        probe = copy(self)
-        probe.starts = probe.ends = [0.0] * len(self.works)
-        probe.advance(rate, inf)
-        return probe.t
+        """When the run would end at `rate` from here: advance's arithmetic, step for step, recording nothing."""
+        works, issue_s, n = self.works, self.issue_s, len(self.works)
+        i, t = self.i, self.t
+        if i >= n:
+            return t
+        if not self.started:
+            t = max(t, issue_s[i])
+        t += self.left / rate
+        for j in range(i + 1, n):
+            t = max(t, issue_s[j]) + works[j] / rate
+        return t
 
     def advance(self, rate: float, until: float) -> None:
         """Run at `rate` up to time `until`, recording the starts and ends reached."""
