@@ -57,9 +57,11 @@ def test_schedules_are_kept_only_when_asked_and_only_under_the_cap(monkeypatch):
     monkeypatch.setattr(workers, "_SCHEDULES", workers._Kept())
     list(SimulationWorkers(1).simulate(_tasks()))
     assert not workers._SCHEDULES  # `twin validate --runs` simulates once: nothing to keep
-    list(SimulationWorkers(1, keep_schedules=True).simulate(_tasks()))
-    sizes = [sum(len(p.ops) for p in s.programs) for s in workers._SCHEDULES.values()]
-    assert len(sizes) == len(PLANS) and workers._SCHEDULES.ops == sum(sizes)
+    with SimulationWorkers(1, keep_schedules=True) as inline:
+        list(inline.simulate(_tasks()))
+        sizes = [sum(len(p.ops) for p in s.programs) for s in workers._SCHEDULES.values()]
+        assert len(sizes) == len(PLANS) and workers._SCHEDULES.ops == sum(sizes)
+    assert not workers._SCHEDULES and workers._SCHEDULES.ops == 0  # the fit is over: this process goes on without
     monkeypatch.setattr(workers, "_SCHEDULES", workers._Kept())
     monkeypatch.setattr(workers, "OPS_KEPT", sizes[0] + sizes[1])
     list(SimulationWorkers(1, keep_schedules=True).simulate(_tasks()))

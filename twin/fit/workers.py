@@ -52,6 +52,10 @@ class _Kept(dict):
             super().__setitem__(key, schedule)
             self.ops += ops
 
+    def clear(self) -> None:
+        super().clear()
+        self.ops = 0
+
 
 _SCHEDULES = _Kept()
 
@@ -108,9 +112,11 @@ class SimulationWorkers:
         return self
 
     def __exit__(self, *exc) -> None:
-        for pool in self._pools:
+        for pool in self._pools:  # their processes end, and what they kept with them
             pool.shutdown(cancel_futures=True)
         self._pools = []
+        if self.keep and self.jobs == 1:  # kept in this process: the caller goes on without them
+            _SCHEDULES.clear()
 
     def simulate(self, tasks: list[tuple]) -> Iterator[PathCosts | str]:
         """simulate_task of every task, in their order (a generator: results arrive a share at a time)."""
