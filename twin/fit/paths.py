@@ -141,16 +141,17 @@ def step_plans(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int
 
 
 def simulate_plan(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
-                  collectives: CollectiveModel | None = None) -> PathCosts:
+                  collectives: CollectiveModel | None = None, built: dict | None = None) -> PathCosts:
     """PathCosts of exactly this measured run's plan (mbs and ga resolved); `collectives` as
-    twin.sim.engine.simulate."""
-    schedule = build_step(model, plan, machine, gpus, measured=True).schedule
+    twin.sim.engine.simulate, `built` (schedules built before) as twin.build.build_step."""
+    schedule = build_step(model, plan, machine, gpus, measured=True, built=built).schedule
     return path_costs(simulate(schedule, machine, collectives=collectives))
 
 
 def combined(costs: tuple[PathCosts, ...], extra: int) -> PathCosts:
     """The step's PathCosts from step_plans' simulations: the one, or the second continued past the first."""
     return costs[0] if len(costs) == 1 else _continued(costs[0], costs[1], extra)
+
 
 
 def simulate_path_costs(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> PathCosts:

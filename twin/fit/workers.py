@@ -25,9 +25,8 @@ from typing import Iterator
 from topologies.fabric import Fabric
 from topologies.machine import Machine, load_machine
 from topologies.overrides import Override
-from twin.build import build_step
 from twin.errors import TwinError
-from twin.fit.paths import PathCosts, path_costs
+from twin.fit.paths import PathCosts, path_costs, simulate_plan
 from twin.ir import Schedule
 from twin.ir_io import load_schedule
 from twin.sim.collectives import CollectiveModel
@@ -89,11 +88,10 @@ def simulate_task(task: tuple, keep: bool = False) -> PathCosts | str:
     try:
         if isinstance(plan, str):
             schedule = load_schedule(plan)
-            gpus = schedule.world_size
-        else:
-            schedule = build_step(model, plan, machine, gpus, measured=True,
-                                  built=_SCHEDULES if keep else None).schedule
-        return path_costs(simulate(schedule, machine, collectives=_collectives(machine_name, overrides, gpus)))
+            return path_costs(simulate(schedule, machine, collectives=_collectives(machine_name, overrides,
+                                                                                  schedule.world_size)))
+        return simulate_plan(model, plan, machine, gpus, _collectives(machine_name, overrides, gpus),
+                             built=_SCHEDULES if keep else None)
     except TwinError as e:
         return str(e)
 
