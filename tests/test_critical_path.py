@@ -56,6 +56,26 @@ def test_the_critical_path_adds_up_to_the_step(machine_name, gpus, plan, interva
         assert "compute" in kinds
 
 
+def test_a_schedule_simulated_again_keeps_its_predecessor_pairs_and_drops_them_with_it():
+    """The fit simulates one schedule pass after pass: the second walk reuses the first's pairs, at the second
+    simulation's times, and the pairs go when the schedule does."""
+    import gc
+    from twin.sim import critical_path as module
+    machine_name, gpus, plan = PLANS[3]
+    machine = load_machine(machine_name)
+    busy_host = _with_launch_interval(machine, 30e-6)
+    schedule = build_step(parse_model_spec(FOUR_LAYERS), parse_plan(plan), machine, gpus).schedule
+    first = critical_path(simulate(schedule, machine))
+    kept = {id(p) for p in schedule.programs} & set(module._PAIRS)
+    assert kept
+    again = critical_path(simulate(schedule, busy_host))
+    assert again != first and again == critical_path(simulate(build_step(
+        parse_model_spec(FOUR_LAYERS), parse_plan(plan), busy_host, gpus).schedule, busy_host))
+    del schedule
+    gc.collect()
+    assert not kept & set(module._PAIRS)
+
+
 def test_without_a_launch_interval_there_is_no_host_and_no_change():
     machine = load_machine("dgx-a100")
     model, plan = parse_model_spec(SMALL_SPEC), parse_plan("tp=2,pp=2,dp=2,mbs=1,global_batch=8")
