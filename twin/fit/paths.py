@@ -153,7 +153,6 @@ def combined(costs: tuple[PathCosts, ...], extra: int) -> PathCosts:
     return costs[0] if len(costs) == 1 else _continued(costs[0], costs[1], extra)
 
 
-
 def simulate_path_costs(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> PathCosts:
     """Simulate one measured run's step (from two short steps when it has many micro-batches), as PathCosts."""
     plans, extra = step_plans(model, plan, machine, gpus)
