@@ -52,6 +52,23 @@ def test_evaluation_points():
     assert shortened(plan, 5).global_batch == 1 * 5 * 2
 
 
+def test_values_are_continued_only_where_the_short_plans_cost_less_one_after_the_other():
+    """A bound's terms are evaluated in one process: short plans of pp + 1 and pp + 2 micro-batches are worth it
+    only when together they hold fewer than the plan."""
+    from twin.micro_batches import continued
+
+    def evaluated(ga: int) -> list[int]:
+        seen: list[int] = []
+        plan = parse_plan(f"gx=2,gdata=2,pp=4,mbs=1,ga={ga},global_batch={2 * ga}")
+        value = continued(plan, lambda p: (seen.append(p.ga), 3.0 + 2.0 * p.ga)[1:])
+        assert value == pytest.approx((3.0 + 2.0 * ga,))
+        return seen
+
+    assert evaluated(10) == [10]  # 5 + 6 micro-batches would cost more than 10
+    assert evaluated(11) == [11]
+    assert evaluated(12) == [5, 6]
+
+
 def test_one_ranks_busy_time_is_continued_like_the_step():
     """A pipeline's first and last stages differ (the last carries the LM head and the loss); each rank's busy
     time per class, continued from two short steps, equals its class's timeline in the full simulation."""

@@ -56,9 +56,11 @@ def extended(at_a: tuple[float, ...], at_b: tuple[float, ...], steps: float) -> 
 
 
 def continued(plan: ParallelPlan, evaluate: Callable[[ParallelPlan], tuple[float, ...]]) -> tuple[float, ...]:
-    """`evaluate` (values linear in the micro-batch count) for `plan`, from two short plans where that is cheaper."""
+    """`evaluate` (values linear in the micro-batch count) for `plan`, from two short plans where that is cheaper:
+    evaluated one after the other, they cost their micro-batches together, so a plan with fewer (a pipeline of pp
+    stages with under 2 pp + 3) is evaluated as it is."""
     points = evaluation_points(plan)
-    if points is None:
+    if points is None or sum(points) >= plan.ga:
         return evaluate(plan)
     a, b = points
     return extended(evaluate(shortened(plan, a)), evaluate(shortened(plan, b)), plan.ga - b)

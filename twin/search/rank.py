@@ -2,8 +2,11 @@
 
 1. twin.search.space lists every valid plan that fits in memory;
 2. twin.search.screen gives each a cheap lower bound, its layers' compute
-   (microseconds a plan);
-3. plans are taken in order of their best known bound. A plan with only its
+   (microseconds a plan, milliseconds a tensor-parallel grid);
+3. plans are taken in order of their best known bound. A plan bounded by
+   its layers' compute alone gets the screening bound with its layers'
+   collectives (C and S, per grid, computed once a plan of the grid needs
+   them); a plan with only its
    screening bound gets the full one (twin.search.bound, 0.1-0.3 s: the
    longest path, communication, the busiest link, the pipeline's bubble) and
    goes back in line under the larger of the two; a plan with its full bound
@@ -32,7 +35,7 @@ import time
 from bisect import bisect_right, insort
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
+from typing import Any, Callable
 
 from topologies.machine import Machine
 from twin.build import build_stages, build_step
@@ -138,9 +141,9 @@ def search(model: ModelSpec, gpus: int, global_batch: int, machine: Machine, spa
         raise TwinError(explain_empty(found, model, gpus, global_batch, machine.device.hbm_bytes / 1e9))
     plans = [c.plan for c in found.candidates]
     with _Workers(model, machine, gpus, jobs) as workers:
-        screens = workers.screens(plans, progress)
-        bounds, results = workers.branch_and_bound(plans, screens, top, exhaustive, progress)
-    best_bound = [max(screen, bounds.get(i, 0.0)) for i, screen in enumerate(screens)]
+        searched = workers.branch_and_bound(plans, workers.work_s(plans, progress), top, exhaustive, progress)
+    results = searched.results
+    best_bound = [searched.best_bound(i) for i in range(len(plans))]
     order = sorted(range(len(plans)), key=lambda i: (best_bound[i], i))
     ranked = sorted((RankedPlan(r.plan, r.step_time_s, r.pflops_total, r.tflops_per_gpu,
                                 found.candidates[i].memory_bytes / 1e9, r.exposed_comm_s, best_bound[i])
@@ -149,7 +152,7 @@ def search(model: ModelSpec, gpus: int, global_batch: int, machine: Machine, spa
                            results[i].step_time_s if i in results else None) for i in order]
     result = SearchResult(machine.name, model.name, gpus, global_batch, model.seq, space.describe(),
                           len(plans), len(results), ranked[:top], exhaustive, time.perf_counter() - start, landscape,
-                          bounded=len(bounds))
+                          bounded=len(searched.bounds))
     if use_cache:
         cache.store("search", key, result.to_json_dict(landscape=True))
     return result
@@ -164,6 +167,20 @@ class _Simulated:
     exposed_comm_s: float
 
 
+@dataclass
+class _Searched:
+    """What the lazy search learned, by plan index: each plan's bound by its layers' compute alone (`firsts`),
+    and the screening bounds, full bounds and simulations it went on to compute."""
+
+    firsts: list[float]
+    screens: dict[int, float] = field(default_factory=dict)
+    bounds: dict[int, float] = field(default_factory=dict)
+    results: dict[int, _Simulated] = field(default_factory=dict)
+
+    def best_bound(self, i: int) -> float:
+        return max(self.firsts[i], self.screens.get(i, 0.0), self.bounds.get(i, 0.0))
+
+
 # Each worker process evaluates plans for one (model, machine, GPU count); its BoundModel (and the
 # CollectiveModel inside, whose lowerings simulations share) lives as long as the worker.
 _WORKER: dict = {}
@@ -174,8 +191,12 @@ def _init_worker(model: ModelSpec, machine: Machine, gpus: int) -> None:
     _WORKER.update(model=model, machine=machine, gpus=gpus, bounds=bounds, screen=ScreenModel(model, bounds))
 
 
-def _layer_s(grid: ParallelPlan) -> tuple[float, float, float]:
-    return _WORKER["screen"].layer_s(grid)
+def _work_s(grid: ParallelPlan) -> float:
+    return _WORKER["screen"].work_s(grid)
+
+
+def _chains_s(grid: ParallelPlan) -> tuple[float, float]:
+    return _WORKER["screen"].chains_s(grid)
 
 
 def _layer_continued(model: ModelSpec, plan: ParallelPlan,
@@ -259,60 +280,82 @@ class _Workers:
         future.set_result(fn(arg))
         return future
 
-    def screens(self, plans: list[ParallelPlan], progress: Progress | None) -> list[float]:
-        """Every plan's screening bound; W and C are computed once per tensor-parallel grid (twin.search.screen)."""
+    def work_s(self, plans: list[ParallelPlan], progress: Progress | None) -> dict[ParallelPlan, float]:
+        """W of every plan's tensor-parallel grid (twin.search.screen), by grid."""
         grids = list(dict.fromkeys(grid_plan(p) for p in plans))
         if self._pool is None:
-            values = map(_layer_s, grids)
+            values = map(_work_s, grids)
         else:
-            values = self._pool.map(_layer_s, grids, chunksize=max(1, len(grids) // (8 * self.jobs)))
-        layer: dict[ParallelPlan, tuple[float, float, float]] = {}
+            values = self._pool.map(_work_s, grids, chunksize=max(1, len(grids) // (8 * self.jobs)))
+        work: dict[ParallelPlan, float] = {}
         for grid, value in zip(grids, values):
-            layer[grid] = value
+            work[grid] = value
             if progress:
-                progress("screening", len(layer), len(grids))
-        model, machine = self._args[0], self._args[1]
-        gpn = machine.node.gpus_per_node
-        return [screen_bound_s(model, plan, layer[grid_plan(plan)], gpn) for plan in plans]
+                progress("screening", len(work), len(grids))
+        return work
 
-    def branch_and_bound(self, plans: list[ParallelPlan], screens: list[float], top: int, exhaustive: bool,
-                         progress: Progress | None) -> tuple[dict[int, float], dict[int, _Simulated]]:
-        """(full bounds computed, simulations run), by plan index: the lazy search of the module docstring.
+    def branch_and_bound(self, plans: list[ParallelPlan], work: dict[ParallelPlan, float], top: int,
+                         exhaustive: bool, progress: Progress | None) -> _Searched:
+        """The lazy search of the module docstring, from each plan's bound by its grid's W alone.
 
-        Up to `jobs` bounds and simulations run at once. A plan is passed over
-        only when its best known bound exceeds the top-th best step found so
-        far, which only falls, so running ahead never drops a plan that
-        belongs in the top.
+        Up to `jobs` grids' collective chains, bounds and simulations run at
+        once. A plan is passed over only when its best known bound exceeds
+        the top-th best step found so far, which only falls, so running
+        ahead never drops a plan that belongs in the top.
         """
-        bounds: dict[int, float] = {}
-        results: dict[int, _Simulated] = {}
-        line = [(screen, i) for i, screen in enumerate(screens)]
+        model, gpn = self._args[0], self._args[1].node.gpus_per_node
+        out = _Searched([screen_bound_s(model, plan, (work[grid_plan(plan)], 0.0, 0.0), gpn) for plan in plans])
+        chains: dict[ParallelPlan, tuple[float, float]] = {}
+        waiting: dict[ParallelPlan, list[int]] = {}  # grid -> plans waiting for a worker's C and S of it
+        line = [(first, i) for i, first in enumerate(out.firsts)]
         heapq.heapify(line)
-        sorted_screens, full_keys, steps = sorted(screens), [], []
+        screen_keys: list[float] = []  # best known bounds once screened, and once fully bounded: progress totals
+        full_keys: list[float] = []
+        steps: list[float] = []
 
         def kth_best() -> float:
             return steps[top - 1] * (1 + STOP_SLACK) if len(steps) >= top else float("inf")
 
-        running: dict[Future, int] = {}
+        def screened(i: int) -> None:
+            grid = grid_plan(plans[i])
+            out.screens[i] = screen_bound_s(model, plans[i], (work[grid], *chains[grid]), gpn)
+            insort(screen_keys, out.best_bound(i))
+            heapq.heappush(line, (out.best_bound(i), i))
+
+        running: dict[Future, tuple[str, Any]] = {}
         while line or running:
             while line and len(running) < self.jobs and (exhaustive or line[0][0] <= kth_best()):
                 _, i = heapq.heappop(line)
-                running[self._submit(_simulate_plan if i in bounds else _bound_of, plans[i])] = i
+                grid = grid_plan(plans[i])
+                if i in out.bounds:
+                    running[self._submit(_simulate_plan, plans[i])] = ("step", i)
+                elif i in out.screens:
+                    running[self._submit(_bound_of, plans[i])] = ("bound", i)
+                elif grid in chains:
+                    screened(i)
+                elif grid in waiting:
+                    waiting[grid].append(i)
+                else:
+                    waiting[grid] = [i]
+                    running[self._submit(_chains_s, grid)] = ("chains", grid)
             if not running:
                 break
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
-                i, value = running.pop(future), future.result()
-                if isinstance(value, _Simulated):
-                    results[i] = value
+                (kind, what), value = running.pop(future), future.result()
+                if kind == "chains":
+                    chains[what] = value
+                    for i in waiting.pop(what):
+                        screened(i)
+                elif kind == "step":
+                    out.results[what] = value
                     insort(steps, value.step_time_s)
                 else:
-                    bounds[i] = value
-                    key = max(screens[i], value)
-                    insort(full_keys, key)
-                    heapq.heappush(line, (key, i))
+                    out.bounds[what] = value
+                    insort(full_keys, out.best_bound(what))
+                    heapq.heappush(line, (out.best_bound(what), what))
             if progress:  # totals: the plans whose bound is still within reach of the top
                 cut = kth_best()
-                progress("bounding", len(bounds), max(len(bounds), bisect_right(sorted_screens, cut)))
-                progress("simulating", len(results), max(len(results), bisect_right(full_keys, cut)))
-        return bounds, results
+                progress("bounding", len(out.bounds), max(len(out.bounds), bisect_right(screen_keys, cut)))
+                progress("simulating", len(out.results), max(len(out.results), bisect_right(full_keys, cut)))
+        return out
