@@ -56,7 +56,7 @@ def search_case(label: str, axes: tuple[str, ...], target_s: float, jobs: int | 
     peak_memory.isolated)."""
     machine, model = load_machine("frontier"), get_model(model_name)
     start = time.perf_counter()
-    screened_at: list[float] = []  # when the last plan's screening bound came back
+    screened_at: list[float] = []  # when the last grid's layer compute (W, twin.search.screen) came back
 
     def progress(phase: str, done: int, total: int) -> None:
         if phase == "screening" and done == total and not screened_at:
@@ -112,7 +112,8 @@ def main() -> int:
     for r in rows:
         if r.get("screening_s") is not None and "cached" not in r["case"]:
             q = r["bound_over_step"]
-            print(f"{r['case']}: every plan screened after {r['screening_s']:.1f} s; bound / simulated step over the "
+            print(f"{r['case']}: every plan bounded by its layers' compute after {r['screening_s']:.1f} s; "
+                  "bound / simulated step over the "
                   f"simulated plans: min {q['min']:.2f}, median {q['median']:.2f}, max {q['max']:.2f}")
     print("(plans whose bound was not below the 10th best step were never simulated; peak MB: the case's process "
           f"and its workers, a process that only starts: {baseline:.0f} MB)")

@@ -17,6 +17,7 @@ from twin.model import get_model, parse_model_spec
 from twin.plan import parse_plan, validate_plan
 from twin.search.batch import sequences_for_tokens
 from twin.search.bound import BoundModel
+from twin.search import rank
 from twin.search.rank import search
 from twin.search.space import SearchSpace, enumerate_space, factorisations
 from twin.sim.engine import simulate
@@ -79,7 +80,11 @@ def test_branch_and_bound_ranks_exactly_as_simulating_every_plan():
     model = parse_model_spec(SEARCH_SPEC)
     space = SearchSpace(axes=("gx", "gy", "gz", "gdata", "pp"), zero=(0, 1))
     pruned = search(model, 16, 64, machine, space, top=10, use_cache=False, jobs=1)
+    screen = rank._WORKER["screen"]  # inline (jobs=1): the search's own ScreenModel
+    assert 0 < len(screen._chains) < len(screen._work)  # some grids' collectives were never lowered
     every = search(model, 16, 64, machine, space, top=10, exhaustive=True, use_cache=False, jobs=1)
+    screen = rank._WORKER["screen"]
+    assert len(screen._chains) == len(screen._work)  # every plan bounded: every grid's C and S
     assert every.simulated == every.candidates > pruned.simulated
     assert every.bounded == every.candidates > pruned.bounded  # the screening bound ruled plans out on its own
     assert [r.plan for r in pruned.ranked] == [r.plan for r in every.ranked]
@@ -155,7 +160,6 @@ def test_bad_searches_exit_2_with_one_line(capsys, extra, mentions):
 def test_continued_bound_stays_below_the_continued_step():
     """Bounds of many-micro-batch plans (pipelined or not) are continued from two short ones, like the steps."""
     from twin.micro_batches import evaluation_points
-    from twin.search import rank
 
     machine = load_machine("frontier")
     model = parse_model_spec(SEARCH_SPEC)
@@ -171,7 +175,6 @@ def test_layer_continued_bound_terms_equal_the_full_models(text):
     """The bound's terms from 2- and 3-layer-per-stage models, continued, against bounding every layer."""
     from dataclasses import replace as dc_replace
 
-    from twin.search import rank
 
     machine = load_machine("frontier")
     model = dc_replace(parse_model_spec(SEARCH_SPEC), layers=24)
@@ -192,7 +195,6 @@ def test_layer_continued_bound_terms_equal_the_full_models(text):
                                   "gx=2,gdata=2,pp=4,zero=1,mbs=1,global_batch=8"])
 def test_pipeline_bound_counts_the_bubble_and_stays_below_the_step(text):
     """With m = pp micro-batches the 1F1B bubble is almost half the step: the per-stage term must see it."""
-    from twin.search import rank
 
     machine = load_machine("frontier")
     model = parse_model_spec(SEARCH_SPEC.replace("layers=4", "layers=16"))
@@ -238,7 +240,6 @@ def test_what_stage_0_does_after_its_last_backward_is_at_least_the_tail_the_boun
 def test_a_pipeline_bound_from_three_stages_stays_below_the_one_from_all():
     """The search builds a long pipeline's first, second and last stages only; the middle ones count their
     compute (the same on every middle stage) but not their chains, so the bound is at most the one from all."""
-    from twin.search import rank
 
     machine = load_machine("frontier")
     model = parse_model_spec(SEARCH_SPEC.replace("layers=4", "layers=16"))
@@ -260,7 +261,6 @@ def test_a_pipeline_bound_from_three_stages_stays_below_the_one_from_all():
 def test_pipeline_chains_see_the_collectives_a_stage_waits_on():
     """With few micro-batches and weights gathered across nodes, a stage's work is mostly waiting on gz's
     all-gathers: the pipeline term counts them, not only the compute, and stays below the simulated step."""
-    from twin.search import rank
 
     machine = load_machine("perlmutter")  # 4 GPUs a node: gz=8 spans two
     model = parse_model_spec(SEARCH_SPEC.replace("layers=4", "layers=8"))

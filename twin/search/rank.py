@@ -4,12 +4,12 @@
 2. twin.search.screen gives each a cheap lower bound, its layers' compute
    (microseconds a plan, milliseconds a tensor-parallel grid);
 3. plans are taken in order of their best known bound. A plan bounded by
-   its layers' compute alone gets the screening bound with its layers'
-   collectives (C and S, per grid, computed once a plan of the grid needs
-   them); a plan with only its
-   screening bound gets the full one (twin.search.bound, 0.1-0.3 s: the
-   longest path, communication, the busiest link, the pipeline's bubble) and
-   goes back in line under the larger of the two; a plan with its full bound
+   its layers' compute alone gets the whole screening bound (its grid's
+   collectives too, lowered once per grid when a plan of it first comes
+   up); a plan with only its screening bound gets the full one
+   (twin.search.bound, 0.1-0.3 s: the longest path, communication, the
+   busiest link, the pipeline's bubble), and each goes back in line under
+   the largest bound it has; a plan with its full bound
    is simulated. A plan with many micro-batches is bounded and simulated at
    two short micro-batch counts and continued linearly (twin.micro_batches),
    and the full bound's terms, each linear in micro-batches and in layers,
