@@ -186,7 +186,7 @@ class OpTag:
     role: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Op:
     """One op of a program; `name` labels it in traces and messages, `tag` (if any) says what it is."""
 
