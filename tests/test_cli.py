@@ -297,6 +297,17 @@ def test_trace_is_valid_chrome_json(simulated):
     assert last == pytest.approx(summary["step_time_s"] * 1e6, rel=1e-6)
 
 
+def test_trace_events_carry_their_ops_work(simulated):
+    """Each op's event names its work type and carries the work's numbers (a GEMM's m, n, k; a collective's
+    kind, group and bytes), read from the work's fields."""
+    _, trace, _ = simulated
+    complete = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    gemm = next(e["args"] for e in complete if e["args"]["type"] == "gemm")
+    assert {"m", "n", "k", "layout", "batch"} <= gemm.keys() and gemm["m"] > 0
+    collective = next(e["args"] for e in complete if e["args"]["type"] == "collective")
+    assert {"kind", "group", "nbytes"} <= collective.keys() and collective["nbytes"] > 0
+
+
 def test_trace_file_mode_follows_the_umask(simulated):
     _, trace, _ = simulated
     umask = os.umask(0)

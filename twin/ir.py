@@ -58,7 +58,7 @@ P2P_KINDS = ("send", "recv")
 PHASES = ("fwd", "rc", "bwd", "step")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Gemm:
     """C[m, n] = op(A)[m, k] op(B)[k, n], repeated `batch` times.
 
@@ -79,7 +79,7 @@ class Gemm:
         return 2.0 * self.batch * self.m * self.n * self.k
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Attention:
     """Fused (flash) attention over `batch` sequences of `seq` tokens and `heads` local heads."""
 
@@ -101,7 +101,7 @@ class Attention:
         return fwd * (2.5 if self.backward else 1.0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Elementwise:
     """Memory-bound work: bytes moved to and from HBM, and the flops it does."""
 
@@ -109,7 +109,7 @@ class Elementwise:
     flops: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Collective:
     """A collective on every member of this rank's instance of the `group` axis.
 
@@ -124,7 +124,7 @@ class Collective:
     dtype: str = "bf16"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class P2P:
     """A send to, or receive from, the rank `peer` steps along the `group` axis.
 

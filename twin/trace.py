@@ -8,6 +8,7 @@ measured step open side by side.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Iterable
 
@@ -29,7 +30,8 @@ def trace_events(programs: Iterable[Program], timelines: Iterable[RankTimeline])
         for op in program.ops:
             start, end = float(timeline.start_s[op.id]), float(timeline.end_s[op.id])
             args = {"op": op.id, "type": work_type_name(op.work)}
-            args.update({k: v for k, v in vars(op.work).items() if isinstance(v, (int, float, str))})
+            fields = ((f.name, getattr(op.work, f.name)) for f in dataclasses.fields(op.work))
+            args.update({k: v for k, v in fields if isinstance(v, (int, float, str))})
             events.append({
                 "ph": "X", "name": op.name, "cat": op_class(op.work), "pid": timeline.rank, "tid": tid[op.stream],
                 "ts": round(start * 1e6, 3), "dur": round((end - start) * 1e6, 3), "args": args,
