@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from topologies.fabric import Fabric  # noqa: E402
-from topologies.machine import load_machine  # noqa: E402
+from topologies.machine import Machine, load_machine  # noqa: E402
 from twin.collective_facts import compare, fitted_nic_efficiency  # noqa: E402
 from twin.collective_tables import fit_ring_all_reduce, load_in_node, nvlink_efficiency, twin_in_node_s  # noqa: E402
 from twin.sim.collectives import CollectiveModel  # noqa: E402
@@ -48,6 +48,12 @@ def busbw_alone(machine_name: str, gpus: tuple[int, ...], nbytes: float) -> tupl
     return nbytes / t * 2 * (n - 1) / n / GB, f"{lowering.algorithm}/{protocol}"
 
 
+def a100_node() -> tuple[Machine, CollectiveModel]:
+    """vTrain's A100 node and a collective model of its 8 GPUs."""
+    machine = load_machine(A100_NODE)
+    return machine, CollectiveModel(Fabric(machine, machine.node.gpus_per_node))
+
+
 def rows() -> list[tuple[str, float, float, str]]:
     out = []
     bw, algo = busbw_alone("alps", tuple(range(8)), 128 * MIB)
@@ -60,8 +66,7 @@ def rows() -> list[tuple[str, float, float, str]]:
                      else "spans nodes" if c.spans_nodes else "in node")
             name = f"{machine}: 1 GB, {c.fact.own} ranks at stride {c.fact.inner}, all groups busy"
             out.append((name, c.twin_gb_per_s, c.fact.busbw_gb_per_s, where))
-    machine = load_machine(A100_NODE)
-    model = CollectiveModel(Fabric(machine, machine.node.gpus_per_node))
+    machine, model = a100_node()
     for fact in load_in_node():
         if fact.gpus in (2, 4, 8) and fact.nbytes in (MIB, 16 * MIB, 256 * MIB):
             scale = fact.nbytes * 2 * (fact.gpus - 1) / fact.gpus / GB
@@ -73,8 +78,7 @@ def rows() -> list[tuple[str, float, float, str]]:
 
 def in_node_error() -> tuple[float, int]:
     """Mean |twin / measured - 1| of the time over every entry of vTrain's table, and how many entries."""
-    machine = load_machine(A100_NODE)
-    model = CollectiveModel(Fabric(machine, machine.node.gpus_per_node))
+    machine, model = a100_node()
     facts = load_in_node()
     errors = [abs(twin_in_node_s(machine, f.gpus, f.nbytes, model) / f.time_s - 1) for f in facts]
     return sum(errors) / len(errors), len(errors)
@@ -84,13 +88,15 @@ def print_fit() -> None:
     print(f"{'machine':<16}{'number':<50}{'in file':>10}{'fitted':>10}")
     for machine_name in ("frontier", "perlmutter"):
         current = load_machine(machine_name).node.link_efficiency["nic"]
-        print(f"{machine_name:<16}{'node.link_efficiency.nic':<50}{current:>10.3f}{fitted_nic_efficiency(machine_name):>10.3f}")
+        fitted = fitted_nic_efficiency(machine_name)
+        print(f"{machine_name:<16}{'node.link_efficiency.nic':<50}{current:>10.3f}{fitted:>10.3f}")
     machine, fit = load_machine(A100_NODE), fit_ring_all_reduce(load_in_node())
     t = machine.collectives
     for name, current, fitted in (
             ("collectives.base_latency_us.ring (each protocol)", t.base_latency_s[("ring", "simple")] * 1e6,
              fit.base_s * 1e6),
-            ("collectives.intra_hop_latency_us (each protocol)", t.intra_hop_latency_s["simple"] * 1e6, fit.hop_s * 1e6),
+            ("collectives.intra_hop_latency_us (each protocol)", t.intra_hop_latency_s["simple"] * 1e6,
+             fit.hop_s * 1e6),
             ("node.link_efficiency.nvlink", machine.node.link_efficiency["nvlink"], nvlink_efficiency(fit, machine))):
         print(f"{A100_NODE:<16}{name:<50}{current:>10.3f}{fitted:>10.3f}")
     print(f"(the ring model fitted to vTrain's table: mean |error| {fit.mean_error:.1%}, max {fit.max_error:.1%})")
@@ -108,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, twin, measured, note in rows():
         print(f"{name:<64}{twin:>10.1f}{measured:>10.1f}{twin / measured:>7.2f}  {note}")
     error, count = in_node_error()
-    print(f"{A100_NODE}: mean |twin / measured - 1| of the time over all {count} entries of vTrain's table: {error:.1%}")
+    print(f"{A100_NODE}: mean |twin / measured - 1| of the time over all {count} entries of vTrain's table: "
+          f"{error:.1%}")
     return 0
 
 

@@ -57,8 +57,8 @@ def extended(at_a: tuple[float, ...], at_b: tuple[float, ...], steps: float) -> 
 
 def continued(plan: ParallelPlan, evaluate: Callable[[ParallelPlan], tuple[float, ...]]) -> tuple[float, ...]:
     """`evaluate` (values linear in the micro-batch count) for `plan`, from two short plans where that is cheaper:
-    evaluated one after the other, they cost their micro-batches together, so a plan with fewer (a pipeline of pp
-    stages with under 2 pp + 3) is evaluated as it is."""
+    evaluated one after the other, they cost their micro-batches together, so a plan with no more micro-batches
+    than both hold (2 pp + 3 with a pipeline, 5 without) is evaluated as it is."""
     points = evaluation_points(plan)
     if points is None or sum(points) >= plan.ga:
         return evaluate(plan)
