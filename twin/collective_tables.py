@@ -3,9 +3,10 @@
 vTrain (Bang et al., MICRO'24) times NCCL all-reduces on its A100 nodes (8
 GPUs on NVSwitch) for 2-8 GPUs and 1 MB-1 GB and predicts a run's
 tensor-parallel all-reduces from that table (VIA-Research/vTrain
-trace/a100/AR_GPU*_LUT, src/predictor.py). The same cluster measured the
-Megatron-DeepSpeed runs the A100 fit and its validation use, so its table is
-the microbenchmark behind their collectives; benchmarks/data holds its
+trace/a100/AR_GPU*_LUT, src/predictor.py). The repository names no other
+A100 machine than the one that measured the Megatron-DeepSpeed runs the A100
+fit and its validation use, so the table is taken as the microbenchmark
+behind their collectives; benchmarks/data holds its
 power-of-two sizes (a100-nccl-all-reduce.csv).
 
 One ring all-reduce of S bytes over n GPUs is modelled as the twin times it
