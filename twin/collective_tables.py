@@ -32,9 +32,8 @@ from topologies.fabric import Fabric
 from topologies.machine import Machine
 from twin.sim.collectives import CollectiveModel
 
+# The table in a checkout of the repository (benchmarks/data); load_in_node takes any other path.
 A100_TABLE = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "a100-nccl-all-reduce.csv"
-A100_TABLE_SOURCE = ("vTrain's measured NCCL all-reduce on its A100 nodes (VIA-Research/vTrain trace/a100/AR_GPU*_LUT, "
-                     "f8dda84; benchmarks/data/a100-nccl-all-reduce.csv: 2-8 GPUs, 1 MB-1 GB)")
 
 
 @dataclass(frozen=True)
