@@ -15,9 +15,9 @@ from twin.errors import TwinError
 from twin.memory import memory_per_gpu, usable_bytes
 from twin.model import get_model, parse_model_spec
 from twin.plan import parse_plan, validate_plan
+from twin.search import rank
 from twin.search.batch import sequences_for_tokens
 from twin.search.bound import BoundModel
-from twin.search import rank
 from twin.search.rank import search
 from twin.search.space import SearchSpace, enumerate_space, factorisations
 from twin.sim.engine import simulate
@@ -174,7 +174,6 @@ def test_continued_bound_stays_below_the_continued_step():
 def test_layer_continued_bound_terms_equal_the_full_models(text):
     """The bound's terms from 2- and 3-layer-per-stage models, continued, against bounding every layer."""
     from dataclasses import replace as dc_replace
-
 
     machine = load_machine("frontier")
     model = dc_replace(parse_model_spec(SEARCH_SPEC), layers=24)
