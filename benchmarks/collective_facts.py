@@ -1,7 +1,7 @@
 """Collective bandwidths the twin predicts beside published measurements.
 
     .venv/bin/python benchmarks/collective_facts.py          # the table
-    .venv/bin/python benchmarks/collective_facts.py --fit    # NIC efficiencies the measurements imply
+    .venv/bin/python benchmarks/collective_facts.py --fit    # the numbers the measurements imply (--json: JSON)
 
 Bus bandwidth (nccl-tests definition, busbw = S/t x 2(n-1)/n for all-reduce)
 of all-reduces, as the twin's collective model times them (latency +
@@ -23,6 +23,7 @@ bandwidth on the real links, NCCL's algorithm and protocol choice):
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -84,36 +85,48 @@ def in_node_error() -> tuple[float, int]:
     return sum(errors) / len(errors), len(errors)
 
 
-def print_fit() -> None:
-    print(f"{'machine':<16}{'number':<50}{'in file':>10}{'fitted':>10}")
-    for machine_name in ("frontier", "perlmutter"):
-        current = load_machine(machine_name).node.link_efficiency["nic"]
-        fitted = fitted_nic_efficiency(machine_name)
-        print(f"{machine_name:<16}{'node.link_efficiency.nic':<50}{current:>10.3f}{fitted:>10.3f}")
+def fitted_numbers() -> list[tuple[str, str, float, float]]:
+    """(machine, number, value in its file, value the measurements imply) for every number they set."""
+    out = [(name, "node.link_efficiency.nic", load_machine(name).node.link_efficiency["nic"],
+            fitted_nic_efficiency(name)) for name in ("frontier", "perlmutter")]
     machine, fit = load_machine(A100_NODE), fit_ring_all_reduce(load_in_node())
     t = machine.collectives
-    for name, current, fitted in (
-            ("collectives.base_latency_us.ring (each protocol)", t.base_latency_s[("ring", "simple")] * 1e6,
+    out += [(A100_NODE, "collectives.base_latency_us.ring (each protocol)", t.base_latency_s[("ring", "simple")] * 1e6,
              fit.base_s * 1e6),
-            ("collectives.intra_hop_latency_us (each protocol)", t.intra_hop_latency_s["simple"] * 1e6,
+            (A100_NODE, "collectives.intra_hop_latency_us (each protocol)", t.intra_hop_latency_s["simple"] * 1e6,
              fit.hop_s * 1e6),
-            ("node.link_efficiency.nvlink", machine.node.link_efficiency["nvlink"], nvlink_efficiency(fit, machine))):
-        print(f"{A100_NODE:<16}{name:<50}{current:>10.3f}{fitted:>10.3f}")
-    print(f"(the ring model fitted to vTrain's table: mean |error| {fit.mean_error:.1%}, max {fit.max_error:.1%})")
+            (A100_NODE, "node.link_efficiency.nvlink", machine.node.link_efficiency["nvlink"],
+             nvlink_efficiency(fit, machine))]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--fit", action="store_true",
                         help="print the numbers the measurements imply beside the machine files' values")
+    parser.add_argument("--json", action="store_true", help="print the table (or, with --fit, the numbers) as JSON")
     args = parser.parse_args(argv)
     if args.fit:
-        print_fit()
+        numbers = fitted_numbers()
+        ring = fit_ring_all_reduce(load_in_node())
+        if args.json:
+            print(json.dumps({"numbers": [dict(zip(("machine", "number", "in_file", "fitted"), n)) for n in numbers],
+                              "ring_fit_mean_error": ring.mean_error, "ring_fit_max_error": ring.max_error}, indent=2))
+            return 0
+        print(f"{'machine':<16}{'number':<50}{'in file':>10}{'fitted':>10}")
+        for machine_name, name, current, fitted in numbers:
+            print(f"{machine_name:<16}{name:<50}{current:>10.3f}{fitted:>10.3f}")
+        print(f"(the ring model fitted to vTrain's table: mean |error| {ring.mean_error:.1%}, "
+              f"max {ring.max_error:.1%})")
+        return 0
+    table, (error, count) = rows(), in_node_error()
+    if args.json:
+        print(json.dumps({"rows": [dict(zip(("case", "twin_gb_per_s", "measured_gb_per_s", "note"), r)) for r in table],
+                          "in_node_mean_time_error": error, "in_node_entries": count}, indent=2))
         return 0
     print(f"{'case':<64}{'twin GB/s':>10}{'measured':>10}{'ratio':>7}  note")
-    for name, twin, measured, note in rows():
+    for name, twin, measured, note in table:
         print(f"{name:<64}{twin:>10.1f}{measured:>10.1f}{twin / measured:>7.2f}  {note}")
-    error, count = in_node_error()
     print(f"{A100_NODE}: mean |twin / measured - 1| of the time over all {count} entries of vTrain's table: "
           f"{error:.1%}")
     return 0
