@@ -30,9 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from topologies.fabric import Fabric  # noqa: E402
-from topologies.machine import Machine, load_machine  # noqa: E402
+from topologies.machine import load_machine  # noqa: E402
 from twin.collective_facts import compare, fitted_nic_efficiency  # noqa: E402
-from twin.collective_tables import fit_ring_all_reduce, load_in_node, nvlink_efficiency, twin_in_node_s  # noqa: E402
+from twin.collective_tables import (MeasuredInNode, RingFit, fit_ring_all_reduce, load_in_node,  # noqa: E402
+                                    nvlink_efficiency, twin_in_node_s)
 from twin.sim.collectives import CollectiveModel  # noqa: E402
 
 MIB, GB = 1 << 20, 1e9
@@ -49,13 +50,14 @@ def busbw_alone(machine_name: str, gpus: tuple[int, ...], nbytes: float) -> tupl
     return nbytes / t * 2 * (n - 1) / n / GB, f"{lowering.algorithm}/{protocol}"
 
 
-def a100_node() -> tuple[Machine, CollectiveModel]:
-    """vTrain's A100 node and a collective model of its 8 GPUs."""
+def a100_entries() -> list[tuple[MeasuredInNode, float]]:
+    """Every entry of vTrain's in-node table beside the twin's time for it (dgx-a100-800g, alone)."""
     machine = load_machine(A100_NODE)
-    return machine, CollectiveModel(Fabric(machine, machine.node.gpus_per_node))
+    model = CollectiveModel(Fabric(machine, machine.node.gpus_per_node))
+    return [(f, twin_in_node_s(machine, f.gpus, f.nbytes, model)) for f in load_in_node()]
 
 
-def rows() -> list[tuple[str, float, float, str]]:
+def rows(a100: list[tuple[MeasuredInNode, float]]) -> list[tuple[str, float, float, str]]:
     out = []
     bw, algo = busbw_alone("alps", tuple(range(8)), 128 * MIB)
     out.append(("alps: all_reduce 128 MiB, 2 nodes x 4 GPUs", bw, 122.6, algo))
@@ -67,37 +69,56 @@ def rows() -> list[tuple[str, float, float, str]]:
                      else "spans nodes" if c.spans_nodes else "in node")
             name = f"{machine}: 1 GB, {c.fact.own} ranks at stride {c.fact.inner}, all groups busy"
             out.append((name, c.twin_gb_per_s, c.fact.busbw_gb_per_s, where))
-    machine, model = a100_node()
-    for fact in load_in_node():
+    for fact, twin_s in a100:
         if fact.gpus in (2, 4, 8) and fact.nbytes in (MIB, 16 * MIB, 256 * MIB):
             scale = fact.nbytes * 2 * (fact.gpus - 1) / fact.gpus / GB
-            twin = twin_in_node_s(machine, fact.gpus, fact.nbytes, model)
             out.append((f"{A100_NODE}: {fact.nbytes // MIB} MiB, {fact.gpus} GPUs of a node, alone",
-                        scale / twin, scale / fact.time_s, "vTrain's table"))
+                        scale / twin_s, scale / fact.time_s, "vTrain's table"))
     return out
 
 
-def in_node_error() -> tuple[float, int]:
-    """Mean |twin / measured - 1| of the time over every entry of vTrain's table, and how many entries."""
-    machine, model = a100_node()
-    facts = load_in_node()
-    errors = [abs(twin_in_node_s(machine, f.gpus, f.nbytes, model) / f.time_s - 1) for f in facts]
-    return sum(errors) / len(errors), len(errors)
-
-
-def fitted_numbers() -> list[tuple[str, str, float, float]]:
-    """(machine, number, value in its file, value the measurements imply) for every number they set."""
+def fitted_numbers(ring: RingFit) -> list[tuple[str, str, float, float]]:
+    """(machine, number, value in its file, value the measurements imply) for every number they set; `ring`: the
+    fit to vTrain's in-node table."""
     out = [(name, "node.link_efficiency.nic", load_machine(name).node.link_efficiency["nic"],
             fitted_nic_efficiency(name)) for name in ("frontier", "perlmutter")]
-    machine, fit = load_machine(A100_NODE), fit_ring_all_reduce(load_in_node())
+    machine = load_machine(A100_NODE)
     t = machine.collectives
     out += [(A100_NODE, "collectives.base_latency_us.ring (each protocol)", t.base_latency_s[("ring", "simple")] * 1e6,
-             fit.base_s * 1e6),
+             ring.base_s * 1e6),
             (A100_NODE, "collectives.intra_hop_latency_us (each protocol)", t.intra_hop_latency_s["simple"] * 1e6,
-             fit.hop_s * 1e6),
+             ring.hop_s * 1e6),
             (A100_NODE, "node.link_efficiency.nvlink", machine.node.link_efficiency["nvlink"],
-             nvlink_efficiency(fit, machine))]
+             nvlink_efficiency(ring, machine))]
     return out
+
+
+def fit_report() -> tuple[dict, list[str]]:
+    """--fit: the numbers the measurements set, as JSON and as lines."""
+    ring = fit_ring_all_reduce(load_in_node())
+    numbers = fitted_numbers(ring)
+    doc = {"numbers": [dict(zip(("machine", "number", "in_file", "fitted"), n)) for n in numbers],
+           "ring_fit_mean_error": ring.mean_error, "ring_fit_max_error": ring.max_error}
+    lines = [f"{'machine':<16}{'number':<50}{'in file':>10}{'fitted':>10}"]
+    lines += [f"{machine:<16}{name:<50}{current:>10.3f}{fitted:>10.3f}" for machine, name, current, fitted in numbers]
+    lines.append(f"(the ring model fitted to vTrain's table: mean |error| {ring.mean_error:.1%}, "
+                 f"max {ring.max_error:.1%})")
+    return doc, lines
+
+
+def table_report() -> tuple[dict, list[str]]:
+    """The table: the twin's bus bandwidth beside each measurement, and its time error over vTrain's whole table."""
+    a100 = a100_entries()
+    table = rows(a100)
+    error = sum(abs(twin_s / f.time_s - 1) for f, twin_s in a100) / len(a100)
+    doc = {"rows": [dict(zip(("case", "twin_gb_per_s", "measured_gb_per_s", "note"), r)) for r in table],
+           "in_node_mean_time_error": error, "in_node_entries": len(a100)}
+    lines = [f"{'case':<64}{'twin GB/s':>10}{'measured':>10}{'ratio':>7}  note"]
+    lines += [f"{name:<64}{twin:>10.1f}{measured:>10.1f}{twin / measured:>7.2f}  {note}"
+              for name, twin, measured, note in table]
+    lines.append(f"{A100_NODE}: mean |twin / measured - 1| of the time over all {len(a100)} entries of vTrain's "
+                 f"table: {error:.1%}")
+    return doc, lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,29 +127,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the numbers the measurements imply beside the machine files' values")
     parser.add_argument("--json", action="store_true", help="print the table (or, with --fit, the numbers) as JSON")
     args = parser.parse_args(argv)
-    if args.fit:
-        numbers = fitted_numbers()
-        ring = fit_ring_all_reduce(load_in_node())
-        if args.json:
-            print(json.dumps({"numbers": [dict(zip(("machine", "number", "in_file", "fitted"), n)) for n in numbers],
-                              "ring_fit_mean_error": ring.mean_error, "ring_fit_max_error": ring.max_error}, indent=2))
-            return 0
-        print(f"{'machine':<16}{'number':<50}{'in file':>10}{'fitted':>10}")
-        for machine_name, name, current, fitted in numbers:
-            print(f"{machine_name:<16}{name:<50}{current:>10.3f}{fitted:>10.3f}")
-        print(f"(the ring model fitted to vTrain's table: mean |error| {ring.mean_error:.1%}, "
-              f"max {ring.max_error:.1%})")
-        return 0
-    table, (error, count) = rows(), in_node_error()
-    if args.json:
-        print(json.dumps({"rows": [dict(zip(("case", "twin_gb_per_s", "measured_gb_per_s", "note"), r)) for r in table],
-                          "in_node_mean_time_error": error, "in_node_entries": count}, indent=2))
-        return 0
-    print(f"{'case':<64}{'twin GB/s':>10}{'measured':>10}{'ratio':>7}  note")
-    for name, twin, measured, note in table:
-        print(f"{name:<64}{twin:>10.1f}{measured:>10.1f}{twin / measured:>7.2f}  {note}")
-    print(f"{A100_NODE}: mean |twin / measured - 1| of the time over all {count} entries of vTrain's table: "
-          f"{error:.1%}")
+    doc, lines = fit_report() if args.fit else table_report()
+    print(json.dumps(doc, indent=2) if args.json else "\n".join(lines))
     return 0
 
 

@@ -326,12 +326,11 @@ class _Workers:
         while line or running:
             while line and len(running) < self.jobs and (exhaustive or line[0][0] <= kth_best()):
                 _, i = heapq.heappop(line)
-                grid = grid_plan(plans[i])
                 if i in out.bounds:
                     running[self._submit(_simulate_plan, plans[i])] = ("step", i)
                 elif i in out.screens:
                     running[self._submit(_bound_of, plans[i])] = ("bound", i)
-                elif grid in chains:
+                elif (grid := grid_plan(plans[i])) in chains:
                     screened(i)
                 elif grid in waiting:
                     waiting[grid].append(i)
