@@ -50,3 +50,49 @@ def test_a_shared_model_gives_the_flow_types_and_steps_of_fresh_ones(monkeypatch
         assert len(small._rows) <= 2
     np.testing.assert_array_equal(_types(schedules[0], machine, small).loads,
                                   _types(schedules[0], machine, CollectiveModel(Fabric(machine, 64))).loads)
+
+
+def _columns_by_brute_force(rows):
+    """The reference for _compress: every loaded link's full column (a dict row -> keyed load), the first link of
+    each distinct column kept, in link order."""
+    top = max(float(values.max()) for _, values in rows if len(values))
+    columns: dict[int, dict[int, float]] = {}
+    for r, (links, values) in enumerate(rows):
+        for link, value in zip(links.tolist(), values.tolist()):
+            if value:
+                columns.setdefault(link, {})[r] = value
+    kept, seen = [], set()
+    for link in sorted(columns):
+        signature = tuple(sorted((r, round(v / top, 12)) for r, v in columns[link].items()))
+        if signature not in seen:
+            seen.add(signature)
+            kept.append(link)
+    matrix = np.zeros((len(rows), len(kept)))
+    for j, link in enumerate(kept):
+        for r, v in columns[link].items():
+            matrix[r, j] = v
+    return matrix
+
+
+def test_link_columns_merge_as_compared_one_by_one(monkeypatch):
+    """flowtypes._compress merges links whose columns are equal by hashing them: the same matrix as comparing
+    every column, also when every hash collides (the entry-by-entry check must catch it and compare columns)."""
+    from twin.sim import flowtypes
+
+    rng = np.random.default_rng(7)
+    patterns = [(rng.choice(12, size=rng.integers(1, 5), replace=False), rng.choice([0.5, 1.0, 2.0, 3.0], size=4))
+                for _ in range(30)]  # 30 distinct-ish columns, repeated over 3,000 links
+    rows = [([], []) for _ in range(12)]
+    for link in range(3000):
+        members, loads = patterns[rng.integers(len(patterns))]
+        for k, r in enumerate(members):
+            rows[r][0].append(link)
+            rows[r][1].append(loads[k])
+    rows = [(np.array(links, dtype=np.int64), np.array(values)) for links, values in rows]
+    expected = _columns_by_brute_force(rows)
+    expected = expected / expected.max(axis=1, keepdims=True)
+    for collide in (False, True):
+        if collide:
+            monkeypatch.setattr(flowtypes, "_column_hashes", lambda starts, *_: np.zeros(len(starts), np.uint64))
+        matrix, _ = flowtypes._compress(rows, prune=False)
+        assert matrix.shape == expected.shape and np.array_equal(matrix, expected)

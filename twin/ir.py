@@ -40,9 +40,10 @@ ParallelPlan itself (StepInfo.plan), not as its text.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import ClassVar, Union
 
 from twin.plan import ParallelPlan
+from twin.quick_init import quick_init
 
 # The file format leaves out fields equal to their dataclass default
 # (twin.ir_io), so changing a default here changes the format: bump the version.
@@ -58,6 +59,7 @@ P2P_KINDS = ("send", "recv")
 PHASES = ("fwd", "rc", "bwd", "step")
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Gemm:
     """C[m, n] = op(A)[m, k] op(B)[k, n], repeated `batch` times.
@@ -65,6 +67,8 @@ class Gemm:
     `layout` is (A, B) as BLAS sees them, N = as stored, T = transposed.
     `tunable`: the layout may be replaced by the fastest equivalent one.
     """
+
+    comm: ClassVar[bool] = False  # communication (a collective or a transfer), not compute
 
     m: int
     n: int
@@ -79,9 +83,12 @@ class Gemm:
         return 2.0 * self.batch * self.m * self.n * self.k
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Attention:
     """Fused (flash) attention over `batch` sequences of `seq` tokens and `heads` local heads."""
+
+    comm: ClassVar[bool] = False  # communication (a collective or a transfer), not compute
 
     batch: int
     seq: int
@@ -101,14 +108,18 @@ class Attention:
         return fwd * (2.5 if self.backward else 1.0)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Elementwise:
     """Memory-bound work: bytes moved to and from HBM, and the flops it does."""
+
+    comm: ClassVar[bool] = False  # communication (a collective or a transfer), not compute
 
     nbytes: float
     flops: float = 0.0
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Collective:
     """A collective on every member of this rank's instance of the `group` axis.
@@ -118,12 +129,15 @@ class Collective:
     each rank sends to its successor (and receives from its predecessor).
     """
 
+    comm: ClassVar[bool] = True  # communication (a collective or a transfer), not compute
+
     kind: str
     group: str
     nbytes: float
     dtype: str = "bf16"
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class P2P:
     """A send to, or receive from, the rank `peer` steps along the `group` axis.
@@ -131,6 +145,8 @@ class P2P:
     The peer is the member at (own position in the instance + peer); it must
     lie inside the instance (no wrap-around).
     """
+
+    comm: ClassVar[bool] = True  # communication (a collective or a transfer), not compute
 
     kind: str
     group: str
@@ -165,6 +181,7 @@ def op_class(work: Work) -> str:
     return work_type_name(work)
 
 
+@quick_init
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OpTag:
     """What an op is in the training step, for the consumers that must know (search bounds, executor numerics).
@@ -186,6 +203,7 @@ class OpTag:
     role: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Op:
     """One op of a program; `name` labels it in traces and messages, `tag` (if any) says what it is.
@@ -202,7 +220,7 @@ class Op:
 
     @property
     def is_comm(self) -> bool:
-        return isinstance(self.work, (Collective, P2P))
+        return self.work.comm
 
 
 @dataclass(frozen=True)

@@ -318,7 +318,7 @@ class BoundModel:
                 if op.tag.chunk is not None:
                     return ()  # interleaved: a micro-batch crosses each rank more than once
                 seen.add(mb)
-                if op.stream == COMPUTE_STREAM and not op.is_comm:
+                if op.stream == COMPUTE_STREAM and not op.work.comm:
                     total += program_durations[op.id]
             if not seen:
                 return ()
@@ -349,7 +349,7 @@ def _tail_s(program: Program, durations: list[float]) -> float:
     """The longest chain of ops that must follow the program's last micro-batch op on the compute stream (through
     their dependencies and stream order), each at its duration here: the least time from that op's end to the
     program's."""
-    last = max((op.id for op in program.ops if op.stream == COMPUTE_STREAM and not op.is_comm
+    last = max((op.id for op in program.ops if op.stream == COMPUTE_STREAM and not op.work.comm
                 and micro_batch_of(op) is not None), default=None)
     if last is None:
         return 0.0

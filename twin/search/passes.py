@@ -40,7 +40,7 @@ def pass_compute_s(program: Program, durations: list[float]) -> dict[LayerPass, 
     """Each layer pass's compute: the sum of its compute ops."""
     out: dict[LayerPass, float] = {}
     for op in program.ops:
-        key = pass_of(op) if op.stream == COMPUTE_STREAM and not op.is_comm else None
+        key = pass_of(op) if op.stream == COMPUTE_STREAM and not op.work.comm else None
         if key:
             out[key] = out.get(key, 0.0) + durations[op.id]
     return out
@@ -58,7 +58,7 @@ def chains_s(program: Program, durations: list[float], group_of: dict[int, Hasha
     owner: dict[int, Hashable] = {}  # op id -> its group, for the ops of a chain
     last_compute: dict[Hashable, float] = {}  # per group: the end of its latest compute op
     for op in program.ops:
-        if op.stream == COMPUTE_STREAM and not op.is_comm:
+        if op.stream == COMPUTE_STREAM and not op.work.comm:
             key = group_of.get(op.id)
             if key is None:
                 continue
@@ -73,14 +73,14 @@ def chains_s(program: Program, durations: list[float], group_of: dict[int, Hasha
                 start = end[dep]
         end[op.id] = start + durations[op.id]
         owner[op.id] = key
-        if op.stream == COMPUTE_STREAM and not op.is_comm:
+        if op.stream == COMPUTE_STREAM and not op.work.comm:
             last_compute[key] = end[op.id]
     return last_compute
 
 
 def pass_chains_s(program: Program, durations: list[float]) -> dict[LayerPass, float]:
     """Each layer pass's chain (chains_s): its compute ops and the collectives between them."""
-    passes = {op.id: pass_of(op) for op in program.ops if op.stream == COMPUTE_STREAM and not op.is_comm}
+    passes = {op.id: pass_of(op) for op in program.ops if op.stream == COMPUTE_STREAM and not op.work.comm}
     return chains_s(program, durations, {i: key for i, key in passes.items() if key})
 
 
@@ -96,7 +96,7 @@ def micro_batch_runs(program: Program) -> dict[int, tuple[int, int]]:
     runs: dict[int, int] = {}
     previous = None
     for op in program.ops:
-        if op.stream != COMPUTE_STREAM or op.is_comm:
+        if op.stream != COMPUTE_STREAM or op.work.comm:
             continue
         mb = micro_batch_of(op)
         if mb is None:

@@ -104,7 +104,7 @@ class ScreenModel:
         if grid not in self._work:
             compute = self.bounds.compute.duration_s
             self._work[grid] = min(
-                least_per_layer_s(pass_compute_s(p, [0.0 if op.is_comm else compute(op.work) for op in p.ops]))
+                least_per_layer_s(pass_compute_s(p, [0.0 if op.work.comm else compute(op.work) for op in p.ops]))
                 for p in self._schedule(grid).programs)
         return self._work[grid]
 

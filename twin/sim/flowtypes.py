@@ -216,23 +216,51 @@ def _compress(rows: list[Row], prune: bool) -> tuple[np.ndarray, np.ndarray]:
     order = np.lexsort((row_of, link_of))  # by link, then row
     link_of, row_of, value, keyed = link_of[order], row_of[order], value[order], keyed[order]
     starts = np.flatnonzero(np.r_[True, link_of[1:] != link_of[:-1]])
-    ends = np.r_[starts[1:], len(link_of)]
-    rows_list, keyed_list = row_of.tolist(), keyed.tolist()
-    seen: set[tuple] = set()
-    kept = []  # the first link (in link order) of each distinct column
-    for start, end in zip(starts.tolist(), ends.tolist()):
-        signature = (tuple(rows_list[start:end]), tuple(keyed_list[start:end]))
-        if signature not in seen:
-            seen.add(signature)
-            kept.append((start, end))
+    first = _first_of_equal_columns(starts, row_of, keyed)
+    kept = np.flatnonzero(first == np.arange(len(starts)))  # the first link (in link order) of each distinct column
+    column = np.full(len(starts), -1)
+    column[kept] = np.arange(len(kept))
+    link_index = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(link_of)]))
+    mine = column[link_index] >= 0  # the entries of the kept links
     matrix = np.zeros((len(rows), len(kept)))
-    for j, (start, end) in enumerate(kept):
-        matrix[row_of[start:end], j] = value[start:end]
+    matrix[row_of[mine], column[link_index[mine]]] = value[mine]
     if prune:
         matrix = _drop_dominated(matrix)
     s_per_byte = matrix.max(axis=1)
     safe = np.where(s_per_byte > 0, s_per_byte, 1.0)
     return matrix / safe[:, None], s_per_byte
+
+
+def _first_of_equal_columns(starts: np.ndarray, row_of: np.ndarray, keyed: np.ndarray) -> np.ndarray:
+    """For each link (its entries from starts[i] on, sorted by row), the first link with the same column: the same
+    rows with the same keyed loads.
+
+    A 32,768-GPU job loads ~10^5 links, so the columns are compared by a hash of their entries, summed per
+    link, and every link is then checked entry by entry against the first link of its hash (exact: a collision
+    would fail the check, and the columns are then compared one by one instead)."""
+    n_links, ends = len(starts), np.r_[starts[1:], len(row_of)]
+    counts = ends - starts
+    bits = keyed.view(np.uint64)  # equal loads, equal bits (each load is rounded once, above)
+    signature = _column_hashes(starts, row_of, bits, counts)
+    _, first_index, inverse = np.unique(signature, return_index=True, return_inverse=True)
+    first = first_index[inverse.ravel()]  # np.unique's first occurrence: the lowest link of each hash
+    if np.array_equal(counts, counts[first]):  # then each entry has its counterpart in the first link's column
+        link_index = np.repeat(np.arange(n_links), counts)
+        theirs = starts[first[link_index]] + np.arange(len(row_of)) - starts[link_index]
+        if np.array_equal(row_of, row_of[theirs]) and np.array_equal(bits, bits[theirs]):
+            return first
+    signatures: dict[tuple, int] = {}  # a hash collision: compare the columns themselves
+    rows_list, keyed_list = row_of.tolist(), keyed.tolist()
+    return np.array([signatures.setdefault((tuple(rows_list[a:b]), tuple(keyed_list[a:b])), i)
+                     for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist()))])
+
+
+def _column_hashes(starts: np.ndarray, row_of: np.ndarray, bits: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """One 64-bit hash per link of its entries (row, load bits), independent of their order, and of its count."""
+    with np.errstate(over="ignore"):
+        entry = row_of.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ bits
+        mixed = (entry * np.uint64(0xBF58476D1CE4E5B9)) ^ (entry >> np.uint64(29))
+        return np.add.reduceat(mixed, starts) + counts.astype(np.uint64) * np.uint64(0x94D049BB133111EB)
 
 
 def _drop_dominated(matrix: np.ndarray) -> np.ndarray:
