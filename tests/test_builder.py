@@ -26,7 +26,7 @@ from helpers import SMALL_SPEC, op_by_name
 from twin.build import build_step
 from twin.builders.schedule import build_schedule
 from twin.builders.tags import LINEAR_BLOCKS
-from twin.ir import Collective, Gemm
+from twin.ir import P2P, Collective, Gemm
 from twin.model import parse_model_spec
 from twin.plan import ParallelPlan, parse_plan
 
@@ -282,3 +282,18 @@ def test_step_info(frontier):
 def test_build_schedule_needs_a_resolved_micro_batch():
     with pytest.raises(ValueError):
         build_schedule(MODEL, parse_plan("gx=2", ParallelPlan(global_batch=4)))
+
+
+@pytest.mark.parametrize("plan_text", ["tp=2,pp=2,dp=2,zero=1,mbs=1,global_batch=8",
+                                       "tp=2,pp=2,vpp=2,dp=2,sp=1,mbs=1,global_batch=8",
+                                       "gx=2,gz=2,gdata=2,zero=3,mbs=1,global_batch=8", "tp=2,cp=2,dp=2,mbs=1,global_batch=4",
+                                       "tp=1,pp=4,dp=2,mbs=1,global_batch=8"])
+def test_the_schedule_lists_exactly_the_axes_its_communication_uses(frontier, plan_text):
+    """The builder lists the group axes as its writers issue communication (twin.builders.program.ProgramWriter
+    .axes), not by scanning every op afterwards: the same set as that scan."""
+    plan = parse_plan(plan_text)
+    gpus = plan.gx * plan.gy * plan.gz * plan.gdata * plan.pp * plan.cp
+    schedule = build_step(parse_model_spec(SMALL_SPEC.replace("layers=2", "layers=4")), plan, frontier, gpus).schedule
+    scanned = {op.work.group for program in schedule.programs for op in program.ops
+               if isinstance(op.work, (Collective, P2P))}
+    assert {axis.name for axis in schedule.groups} == scanned

@@ -430,3 +430,14 @@ def test_work_says_whether_it_is_communication() -> None:
         assert work.comm == isinstance(work, (Collective, P2P))
         assert Op(0, "op", "s", work).is_comm == work.comm
     assert "comm" not in {f.name for cls in map(type, works) for f in dataclasses.fields(cls)}  # not in the file format
+
+
+def test_a_tag_made_from_its_fields_in_order_is_the_tag() -> None:
+    """The builder makes op tags with twin.quick_init.positional (no __init__, no keywords): the same object."""
+    from twin.quick_init import positional
+
+    values = {f.name: f"value-{f.name}" for f in dataclasses.fields(OpTag)}
+    made = positional(OpTag)(*values.values())
+    assert made == OpTag(**values) and hash(made) == hash(OpTag(**values))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.role = "changed"

@@ -11,41 +11,69 @@ construction raises, `dataclasses.replace`, `fields` and `asdict` work as
 before) and the signature is the dataclass's own (defaults, keyword-only
 fields). Only for classes without __post_init__, default factories or
 InitVars (refused with a TypeError when applied).
+
+`positional` goes one step further for the builder's most frequent object,
+the op tag, whose fields are keyword-only: a function that makes an
+instance from every field's value in field order, without calling __init__
+(keyword arguments cost as much again).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 T = TypeVar("T")
 
 
 def quick_init(cls: type[T]) -> type[T]:
     """Give a frozen, slotted dataclass a faster __init__ with the same signature (module docstring)."""
-    params = getattr(cls, "__dataclass_params__", None)
-    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
-        raise TypeError(f"quick_init: {cls.__name__} is not a frozen, slotted dataclass")
-    if hasattr(cls, "__post_init__"):
-        raise TypeError(f"quick_init: {cls.__name__} has __post_init__, which the fast __init__ would skip")
-    fields = [f for f in dataclasses.fields(cls)]
-    if any(not f.init or f.default_factory is not dataclasses.MISSING for f in fields):
-        raise TypeError(f"quick_init: {cls.__name__} has a field without init or with a default factory")
+    fields = _fields(cls)
     namespace: dict[str, object] = {}
-    positional, keyword, body = [], [], []
+    ordered, keyword = [], []
     for f in fields:
         default = ""
         if f.default is not dataclasses.MISSING:
             namespace[f"_default_{f.name}"] = f.default
             default = f"=_default_{f.name}"
-        (keyword if f.kw_only else positional).append(f"{f.name}{default}")
-        namespace[f"_set_{f.name}"] = cls.__dict__[f.name].__set__  # the slot's member descriptor
-        body.append(f"    _set_{f.name}(self, {f.name})")
-    signature = ", ".join(["self", *positional, *(["*", *keyword] if keyword else [])])
-    source = f"def __init__({signature}):\n" + ("\n".join(body) or "    pass") + "\n"
-    exec(source, namespace)  # as dataclasses itself writes __init__: from the fields, once per class
-    init = namespace["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
+        (keyword if f.kw_only else ordered).append(f"{f.name}{default}")
+    signature = ", ".join(["self", *ordered, *(["*", *keyword] if keyword else [])])
+    init = _compiled(cls, "__init__", signature, "self", namespace)
     init.__doc__ = cls.__init__.__doc__
     cls.__init__ = init
     return cls
+
+
+def positional(cls: type[T]) -> Callable[..., T]:
+    """A function making an instance of `cls` (a frozen, slotted dataclass) from all its fields' values, in field
+    order, without calling __init__."""
+    namespace: dict[str, object] = {"_new": object.__new__, "_cls": cls}
+    return _compiled(cls, f"new_{cls.__name__}", ", ".join(f.name for f in _fields(cls)), "_new(_cls)", namespace)
+
+
+def _fields(cls: type) -> list[dataclasses.Field]:
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
+        raise TypeError(f"quick_init: {cls.__name__} is not a frozen, slotted dataclass")
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"quick_init: {cls.__name__} has __post_init__, which the fast __init__ would skip")
+    fields = list(dataclasses.fields(cls))
+    if any(not f.init or f.default_factory is not dataclasses.MISSING for f in fields):
+        raise TypeError(f"quick_init: {cls.__name__} has a field without init or with a default factory")
+    return fields
+
+
+def _compiled(cls: type, name: str, signature: str, instance: str, namespace: dict[str, object]) -> Callable:
+    """A function `name`(signature) that sets every slot of `instance` from the argument of its name, through the
+    slot's own setter (bound once), and returns the instance when it made it."""
+    body = [f"    self = {instance}"] if instance != "self" else []
+    for f in dataclasses.fields(cls):
+        namespace[f"_set_{f.name}"] = cls.__dict__[f.name].__set__  # the slot's member descriptor
+        body.append(f"    _set_{f.name}(self, {f.name})")
+    if instance != "self":
+        body.append("    return self")
+    source = f"def {name}({signature}):\n" + ("\n".join(body) or "    pass") + "\n"
+    exec(source, namespace)  # as dataclasses itself writes __init__: from the fields, once per class
+    function = namespace[name]
+    function.__qualname__ = f"{cls.__qualname__}.{name}"
+    return function

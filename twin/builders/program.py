@@ -28,6 +28,7 @@ class ProgramWriter:
         self.ops: list[Op] = []
         self._last_compute: int | None = None
         self._pending_waits: list[int] = []
+        self.axes: set[str] = set()  # the group axes of the communication ops written (the schedule's groups)
 
     def compute(self, name: str, work: Work, deps: tuple[int, ...] = (), tag: OpTag | None = None) -> int:
         """Enqueue a compute op; it also waits on everything `wait`ed so far."""
@@ -49,6 +50,7 @@ class ProgramWriter:
         new op's stream syncs with the compute stream.
         """
         ordered = deps + tuple(self._pending_waits) + ((self._last_compute,) if self._last_compute is not None else ())
+        self.axes.add(work.group)
         return self._append(name, stream or comm_stream(group), work, tuple(sorted(set(ordered))), tag)
 
     def wait(self, *op_ids: int) -> None:

@@ -173,7 +173,7 @@ from __future__ import annotations
 from twin.builders.data_parallel import DataParallelWriter
 from twin.builders.optimizer import OptimizerWriter
 from twin.builders.pipeline_passes import PipelineWriter
-from twin.ir import P2P, Collective, GroupAxis, Op, Program, Schedule, StepInfo
+from twin.ir import GroupAxis, Op, Program, Schedule, StepInfo
 from twin.memory import memory_per_gpu
 from twin.mesh import plan_mesh
 from twin.model import ModelSpec
@@ -211,10 +211,10 @@ def _assemble(model: ModelSpec, plan: ParallelPlan, stages) -> Schedule:
         raise ValueError("build_schedule needs a plan with mbs and ga resolved (twin.memory.resolve_micro_batch)")
     mesh = plan_mesh(plan)
     per_stage = mesh.size // plan.pp  # pp is the outermost axis: each stage is a block of consecutive ranks
-    programs = tuple(Program(tuple(range(s * per_stage, (s + 1) * per_stage)),
-                             tuple(StageProgramWriter(model, plan, s).write())) for s in stages)
-
-    used = sorted({op.work.group for prog in programs for op in prog.ops if isinstance(op.work, (Collective, P2P))})
+    writers = [StageProgramWriter(model, plan, s) for s in stages]
+    programs = tuple(Program(tuple(range(s * per_stage, (s + 1) * per_stage)), tuple(writer.write()))
+                     for s, writer in zip(stages, writers))
+    used = sorted(set().union(*(writer.w.axes for writer in writers)))  # every communication op's axis
     groups = []
     for axis in used:
         if axis == "tied":

@@ -37,6 +37,7 @@ from functools import partial
 from typing import Callable
 
 from twin.ir import OpTag
+from twin.quick_init import positional
 
 LINEAR_BLOCKS = ("qkv", "attn_out", "mlp_up", "mlp_down", "lm_head")
 SEQUENCE_ROLES = ("ag_x", "ag_in_x", "rs_x")  # sequence parallelism's activation collectives (weights: z, z+data)
@@ -77,9 +78,12 @@ class Pass:
         return Pass(phase, self.micro_batch, self.chunk)
 
 
+_new_tag = positional(OpTag)  # (micro_batch, chunk, phase, layer, block, role): a step holds a tag per op
+
+
 def _tag(micro_batch: int | None, chunk: int | None, phase: str, block: str, role: str,
          layer: int | None = None) -> OpTag:
-    return OpTag(micro_batch=micro_batch, chunk=chunk, phase=phase, layer=layer, block=block, role=role)
+    return _new_tag(micro_batch, chunk, phase, layer, block, role)
 
 
 STEP = Pass("step")

@@ -47,6 +47,9 @@ from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
 
 
+LAYOUTS_KEPT = 64  # axis layouts whose durations are kept (each holds its instances: up to ~1 MB at 32,768 ranks)
+
+
 class BoundModel:
     """Lower bounds for schedules on one machine and GPU count; its caches serve every plan of a search."""
 
@@ -55,30 +58,42 @@ class BoundModel:
         self.compute = ComputeModel(machine.device)
         self.collectives = CollectiveModel(Fabric(machine, gpus))
         self.gpu_of = place_ranks(gpus, machine)
-        self._collective: dict[tuple, float] = {}  # per schedule: keyed by axis name
-        self._instance_cache: dict[tuple, tuple] = {}  # per schedule: keyed by axis name
+        # per axis layout (a group axis's instances, the very tuple: twin.mesh memoises it per mesh and axis, so the
+        # schedules of one plan's bound and of plans on the same mesh share it): (that tuple, held so that its id
+        # stays its own; collective durations by (rank, kind, bytes); _instances by rank)
+        self._by_layout: dict[int, tuple[tuple, dict[tuple, float], dict[int, tuple]]] = {}
         self._transfer: dict[tuple, float] = {}  # across plans: keyed by GPUs
         self._lines: dict[tuple, list[tuple[float, float]]] = {}  # across plans: keyed by GPUs, not axis names
         self._node_lines: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._stage_line_cache: dict[tuple, list[tuple[float, float]]] = {}  # across plans: keyed by GPUs
         self._rank_of_gpu: dict[int, int] | None = None
 
+    def _layout(self, schedule: Schedule, axis: str) -> tuple[tuple, dict[tuple, float], dict[int, tuple]]:
+        instances = schedule.group(axis).instances
+        entry = self._by_layout.get(id(instances))
+        if entry is None or entry[0] is not instances:
+            if len(self._by_layout) >= LAYOUTS_KEPT:
+                self._by_layout.clear()
+            entry = self._by_layout[id(instances)] = (instances, {}, {})
+        return entry
+
     def _collective_s(self, schedule: Schedule, axis: str, rank: int, kind: str, nbytes: float) -> float:
-        key = (axis, rank, kind, nbytes)
-        if key not in self._collective:
-            self._collective[key] = self._contended_s(self._instances(schedule, axis, rank), kind, nbytes)
-        return self._collective[key]
+        durations = self._layout(schedule, axis)[1]
+        key = (rank, kind, nbytes)
+        if key not in durations:
+            durations[key] = self._contended_s(self._instances(schedule, axis, rank), kind, nbytes)
+        return durations[key]
 
     def _instances(self, schedule: Schedule, axis: str, rank: int) -> tuple[tuple[int, ...], tuple, tuple, int]:
         """(representative's instance, axis's first instance, instances on the representative's node), as GPUs,
         and the representative's node."""
-        key = (axis, rank)
-        if key not in self._instance_cache:
+        instances, _, cache = self._layout(schedule, axis)
+        if rank not in cache:
             fabric = self.collectives.fabric
             node = fabric.node_of(self.gpu_of[rank])
             local = set(self._ranks_on_node(node))
             mine, touching = None, []
-            for members in schedule.group(axis).instances:
+            for members in instances:
                 hit = local.intersection(members)
                 if hit:
                     touching.append(tuple(self.gpu_of[r] for r in members))
@@ -87,9 +102,9 @@ class BoundModel:
                     mine = tuple(self.gpu_of[r] for r in members)
                 if not local and mine is not None:
                     break
-            first = tuple(self.gpu_of[r] for r in schedule.group(axis).instances[0])
-            self._instance_cache[key] = (mine, first, tuple(touching), node)
-        return self._instance_cache[key]
+            first = tuple(self.gpu_of[r] for r in instances[0])
+            cache[rank] = (mine, first, tuple(touching), node)
+        return cache[rank]
 
     def _ranks_on_node(self, node: int) -> list[int]:
         if self._rank_of_gpu is None:
@@ -149,7 +164,6 @@ class BoundModel:
 
     def op_durations_s(self, schedule: Schedule, program: Program) -> list[float]:
         """Every op's duration in the bound, for the program's first rank (twin.search.screen's chains)."""
-        self._collective, self._instance_cache = {}, {}  # keyed by axis names: valid for one schedule only
         return self._durations_s(schedule, program)
 
     def stage_op_durations_s(self, schedule: Schedule, program: Program) -> list[float]:
@@ -160,7 +174,6 @@ class BoundModel:
         a stage sits; the nodes' own links repeat on every node, so a stage shifted by whole nodes loads the same
         ones, and its instances have the same shape, latency and algorithms. Only for schedules without
         pipeline transfers (the screen's grid)."""
-        self._collective, self._instance_cache = {}, {}  # keyed by axis names: valid for one schedule only
         rank, out = program.ranks[0], []
         for op in program.ops:
             work = op.work
@@ -266,7 +279,6 @@ class BoundModel:
 
     def terms_s(self, schedule: Schedule) -> tuple[float, ...]:
         """Every program's three bounds, then the pipeline's, one after the other; the bound is their largest."""
-        self._collective, self._instance_cache = {}, {}
         durations = [self._durations_s(schedule, p) for p in schedule.programs]  # each op costed once
         own = tuple(t for p, d in zip(schedule.programs, durations) for t in self.program_terms_s(schedule, p, d))
         return own + self.pipeline_terms_s(schedule, durations)
