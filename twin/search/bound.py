@@ -50,6 +50,21 @@ from twin.sim.compute import ComputeModel
 LAYOUTS_KEPT = 64  # axis layouts whose durations are kept (each holds its instances: up to ~1 MB at 32,768 ranks)
 
 
+class _Layout:
+    """What the bound learned about one group axis's layout: its instances (the very tuple: twin.mesh memoises it
+    per mesh and axis, so the schedules of one plan's bound, and plans on the same mesh, share it; held here so
+    that its id stays its own), and per representative rank its instances as GPUs, each collective kind's cost
+    lines and each collective's duration."""
+
+    __slots__ = ("instances", "by_rank", "lines", "durations")
+
+    def __init__(self, instances: tuple[tuple[int, ...], ...]) -> None:
+        self.instances = instances
+        self.by_rank: dict[int, tuple] = {}  # rank -> BoundModel._instances
+        self.lines: dict[tuple[int, str], list[tuple[float, float]]] = {}  # (rank, kind) -> BoundModel._cost_lines
+        self.durations: dict[tuple[int, str, float], float] = {}  # (rank, kind, bytes) -> the collective's bound
+
+
 class BoundModel:
     """Lower bounds for schedules on one machine and GPU count; its caches serve every plan of a search."""
 
@@ -58,42 +73,42 @@ class BoundModel:
         self.compute = ComputeModel(machine.device)
         self.collectives = CollectiveModel(Fabric(machine, gpus))
         self.gpu_of = place_ranks(gpus, machine)
-        # per axis layout (a group axis's instances, the very tuple: twin.mesh memoises it per mesh and axis, so the
-        # schedules of one plan's bound and of plans on the same mesh share it): (that tuple, held so that its id
-        # stays its own; collective durations by (rank, kind, bytes); _instances by rank)
-        self._by_layout: dict[int, tuple[tuple, dict[tuple, float], dict[int, tuple]]] = {}
+        self._by_layout: dict[int, _Layout] = {}  # by the id of the instances tuple each holds
         self._transfer: dict[tuple, float] = {}  # across plans: keyed by GPUs
         self._lines: dict[tuple, list[tuple[float, float]]] = {}  # across plans: keyed by GPUs, not axis names
         self._node_lines: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._stage_line_cache: dict[tuple, list[tuple[float, float]]] = {}  # across plans: keyed by GPUs
         self._rank_of_gpu: dict[int, int] | None = None
 
-    def _layout(self, schedule: Schedule, axis: str) -> tuple[tuple, dict[tuple, float], dict[int, tuple]]:
+    def _layout(self, schedule: Schedule, axis: str) -> _Layout:
         instances = schedule.group(axis).instances
-        entry = self._by_layout.get(id(instances))
-        if entry is None or entry[0] is not instances:
+        layout = self._by_layout.get(id(instances))
+        if layout is None or layout.instances is not instances:
             if len(self._by_layout) >= LAYOUTS_KEPT:
                 self._by_layout.clear()
-            entry = self._by_layout[id(instances)] = (instances, {}, {})
-        return entry
+            layout = self._by_layout[id(instances)] = _Layout(instances)
+        return layout
 
     def _collective_s(self, schedule: Schedule, axis: str, rank: int, kind: str, nbytes: float) -> float:
-        durations = self._layout(schedule, axis)[1]
+        layout = self._layout(schedule, axis)
         key = (rank, kind, nbytes)
-        if key not in durations:
-            durations[key] = self._contended_s(self._instances(schedule, axis, rank), kind, nbytes)
-        return durations[key]
+        if key not in layout.durations:
+            if (rank, kind) not in layout.lines:
+                layout.lines[(rank, kind)] = self._cost_lines(self._instances(schedule, axis, rank), kind)
+            layout.durations[key] = min(latency + nbytes * s_per_byte
+                                        for latency, s_per_byte in layout.lines[(rank, kind)])
+        return layout.durations[key]
 
     def _instances(self, schedule: Schedule, axis: str, rank: int) -> tuple[tuple[int, ...], tuple, tuple, int]:
         """(representative's instance, axis's first instance, instances on the representative's node), as GPUs,
         and the representative's node."""
-        instances, _, cache = self._layout(schedule, axis)
-        if rank not in cache:
+        layout = self._layout(schedule, axis)
+        if rank not in layout.by_rank:
             fabric = self.collectives.fabric
             node = fabric.node_of(self.gpu_of[rank])
             local = set(self._ranks_on_node(node))
             mine, touching = None, []
-            for members in instances:
+            for members in layout.instances:
                 hit = local.intersection(members)
                 if hit:
                     touching.append(tuple(self.gpu_of[r] for r in members))
@@ -102,18 +117,15 @@ class BoundModel:
                     mine = tuple(self.gpu_of[r] for r in members)
                 if not local and mine is not None:
                     break
-            first = tuple(self.gpu_of[r] for r in instances[0])
-            cache[rank] = (mine, first, tuple(touching), node)
-        return cache[rank]
+            first = tuple(self.gpu_of[r] for r in layout.instances[0])
+            layout.by_rank[rank] = (mine, first, tuple(touching), node)
+        return layout.by_rank[rank]
 
     def _ranks_on_node(self, node: int) -> list[int]:
         if self._rank_of_gpu is None:
             self._rank_of_gpu = {g: r for r, g in enumerate(self.gpu_of)}
         gpn = self.machine.node.gpus_per_node
         return [self._rank_of_gpu[g] for g in range(node * gpn, (node + 1) * gpn) if g in self._rank_of_gpu]
-
-    def _contended_s(self, instances, kind: str, nbytes: float) -> float:
-        return min(latency + nbytes * s_per_byte for latency, s_per_byte in self._cost_lines(instances, kind))
 
     def _cost_lines(self, instances, kind: str) -> list[tuple[float, float]]:
         """(latency, seconds per byte) of each (algorithm, protocol): the bound is the lowest line at nbytes."""

@@ -242,7 +242,8 @@ class CollectiveModel:
         return self.latency_s(lowering, protocol) + bandwidth_term
 
     def choose(self, gpus: tuple[int, ...], kind: str, nbytes: float,
-               peers: Iterable[tuple[int, ...]] = ()) -> tuple[Lowering, str]:
+               peers: Iterable[tuple[int, ...]] = (), candidates: tuple[str, ...] | None = None
+               ) -> tuple[Lowering, str]:
         """The (algorithm, protocol) NCCL's tuner would pick for `gpus`: the fastest alone.
 
         `peers`: the other groups that will run this collective with the same
@@ -251,8 +252,11 @@ class CollectiveModel:
         are timed on `gpus` alone, as before, so where the peers add no
         restriction the choice is the one `gpus` would get by itself.
         Memoised: a step asks for the same collective once per layer.
+        `candidates`: common(gpus, kind, peers), where the caller has it (a
+        family's collectives of every size share it).
         """
-        candidates = self._common(gpus, kind, peers)
+        if candidates is None:
+            candidates = self.common(gpus, kind, peers)
         key = (gpus, kind, nbytes, candidates)
         if key in self._choice:
             return self._choice[key]
@@ -268,7 +272,7 @@ class CollectiveModel:
         self._choice[key] = best[1], best[2]
         return best[1], best[2]
 
-    def _common(self, gpus: tuple[int, ...], kind: str, peers: Iterable[tuple[int, ...]]) -> tuple[str, ...]:
+    def common(self, gpus: tuple[int, ...], kind: str, peers: Iterable[tuple[int, ...]]) -> tuple[str, ...]:
         """The algorithms that apply to `gpus` and to every peer, in registry order."""
         common = self.applicable(gpus, kind)
         shapes = {self._shape(peer) for peer in peers}

@@ -83,6 +83,7 @@ class FlowTypes:
     def build(cls, schedule: Schedule, sym: Symmetry, model: CollectiveModel, gpu_of: list[int]) -> "FlowTypes":
         type_ids: dict[tuple, int] = {}
         choices: dict[tuple[int, str, float], tuple[str, str]] = {}
+        candidates: dict[tuple[int, str], tuple[str, ...]] = {}  # (family, kind) -> algorithms every instance has
         per_op: list[dict[int, CommCall]] = []
         p2p_members: dict[tuple, tuple[int, ...]] = {}  # p2p type -> the classes of its sender and receiver
 
@@ -110,8 +111,10 @@ class FlowTypes:
                     choice_key = (family, work.kind, work.nbytes)
                     if choice_key not in choices:
                         instances = family_gpus(family)
+                        if (family, work.kind) not in candidates:  # the same for the family's every size
+                            candidates[(family, work.kind)] = model.common(instances[0], work.kind, instances[1:])
                         lowering, protocol = model.choose(instances[0], work.kind, work.nbytes,
-                                                          peers=instances[1:])
+                                                          candidates=candidates[(family, work.kind)])
                         choices[choice_key] = (lowering.algorithm, protocol)
                     algorithm, protocol = choices[choice_key]
                     type_id = type_ids.setdefault((family, work.kind, algorithm, protocol), len(type_ids))
