@@ -170,8 +170,14 @@ class Simulator:
         timelines = []
 
         def communicate(call: CommCall, member: tuple[int, int]):
+            """A stream's communication op: it waits for the call's other members; the last to arrive runs the
+            transfer in its own process (a process per transfer cost an event and a generator more)."""
             rv = rendezvous.get(call.key)
             if rv is None:
+                if call.expected == 1:  # nobody to wait for, nobody waiting
+                    started_by[member] = member
+                    yield from transfer(call.members, call.type_id, call.nbytes, None)
+                    return
                 rv = rendezvous[call.key] = Rendezvous(call.expected, 0, env.event(), [])
             rv.arrived += 1
             rv.members.append(member)
@@ -179,8 +185,9 @@ class Simulator:
                 del rendezvous[call.key]
                 for m in rv.members:
                     started_by[m] = member
-                env.process(transfer(call.members, call.type_id, call.nbytes, rv.done))
-            return rv.done
+                yield from transfer(call.members, call.type_id, call.nbytes, rv.done)
+            else:
+                yield rv.done
 
         def transfer(members, type_id, nbytes, done):
             """A collective or point-to-point transfer: latency, then its phases as flows."""
@@ -193,7 +200,8 @@ class Simulator:
                 yield network.start(index, loads, nbytes * s_per_byte)
             for c in members:
                 units[c].comm_changed(-1)
-            done.succeed()
+            if done is not None:
+                done.succeed()
 
         interval = self.machine.device.launch_interval_s
         for cls, rank in enumerate(sym.representatives):
@@ -262,7 +270,7 @@ class Simulator:
                         run, ids = run[:waiting[0]], ids[:waiting[0]]
             starts[op.id] = env.now
             if op.id in calls:
-                yield communicate(calls[op.id], (cls, op.id))
+                yield from communicate(calls[op.id], (cls, op.id))
             elif len(run) == 1:
                 yield from unit.run(duration(op.work))
             elif host is not None:
