@@ -120,7 +120,8 @@ class FlowNetwork:
         return list(seen)
 
     def _assign_speeds(self, flows: list[Flow], now: float) -> None:
-        classes = np.unique(np.concatenate([f.index for f in flows]))
+        # a lone flow's classes are its own (np.flatnonzero: sorted, unique): most components are one flow
+        classes = flows[0].index if len(flows) == 1 else np.unique(np.concatenate([f.index for f in flows]))
         if self.demand[classes].max() <= 1 + 1e-9:  # nothing saturates: all at full speed
             speeds = np.ones(len(flows))
         else:
