@@ -11,13 +11,14 @@ slowed only where it actually shares.
 
 Event-driven on top of SimPy, and local: max-min fairness decomposes over
 connected components of the flow-link graph, so when flows start or end only
-the component they touch is recomputed (once per simulated instant, however
-many flows changed at it), and a component with no saturated link runs every
-flow at full speed without any filling. A flow's remaining work is advanced
-lazily, only when its speed changes; completions sit in a heap with
-generation numbers, since SimPy timeouts cannot be cancelled. This keeps a
-pipeline of 128 stages, each with its own collectives and transfers in
-flight, cheap.
+the component they touch is recomputed: at once when a flow starts (another
+flow starting at the same instant re-rates it again with no time passed, so
+no flow's progress changes), once per timer for the flows that end. A
+component with no saturated link runs every flow at full speed without any
+filling. A flow's remaining work is advanced lazily, only when its speed
+changes; completions sit in a heap with generation numbers, since SimPy
+timeouts cannot be cancelled. This keeps a pipeline of 128 stages, each with
+its own collectives and transfers in flight, cheap.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ class FlowNetwork:
         self._dirty: set[Flow] = set()
         self._heap: list[tuple[float, int, int, Flow]] = []  # (finish time, generation, tiebreak, flow)
         self._tiebreak = 0
-        self._recompute_pending = False
         self._timer_at: float | None = None  # when the armed timer fires; only the latest armed one counts
         self._timer_token = 0
 
@@ -67,20 +67,14 @@ class FlowNetwork:
         for c in index.tolist():
             self.users.setdefault(c, set()).add(flow)
         self._dirty.add(flow)
-        self._request_recompute()
+        self._recompute()  # at once: a flow started at the same instant re-rates its component again, at no cost in time
         return done
 
     # ---- internals ---------------------------------------------------------
-    def _request_recompute(self) -> None:
-        if not self._recompute_pending:
-            self._recompute_pending = True
-            self.env.timeout(0).callbacks.append(self._recompute)
-
     def _remaining(self, flow: Flow, now: float) -> float:
         return flow.work_s - flow.speed * (now - flow.since)
 
     def _recompute(self, _event: simpy.Event | None = None) -> None:
-        self._recompute_pending = False
         now = self.env.now
         self._finish_due(now)
         if self._dirty:
