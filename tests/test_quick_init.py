@@ -48,7 +48,12 @@ def test_quick_init_refuses_what_it_cannot_keep() -> None:
         def __post_init__(self) -> None:
             pass
 
-    for cls in (Mutable, Checked):
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class WithInitVar:
+        a: int
+        scale: dataclasses.InitVar[int] = 1
+
+    for cls in (Mutable, Checked, WithInitVar):
         with pytest.raises(TypeError, match="quick_init"):
             quick_init(cls)
 

@@ -10,7 +10,8 @@ half as long; the class stays a frozen dataclass (assignment after
 construction raises, `dataclasses.replace`, `fields` and `asdict` work as
 before) and the signature is the dataclass's own (defaults, keyword-only
 fields). Only for classes without __post_init__, default factories or
-InitVars (refused with a TypeError when applied).
+InitVars (refused with a TypeError when applied: the new signature is
+checked against the generated one).
 
 `positional` goes one step further for the builder's most frequent object,
 the op tag, whose fields are keyword-only: a function that makes an
@@ -21,6 +22,7 @@ instance from every field's value in field order, without calling __init__
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -39,6 +41,8 @@ def quick_init(cls: type[T]) -> type[T]:
         (keyword if f.kw_only else ordered).append(f"{f.name}{default}")
     signature = ", ".join(["self", *ordered, *(["*", *keyword] if keyword else [])])
     init = _compiled(cls, "__init__", signature, "self", namespace)
+    if _parameters(init) != _parameters(cls.__init__):  # e.g. an InitVar, which dataclasses.fields leaves out
+        raise TypeError(f"quick_init: {cls.__name__}'s __init__ takes arguments that are not its fields")
     init.__doc__ = cls.__init__.__doc__
     cls.__init__ = init
     return cls
@@ -49,6 +53,10 @@ def positional(cls: type[T]) -> Callable[..., T]:
     order, without calling __init__."""
     namespace: dict[str, object] = {"_new": object.__new__, "_cls": cls}
     return _compiled(cls, f"new_{cls.__name__}", ", ".join(f.name for f in _fields(cls)), "_new(_cls)", namespace)
+
+
+def _parameters(function: Callable) -> list[tuple]:
+    return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()]
 
 
 def _fields(cls: type) -> list[dataclasses.Field]:
