@@ -84,6 +84,31 @@ def pass_chains_s(program: Program, durations: list[float]) -> dict[LayerPass, f
     return chains_s(program, durations, {i: key for i, key in passes.items() if key})
 
 
+def busiest_stream_s(program: Program, durations: list[float]) -> float:
+    """The busiest communication stream's least per layer: per stream, each kind of pass's least over the
+    program's layer passes (a pass with none of the stream's ops counts 0), summed; the most of the streams.
+
+    A stream runs its ops one after another, and a layer's pass issues the same communication whatever its
+    micro-batch (weights are gathered again in each pass, prefetches stay inside a micro-batch's pass), so
+    a rank whose layers make N passes of each kind keeps some stream busy for at least N times this.
+    """
+    passes = set(pass_compute_s(program, durations))  # every layer pass, from its compute ops
+    per_stream: dict[str, dict[LayerPass, float]] = {}
+    for op in program.ops:
+        key = pass_of(op) if op.work.comm else None
+        if key:
+            loads = per_stream.setdefault(op.stream, {})
+            loads[key] = loads.get(key, 0.0) + durations[op.id]
+    busiest = 0.0
+    for loads in per_stream.values():
+        least: dict[str, float] = {}
+        for key in passes:
+            value = loads.get(key, 0.0)
+            least[key.phase] = min(value, least.get(key.phase, value))
+        busiest = max(busiest, sum(least.values()))
+    return busiest
+
+
 def micro_batch_of(op: Op) -> int | None:
     """The micro-batch an op works on (None for the step's own ops and ops without a tag)."""
     return op.tag.micro_batch if op.tag is not None else None

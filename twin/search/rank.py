@@ -195,7 +195,7 @@ def _work_s(grid: ParallelPlan) -> float:
     return _WORKER["screen"].work_s(grid)
 
 
-def _chains_s(grid: ParallelPlan) -> tuple[float, float]:
+def _chains_s(grid: ParallelPlan) -> tuple[float, float, float]:
     return _WORKER["screen"].chains_s(grid)
 
 
@@ -304,9 +304,9 @@ class _Workers:
         ahead never drops a plan that belongs in the top.
         """
         model, gpn = self._args[0], self._args[1].node.gpus_per_node
-        out = _Searched([screen_bound_s(model, plan, (work[grid_plan(plan)], 0.0, 0.0), gpn) for plan in plans])
-        chains: dict[ParallelPlan, tuple[float, float]] = {}
-        waiting: dict[ParallelPlan, list[int]] = {}  # grid -> plans waiting for a worker's C and S of it
+        out = _Searched([screen_bound_s(model, plan, (work[grid_plan(plan)], 0.0, 0.0, 0.0), gpn) for plan in plans])
+        chains: dict[ParallelPlan, tuple[float, float, float]] = {}
+        waiting: dict[ParallelPlan, list[int]] = {}  # grid -> plans waiting for a worker's C, S and K of it
         line = [(first, i) for i, first in enumerate(out.firsts)]
         heapq.heapify(line)
         screen_keys: list[float] = []  # best known bounds once screened, and once fully bounded: progress totals

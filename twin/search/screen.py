@@ -29,6 +29,16 @@ had them prefetched by the layer before):
   stream, so in the plan's rank 0 every pass of every layer and micro-batch
   adds at least its chain.
 
+- K, on rank 0, the busiest communication stream's share of a layer
+  (twin.search.passes.busiest_stream_s): each of the grid's collectives at
+  the full bound's duration, as in C, summed per stream over a layer's
+  passes, the least layer. A stream runs its ops one after another, and
+  every pass of every layer and micro-batch of the plan's rank 0 issues at
+  least the grid's least: with weights sharded over Z, the weight
+  all-gathers and gradient reduce-scatters that C leaves out (a prefetched
+  all-gather is waited for by the next linear, not between one pass's
+  compute ops) can take longer than the compute they overlap.
+
 - S, C again with each collective at what the full bound gives it on any
   pipeline stage (BoundModel.stage_op_durations_s: its latency and its bytes
   over the busiest of the nodes' own links, no contention, no network link).
@@ -38,7 +48,8 @@ had them prefetched by the layer before):
 
 With L layers, pp stages and m micro-batches (a rank holds L / pp layers):
 
-- a rank's own work: step >= m (L / pp) W, and for rank 0 >= m (L / pp) C;
+- a rank's own work: step >= m (L / pp) W, and for rank 0 >= m (L / pp) C
+  and >= m (L / pp) K;
 - 1F1B: step >= (pp - 1 + m) (L / pp) max(W, S), the chain
   BoundModel.pipeline_terms_s describes with every stage's forward and
   backward of a micro-batch at least its layers' compute, and at least
@@ -51,10 +62,12 @@ gathered over z and gdata, which the grid alone does not have: those plans
 get W only. tests/test_search.py checks W and C against the layers of real
 schedules and the bound against simulated steps.
 
-W is about a third of a grid's cost and C and S the rest (they lower the
+W is about a third of a grid's cost and C, S and K the rest (they lower the
 grid's collectives onto the fabric), so `twin search` first bounds every
-plan by W alone and computes C and S only for the grids of plans that bound
-cannot rule out: for GPT-320B on 32,768 GCDs over every axis, 1,385 of 4,013.
+plan by W alone and computes C, S and K only for the grids of plans that
+bound cannot rule out: for GPT-320B on 32,768 GCDs over every axis, 1,385 of
+4,013. (K was added on 2026-12-03: it rules out 95 of the 207 plans that
+search used to give the full bound only to rule them out; docs/speed.md.)
 """
 
 from __future__ import annotations
@@ -66,7 +79,7 @@ from twin.ir import Schedule
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 from twin.search.bound import BoundModel
-from twin.search.passes import least_per_layer_s, pass_chains_s, pass_compute_s
+from twin.search.passes import busiest_stream_s, least_per_layer_s, pass_chains_s, pass_compute_s
 
 
 def grid_plan(plan: ParallelPlan) -> ParallelPlan:
@@ -75,9 +88,9 @@ def grid_plan(plan: ParallelPlan) -> ParallelPlan:
 
 
 class ScreenModel:
-    """Screening bounds for one model on one machine and GPU count; W, and C and S, are memoised per grid plan.
+    """Screening bounds for one model on one machine and GPU count; W, and C, S and K, are memoised per grid plan.
 
-    W alone (`work_s`) is the cheaper part: C and S lower every collective of the grid onto the fabric, a
+    W alone (`work_s`) is the cheaper part: C, S and K lower every collective of the grid onto the fabric, a
     search asks for them (`chains_s`) only for grids with a plan that W alone cannot rule out.
     """
 
@@ -90,8 +103,8 @@ class ScreenModel:
         self.model = model
         self.bounds = bounds
         self._work: dict[ParallelPlan, float] = {}
-        self._chains: dict[ParallelPlan, tuple[float, float]] = {}
-        self._built: tuple[ParallelPlan, Schedule] | None = None  # the last grid schedule, for W then C and S
+        self._chains: dict[ParallelPlan, tuple[float, float, float]] = {}
+        self._built: tuple[ParallelPlan, Schedule] | None = None  # the last grid schedule, for W then C, S and K
 
     def _schedule(self, grid: ParallelPlan) -> Schedule:
         if self._built is None or self._built[0] != grid:
@@ -108,19 +121,20 @@ class ScreenModel:
                 for p in self._schedule(grid).programs)
         return self._work[grid]
 
-    def chains_s(self, plan: ParallelPlan) -> tuple[float, float]:
-        """(C, S) of `plan`'s layers (module docstring)."""
+    def chains_s(self, plan: ParallelPlan) -> tuple[float, float, float]:
+        """(C, S, K) of `plan`'s layers (module docstring)."""
         grid = grid_plan(plan)
         if grid not in self._chains:
             schedule = self._schedule(grid)
             rank0 = next(p for p in schedule.programs if p.ranks[0] == 0)
-            c = least_per_layer_s(pass_chains_s(rank0, self.bounds.op_durations_s(schedule, rank0)))
+            durations = self.bounds.op_durations_s(schedule, rank0)
+            c = least_per_layer_s(pass_chains_s(rank0, durations))
             s = least_per_layer_s(pass_chains_s(rank0, self.bounds.stage_op_durations_s(schedule, rank0)))
-            self._chains[grid] = (c, s)
+            self._chains[grid] = (c, s, busiest_stream_s(rank0, durations))
         return self._chains[grid]
 
-    def layer_s(self, plan: ParallelPlan) -> tuple[float, float, float]:
-        """(W, C, S) of `plan`'s layers (module docstring)."""
+    def layer_s(self, plan: ParallelPlan) -> tuple[float, float, float, float]:
+        """(W, C, S, K) of `plan`'s layers (module docstring)."""
         return (self.work_s(plan), *self.chains_s(plan))
 
     def bound_s(self, plan: ParallelPlan) -> float:
@@ -128,14 +142,14 @@ class ScreenModel:
         return screen_bound_s(self.model, plan, self.layer_s(plan), self.bounds.machine.node.gpus_per_node)
 
 
-def screen_bound_s(model: ModelSpec, plan: ParallelPlan, layer: tuple[float, float, float],
+def screen_bound_s(model: ModelSpec, plan: ParallelPlan, layer: tuple[float, float, float, float],
                    gpus_per_node: int) -> float:
-    """The bound from (W, C, S) (module docstring): a rank's own layers, and a 1F1B pipeline's fill and drain.
-    With C and S at 0 it is the bound from W alone: weaker, and free of the collectives' lowering."""
-    w, c, s = layer
+    """The bound from (W, C, S, K) (module docstring): a rank's own layers, and a 1F1B pipeline's fill and drain.
+    With C, S and K at 0 it is the bound from W alone: weaker, and free of the collectives' lowering."""
+    w, c, s, k = layer
     per_rank = model.layers // (plan.pp * plan.vpp) * plan.vpp
     m = plan.ga
-    own = m * per_rank * (w if plan.zero == 3 else max(w, c))
+    own = m * per_rank * (w if plan.zero == 3 else max(w, c, k))
     if plan.pp > 1 and plan.vpp == 1:
         whole_nodes = (plan.world_size // plan.pp) % gpus_per_node == 0 and plan.zero != 3
         return max(own, (plan.pp - 1 + m) * per_rank * (max(w, s) if whole_nodes else w))
