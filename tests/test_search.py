@@ -356,6 +356,24 @@ def test_the_busiest_stream_sees_weight_gathers_the_chain_leaves_out():
     assert plan.ga * per_rank * busiest <= screen.bound_s(plan) <= step * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("text", ["gx=8,gy=2,pp=2,mbs=1,global_batch=4", "gx=4,gy=2,gz=2,pp=2,mbs=1,global_batch=4"])
+def test_the_pipeline_term_counts_stage_zero_at_rank_zeros_chains(text):
+    """Stage 0 holds rank 0, whose passes take at least C (network links and contention included), more than
+    S: the pipeline term counts its forward and backward at C, above the all-S chain and still below the step."""
+    from twin.search.screen import ScreenModel
+
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC.replace("layers=4", "layers=8"))
+    plan = build_step(model, parse_plan(text), machine, 32).plan
+    screen = ScreenModel(model, BoundModel(machine, 32))
+    w, c, s, _ = screen.layer_s(plan)
+    per_rank = model.layers // plan.pp
+    assert c > s > w
+    all_s = (plan.pp - 1 + plan.ga) * per_rank * s
+    step = simulate(build_step(model, plan, machine, 32).schedule, machine).step_time_s
+    assert all_s < screen.bound_s(plan) <= step * (1 + 1e-9)
+
+
 def test_the_layer_chain_sees_blocking_collectives():
     """C exceeds the compute W when a layer waits on tensor-parallel collectives (gx's all-reduces)."""
     from twin.search.screen import ScreenModel

@@ -50,10 +50,12 @@ With L layers, pp stages and m micro-batches (a rank holds L / pp layers):
 
 - a rank's own work: step >= m (L / pp) W, and for rank 0 >= m (L / pp) C
   and >= m (L / pp) K;
-- 1F1B: step >= (pp - 1 + m) (L / pp) max(W, S), the chain
-  BoundModel.pipeline_terms_s describes with every stage's forward and
-  backward of a micro-batch at least its layers' compute, and at least
-  their chains (S; W alone where a stage does not hold whole nodes).
+- 1F1B: step >= (L / pp) max(W, S, C) + (pp - 2 + m) (L / pp) max(W, S),
+  the chain BoundModel.pipeline_terms_s describes (the first micro-batch's
+  forward and backward on stages 0 to pp - 2, then the last stage's m) with
+  every stage's forward and backward of a micro-batch at least its layers'
+  compute, and at least their chains (S; W alone where a stage does not
+  hold whole nodes); stage 0's are rank 0's, at least its chains C.
 
 Embedding, logits, loss and optimizer work only add to the step and are left
 out; so are weight all-gathers prefetched in an earlier layer (OAG) and
@@ -152,5 +154,7 @@ def screen_bound_s(model: ModelSpec, plan: ParallelPlan, layer: tuple[float, flo
     own = m * per_rank * (w if plan.zero == 3 else max(w, c, k))
     if plan.pp > 1 and plan.vpp == 1:
         whole_nodes = (plan.world_size // plan.pp) % gpus_per_node == 0 and plan.zero != 3
-        return max(own, (plan.pp - 1 + m) * per_rank * (max(w, s) if whole_nodes else w))
+        stage = max(w, s) if whole_nodes else w  # any stage's forward and backward of a micro-batch
+        first = max(stage, w if plan.zero == 3 else c)  # stage 0's, which holds rank 0
+        return max(own, per_rank * first + (plan.pp - 2 + m) * per_rank * stage)
     return own
