@@ -339,6 +339,39 @@ def test_screening_bound_holds_with_unfused_attention(text):
     assert 0 < ScreenModel(model, BoundModel(machine, 16)).bound_s(plan) <= step * (1 + 1e-9)
 
 
+def _one_layer_w_is_three_layers_w(model, machine, gpus: int, axes: tuple[str, ...]) -> int:
+    """W from one layer against the least of three, on every grid of a search space: equal to the last bit."""
+    from twin.search.passes import least_per_layer_s, pass_compute_s
+    from twin.search.screen import ScreenModel, grid_plan
+
+    screen = ScreenModel(model, BoundModel(machine, gpus))
+    compute = screen.bounds.compute.duration_s
+    found = enumerate_space(model, gpus, 64 if gpus <= 64 else 8192, machine.device.hbm_bytes, SearchSpace(axes=axes))
+    grids = list(dict.fromkeys(grid_plan(c.plan) for c in found.candidates))
+    for grid in grids:
+        three = min(least_per_layer_s(pass_compute_s(p, [0.0 if op.work.comm else compute(op.work) for op in p.ops]))
+                    for p in screen._schedule(grid, 3).programs)
+        assert screen.work_s(grid) == three, grid.describe()
+    return len(grids)
+
+
+def test_a_layers_compute_does_not_depend_on_where_it_sits():
+    """The screen's W comes from one layer: the least of three layers (first, middle, last) is the same on every
+    grid of a small space over every axis, cp included."""
+    from twin.search.space import AXES
+
+    model = parse_model_spec(SEARCH_SPEC)
+    assert _one_layer_w_is_three_layers_w(model, load_machine("frontier"), 16, tuple(AXES)) > 20
+
+
+@pytest.mark.slow
+def test_a_layers_compute_does_not_depend_on_where_it_sits_at_scale():
+    """The same on every grid of the 175B search on 1,024 GCDs over every axis (about 4,000 grids)."""
+    from twin.search.space import AXES
+
+    assert _one_layer_w_is_three_layers_w(get_model("175B"), load_machine("frontier"), 1024, tuple(AXES)) > 1000
+
+
 def test_the_busiest_stream_sees_weight_gathers_the_chain_leaves_out():
     """With weights sharded over Z across nodes, rank 0's Z stream (prefetched weight all-gathers and gradient
     reduce-scatters, which no pass's chain waits on) outlasts the layer's chain: K > C, and the screening bound

@@ -10,16 +10,22 @@ What a layer costs does not depend on gdata, ZeRO below stage 3 (which move
 only weights, gradients and optimizer state, outside the layers) or the
 pipeline (which decides only which layers a rank holds): a layer's ops are
 decided by the tensor-parallel grid (gx, gy, gz), the micro-batch size,
-sequence parallelism, recompute, overlap and GEMM tuning. So three layers of
-one micro-batch are built on the grid alone (pp = gdata = 1), and two
-numbers are taken from them, each per kind of pass the least over the three
-(a stage's first layer gathers its weights within its own passes, later ones
-had them prefetched by the layer before):
+sequence parallelism, recompute, overlap and GEMM tuning. So layers of one
+micro-batch are built on the grid alone (pp = gdata = 1), and numbers are
+taken from them, each per kind of pass the least over the layers:
 
 - W, a layer's compute (forward, recompute, backward) on the least loaded rank.
   The simulator never runs a compute op faster than ComputeModel.duration_s
   alone (communication only slows it), and every rank runs its layers'
-  compute ops one after another.
+  compute ops one after another. Where a layer sits changes only its
+  collectives (below), not its compute, so one layer gives W (the least of
+  three layers gives the same: tests/test_search.py checks every grid of two
+  search spaces, and W against real schedules' layers).
+
+The others come from three layers, on rank 0 (a stage's first layer gathers
+its weights within its own passes, later ones had them prefetched by the
+layer before, and the last prefetches for what follows; three show each):
+
 - C, on rank 0, the chain through each pass of a layer (forward, recompute,
   backward): its compute ops in stream order, and the collectives between
   them (issued after one of the pass's compute ops and waited for by a later
@@ -64,8 +70,8 @@ gathered over z and gdata, which the grid alone does not have: those plans
 get W only. tests/test_search.py checks W and C against the layers of real
 schedules and the bound against simulated steps.
 
-W is about a third of a grid's cost and C, S and K the rest (they lower the
-grid's collectives onto the fabric), so `twin search` first bounds every
+W is the cheap part of a grid (one layer, no lowering) and C, S and K the
+rest (they lower the grid's collectives onto the fabric), so `twin search` first bounds every
 plan by W alone and computes C, S and K only for the grids of plans that
 bound cannot rule out: for GPT-320B on 32,768 GCDs over every axis, 1,385 of
 4,013. (K was added on 2026-12-03: it rules out 95 of the 207 plans that
@@ -96,22 +102,21 @@ class ScreenModel:
     search asks for them (`chains_s`) only for grids with a plan that W alone cannot rule out.
     """
 
-    # Layers of the grid schedule: a stage's first layer gathers its weights inside its own pass, later ones had
-    # them prefetched by the layer before, and the last prefetches for what follows; three layers show each kind,
-    # and W and C take the least of them.
+    # Layers of the grid schedule for C, S and K: a stage's first layer gathers its weights inside its own pass,
+    # later ones had them prefetched by the layer before, and the last prefetches for what follows; three layers
+    # show each kind, and each number takes the least of them. W needs one: a layer's compute is the same
+    # wherever it sits.
     LAYERS = 3
+    WORK_LAYERS = 1
 
     def __init__(self, model: ModelSpec, bounds: BoundModel) -> None:
         self.model = model
         self.bounds = bounds
         self._work: dict[ParallelPlan, float] = {}
         self._chains: dict[ParallelPlan, tuple[float, float, float]] = {}
-        self._built: tuple[ParallelPlan, Schedule] | None = None  # the last grid schedule, for W then C, S and K
 
-    def _schedule(self, grid: ParallelPlan) -> Schedule:
-        if self._built is None or self._built[0] != grid:
-            self._built = grid, build_schedule(replace(self.model, layers=self.LAYERS), grid)
-        return self._built[1]
+    def _schedule(self, grid: ParallelPlan, layers: int) -> Schedule:
+        return build_schedule(replace(self.model, layers=layers), grid)
 
     def work_s(self, plan: ParallelPlan) -> float:
         """W of `plan`'s layers (module docstring)."""
@@ -120,14 +125,14 @@ class ScreenModel:
             compute = self.bounds.compute.duration_s
             self._work[grid] = min(
                 least_per_layer_s(pass_compute_s(p, [0.0 if op.work.comm else compute(op.work) for op in p.ops]))
-                for p in self._schedule(grid).programs)
+                for p in self._schedule(grid, self.WORK_LAYERS).programs)
         return self._work[grid]
 
     def chains_s(self, plan: ParallelPlan) -> tuple[float, float, float]:
         """(C, S, K) of `plan`'s layers (module docstring)."""
         grid = grid_plan(plan)
         if grid not in self._chains:
-            schedule = self._schedule(grid)
+            schedule = self._schedule(grid, self.LAYERS)
             rank0 = next(p for p in schedule.programs if p.ranks[0] == 0)
             durations = self.bounds.op_durations_s(schedule, rank0)
             c = least_per_layer_s(pass_chains_s(rank0, durations))
