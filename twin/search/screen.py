@@ -22,9 +22,9 @@ taken from them, each per kind of pass the least over the layers:
   three layers gives the same: tests/test_search.py checks every grid of two
   search spaces, and W against real schedules' layers).
 
-The others come from three layers, on rank 0 (a stage's first layer gathers
-its weights within its own passes, later ones had them prefetched by the
-layer before, and the last prefetches for what follows; three show each):
+The others come from three layers (a stage's first layer gathers its
+weights within its own passes, later ones had them prefetched by the layer
+before, and the last prefetches for what follows; three show each kind):
 
 - C, on rank 0, the chain through each pass of a layer (forward, recompute,
   backward): its compute ops in stream order, and the collectives between
@@ -71,11 +71,10 @@ get W only. tests/test_search.py checks W and C against the layers of real
 schedules and the bound against simulated steps.
 
 W is the cheap part of a grid (one layer, no lowering) and C, S and K the
-rest (they lower the grid's collectives onto the fabric), so `twin search` first bounds every
-plan by W alone and computes C, S and K only for the grids of plans that
-bound cannot rule out: for GPT-320B on 32,768 GCDs over every axis, 1,385 of
-4,013. (K was added on 2026-12-03: it rules out 95 of the 207 plans that
-search used to give the full bound only to rule them out; docs/speed.md.)
+rest (they lower the grid's collectives onto the fabric), so `twin search`
+first bounds every plan by W alone and computes C, S and K only for the
+grids of plans that bound cannot rule out: for GPT-320B on 32,768 GCDs over
+every axis, 1,385 of 4,013.
 """
 
 from __future__ import annotations
