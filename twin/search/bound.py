@@ -50,6 +50,20 @@ from twin.sim.compute import ComputeModel
 LAYOUTS_KEPT = 64  # axis layouts whose durations are kept (each holds its instances: up to ~1 MB at 32,768 ranks)
 
 
+def _shared_phases_s(own, others: list, capacity: np.ndarray, end: int | None = None) -> float:
+    """Seconds per byte of `own`'s phases, each on its busiest link (of the links below `end`, where given) at the
+    larger of its own load and every instance's of `others` together there."""
+    total = 0.0
+    for phase, loads in enumerate(own.phases):
+        shared: dict[int, float] = {}
+        for other in others:
+            for link, load in other.phases[phase].items():
+                shared[link] = shared.get(link, 0.0) + load
+        total += max((load / capacity[link] for link, load in (*loads.items(), *shared.items())
+                      if end is None or link < end), default=0.0)
+    return total
+
+
 class _Layout:
     """What the bound learned about one group axis's layout: its instances (the very tuple: twin.mesh memoises it
     per mesh and axis, so the schedules of one plan's bound, and plans on the same mesh, share it; held here so
@@ -142,18 +156,10 @@ class BoundModel:
                 head = model.lowering(first, kind, own.algorithm)
             except KeyError:
                 continue
-            per_phase = []
-            for phase, loads in enumerate(own.phases):
-                alone = max((load / capacity[link] for link, load in loads.items()), default=0.0)
-                shared: dict[int, float] = {}
-                for other in others:
-                    for link, load in other.phases[phase].items():
-                        shared[link] = shared.get(link, 0.0) + load
-                together = max((load / capacity[link] for link, load in shared.items()), default=0.0)
-                per_phase.append(max(alone, together))
+            per_byte = _shared_phases_s(own, others, capacity)
             for protocol in model.tuning.protocols:
                 latency = min(model.latency_s(own, protocol), model.latency_s(head, protocol))
-                lines.append((latency, sum(per_phase) / model.bw_fraction(kind, protocol)))
+                lines.append((latency, per_byte / model.bw_fraction(kind, protocol)))
         self._lines[key] = lines
         return lines
 
@@ -175,47 +181,49 @@ class BoundModel:
         return self.compute.duration_s(work)
 
     def op_durations_s(self, schedule: Schedule, program: Program) -> list[float]:
-        """Every op's duration in the bound, for the program's first rank (twin.search.screen's chains)."""
-        return self._durations_s(schedule, program)
+        """Every op's duration in the bound, for the program's first rank (and twin.search.screen's chains)."""
+        return [self._op_s(schedule, program.ranks[0], op.work) for op in program.ops]
 
     def stage_op_durations_s(self, schedule: Schedule, program: Program) -> list[float]:
         """Every op's duration at most what the full bound gives the same op on any pipeline stage laid out on
         whole nodes like this program's (twin.search.screen's pipeline term): compute alone; a collective at its
-        latency plus its bytes over the busiest of the nodes' own links (on-node and NIC links), without
-        contention or network links, over every algorithm that applies to its instance. Those two depend on where
-        a stage sits; the nodes' own links repeat on every node, so a stage shifted by whole nodes loads the same
-        ones, and its instances have the same shape, latency and algorithms. Only for schedules without
-        pipeline transfers (the screen's grid)."""
+        latency plus its bytes over the busiest of the nodes' own links (on-node and NIC links), shared with the
+        instances of its axis on its node, without network links, over every algorithm that applies to its
+        instance. Network links depend on where a stage sits; the nodes' own links repeat on every node, so a
+        stage shifted by whole nodes loads the same ones, with the same instances of each axis on them (or more:
+        on a node the grid does not fill, the plan's other replicas), and its instances have the same shape,
+        latency and algorithms. Only for schedules without pipeline transfers (the screen's grid)."""
         rank, out = program.ranks[0], []
         for op in program.ops:
             work = op.work
             if isinstance(work, P2P):
                 raise ValueError("stage_op_durations_s: the schedule has pipeline transfers; give the grid's")
             if isinstance(work, Collective):
-                mine = self._instances(schedule, work.group, rank)[0]
+                mine, _, touching, _ = self._instances(schedule, work.group, rank)
                 out.append(min(latency + work.nbytes * s_per_byte
-                               for latency, s_per_byte in self._stage_lines(mine, work.kind)))
+                               for latency, s_per_byte in self._stage_lines(mine, touching, work.kind)))
             else:
                 out.append(self.compute.duration_s(work))
         return out
 
-    def _stage_lines(self, mine: tuple[int, ...], kind: str) -> list[tuple[float, float]]:
-        """(latency, seconds per byte on the busiest of the nodes' own links) of each (algorithm, protocol)."""
-        key = (mine, kind)
+    def _stage_lines(self, mine: tuple[int, ...], touching: tuple, kind: str) -> list[tuple[float, float]]:
+        """(latency, seconds per byte on the nodes' busiest own link, shared with the axis's instances on the node)
+        of each (algorithm, protocol); one that not every instance there has (the full bound's skip) counts alone."""
+        key = (mine, touching, kind)
         if key not in self._stage_line_cache:
             model = self.collectives
             capacity, end = model.fabric.capacity_bytes_per_s, model.fabric.node_link_count
             lines = []
             for own in model.lowerings(mine, kind):
-                per_phase = sum(max((load / capacity[link] for link, load in loads.items() if link < end), default=0.0)
-                                for loads in own.phases)
-                lines += [(model.latency_s(own, protocol), per_phase / model.bw_fraction(kind, protocol))
+                try:
+                    others = [model.lowering(g, kind, own.algorithm) for g in touching]
+                except KeyError:
+                    others = [own]
+                per_byte = _shared_phases_s(own, others, capacity, end)
+                lines += [(model.latency_s(own, protocol), per_byte / model.bw_fraction(kind, protocol))
                           for protocol in model.tuning.protocols]
             self._stage_line_cache[key] = lines
         return self._stage_line_cache[key]
-
-    def _durations_s(self, schedule: Schedule, program: Program) -> list[float]:
-        return [self._op_s(schedule, program.ranks[0], op.work) for op in program.ops]
 
     def program_terms_s(self, schedule: Schedule, program: Program, durations: list[float] | None = None
                         ) -> tuple[float, float, float]:
@@ -224,7 +232,7 @@ class BoundModel:
         micro-batches (twin.search.rank continues each one separately before taking the largest)."""
         rank = program.ranks[0]
         if durations is None:
-            durations = self._durations_s(schedule, program)
+            durations = self.op_durations_s(schedule, program)
         end = [0.0] * len(program.ops)
         busy: dict[str, float] = {}  # per stream: the sum of its ops' durations
         traffic: dict[tuple, int] = {}  # (axis, kind, bytes) -> collectives issued
@@ -291,7 +299,7 @@ class BoundModel:
 
     def terms_s(self, schedule: Schedule) -> tuple[float, ...]:
         """Every program's three bounds, then the pipeline's, one after the other; the bound is their largest."""
-        durations = [self._durations_s(schedule, p) for p in schedule.programs]  # each op costed once
+        durations = [self.op_durations_s(schedule, p) for p in schedule.programs]  # each op costed once
         own = tuple(t for p, d in zip(schedule.programs, durations) for t in self.program_terms_s(schedule, p, d))
         return own + self.pipeline_terms_s(schedule, durations)
 
@@ -332,7 +340,7 @@ class BoundModel:
         own: dict[int, float] = {}  # A_s
         micro_batches, tail = 0, 0.0
         for index, program in enumerate(schedule.programs):
-            program_durations = self._durations_s(schedule, program) if durations is None else durations[index]
+            program_durations = self.op_durations_s(schedule, program) if durations is None else durations[index]
             seen: set[int] = set()
             total = 0.0
             for op in program.ops:

@@ -47,10 +47,11 @@ before, and the last prefetches for what follows; three show each kind):
 
 - S, C again with each collective at what the full bound gives it on any
   pipeline stage (BoundModel.stage_op_durations_s: its latency and its bytes
-  over the busiest of the nodes' own links, no contention, no network link).
-  Where a stage holds whole nodes, every stage's ranks are the grid's shifted
-  by whole nodes, whose own links are the same, so every stage's passes add
-  at least S, as rank 0's add C.
+  over the busiest of the nodes' own links, which it shares with its axis's
+  other instances on the node; no network link). Where a stage holds whole
+  nodes, every stage's ranks are the grid's shifted by whole nodes, whose own
+  links and instances on them are the same, so every stage's passes add at
+  least S, as rank 0's add C.
 
 With L layers, pp stages and m micro-batches (a rank holds L / pp layers):
 
