@@ -65,11 +65,11 @@ With L layers, pp stages and m micro-batches (a rank holds L / pp layers):
   hold whole nodes); stage 0's are rank 0's, at least its chains C.
 
 Embedding, logits, loss and optimizer work only add to the step and are left
-out; so are weight all-gathers prefetched in an earlier layer (OAG) and
-gradient collectives waited for after the layers. With ZeRO-3 weights are
-gathered over z and gdata, which the grid alone does not have: those plans
-get W only. tests/test_search.py checks W and C against the layers of real
-schedules and the bound against simulated steps.
+out; C and S also leave out weight all-gathers prefetched in an earlier layer
+(OAG; K counts them) and gradient collectives waited for after the layers.
+With ZeRO-3 weights are gathered over z and gdata, which the grid alone does
+not have: those plans get W only. tests/test_search.py checks W, C, S and K
+against the layers of real schedules and the bound against simulated steps.
 
 W is the cheap part of a grid (one layer, no lowering) and C, S and K the
 rest (they lower the grid's collectives onto the fabric), so `twin search`
