@@ -19,7 +19,7 @@ taken from them, each per kind of pass the least over the layers:
   alone (communication only slows it), and every rank runs its layers'
   compute ops one after another. Where a layer sits changes only its
   collectives (below), not its compute, so one layer gives W (the least of
-  three layers gives the same: tests/test_search.py checks every grid of two
+  three layers gives the same: tests/test_search.py checks every grid of four
   search spaces, and W against real schedules' layers).
 
 The others come from three layers (a stage's first layer gathers its
@@ -122,11 +122,14 @@ class ScreenModel:
         """W of `plan`'s layers (module docstring)."""
         grid = grid_plan(plan)
         if grid not in self._work:
-            compute = self.bounds.compute.duration_s
-            self._work[grid] = min(
-                least_per_layer_s(pass_compute_s(p, [0.0 if op.work.comm else compute(op.work) for op in p.ops]))
-                for p in self._schedule(grid, self.WORK_LAYERS).programs)
+            self._work[grid] = self.least_layer_work_s(self._schedule(grid, self.WORK_LAYERS))
         return self._work[grid]
+
+    def least_layer_work_s(self, schedule: Schedule) -> float:
+        """A layer's compute on the least loaded rank of `schedule`, each kind of pass the least over its layers."""
+        compute = self.bounds.compute.duration_s
+        return min(least_per_layer_s(pass_compute_s(p, [0.0 if op.work.comm else compute(op.work) for op in p.ops]))
+                   for p in schedule.programs)
 
     def chains_s(self, plan: ParallelPlan) -> tuple[float, float, float]:
         """(C, S, K) of `plan`'s layers (module docstring)."""
