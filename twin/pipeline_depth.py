@@ -58,11 +58,16 @@ adds to the step changes with the depth: benchmarks/depth_increments.py).
 Where no short pipelines qualify within 1 / SAVING of the stage-micro-batches
 they stand for, twin.micro_batches' continuation in micro-batches alone is
 used. What the check cannot see is a link that saturates only under the full
-job's mix of concurrent transfers and not in the short jobs'; the fit's extra
-point and tests/test_pipeline_depth.py (the shortcut against the full
-simulation, with data-parallel collectives sharing the NICs with pipeline
-transfers, on a fat tree and on Frontier's and Perlmutter's dragonflies,
-uniform stages and stages of several kinds, seamed) are the guard there.
+job's mix of concurrent transfers and not in the short jobs'; nor does the
+extra point check every coefficient: it adds one interior stage (of the
+kind next in line) and one micro-batch, so a kind first met deep in the
+pipeline has its coefficient from one point (SHORT's comment has a case
+where that mattered). The fit's extra point, tests/test_pipeline_depth.py
+(the shortcut against the full simulation, with data-parallel collectives
+sharing the NICs with pipeline transfers, on a fat tree and on Frontier's
+and Perlmutter's dragonflies, uniform stages and stages of several kinds,
+seamed) and benchmarks/depth_shortcut_sweep.py (21 cases on four machines)
+are the guard there.
 """
 
 from __future__ import annotations
@@ -84,7 +89,10 @@ from twin.sim.engine import simulate
 from twin.sim.flowtypes import FlowTypes
 from twin.sim.symmetry import classify
 
-SHORT = 6  # the shortest of the short pipelines (stages): past the ramps' own transients
+# The shortest of the short pipelines (stages): past the ramps' own transients. From 4 or 5 stages one case of
+# benchmarks/depth_shortcut_sweep.py (Alps, stages of three nodes) passes the extra point 8.1e-4 off the full
+# simulation; from 6 its extra point fails and it is refused (docs/speed.md "Shorter short pipelines, tried").
+SHORT = 6
 MIN_DEPTH = 2 * SHORT  # below this the short pipelines save little
 PLANAR = 1e-9  # relative distance of the extra point from the fit of the others
 ENDS = 2  # stages at each end that may differ from the interior ones (matched against the short pipelines')
