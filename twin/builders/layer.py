@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from twin.builders.attention import AttentionWriter
 from twin.builders.linears import LinearWriter
+from twin.builders.replay import BlockRecorder
 from twin.builders.megatron_kernels import (
     BIAS_ADD_BYTES, DROPOUT_BACKWARD_BYTES, GELU_BACKWARD_BYTES, GELU_BYTES, GRAD_ADD_BYTES, LAYERNORM_BACKWARD_BYTES,
     LAYERNORM_BYTES, LAYERNORM_PARTIAL_BYTES, LAYERNORM_PARTIAL_ROWS, LAYERNORM_PARTIAL_SUM_BYTES,
@@ -20,11 +21,31 @@ from twin.builders.tags import Pass
 
 
 class LayerWriter(LinearWriter, AttentionWriter):
-    """Writes whole transformer layers, and the layer norms' backward (the final norm's too)."""
+    """Writes whole transformer layers, and the layer norms' backward (the final norm's too).
+
+    Each kind of block pass is written once and copied for the other layers and micro-batches
+    (twin.builders.replay)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.blocks = BlockRecorder()
 
     def block_forward(self, at: Pass, linears: list[Linear], gathered: int | None, after: Linear | None) -> int | None:
         """One transformer block (ParallelTransformerLayer.forward) in the pass `at` (forward or full recompute);
-        `after`: the next linear in module order (oag)."""
+        `after`: the next linear in module order (oag). Returns the prefetched gather of `after`'s weights."""
+        layer = linears[0].layer
+        kind = ("forward", None if after is None else (after.block, None if after.layer is None else after.layer - layer))
+        return self.blocks.write(self.w, kind, at, layer, gathered, self.deferred_waits,
+                                 lambda: self.write_block_forward(at, linears, gathered, after))
+
+    def block_backward(self, at: Pass, linears: list[Linear]) -> None:
+        """One block's backward in the pass `at` (selective recompute adds recompute ops), in autograd's order."""
+        self.blocks.write(self.w, ("backward",), at, linears[0].layer, None, self.deferred_waits,
+                          lambda: self.write_block_backward(at, linears))
+
+    def write_block_forward(self, at: Pass, linears: list[Linear], gathered: int | None,
+                            after: Linear | None) -> int | None:
+        """block_forward, op by op."""
         res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
         m = self.tokens
         qkv, attn_out, up, down = linears
@@ -43,8 +64,8 @@ class LayerWriter(LinearWriter, AttentionWriter):
         self.elementwise(*self.kernel(at, "resid2", "fwd", layer), res, RESIDUAL_DROPOUT_BYTES, 2)
         return gathered
 
-    def block_backward(self, at: Pass, linears: list[Linear]) -> None:
-        """One block's backward in the pass `at` (selective recompute adds recompute ops), in autograd's order."""
+    def write_block_backward(self, at: Pass, linears: list[Linear]) -> None:
+        """block_backward, op by op."""
         res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
         m = self.tokens
         qkv, attn_out, up, down = linears

@@ -56,6 +56,15 @@ class ProgramWriter:
     def wait(self, *op_ids: int) -> None:
         self._pending_waits.extend(op_ids)
 
+    def state(self) -> tuple[int | None, tuple[int, ...]]:
+        """(the last compute op, the waits pending): what the next ops written will depend on besides their own
+        dependencies (twin.builders.replay records and restores it)."""
+        return self._last_compute, tuple(self._pending_waits)
+
+    def set_state(self, last_compute: int | None, pending: list[int]) -> None:
+        self._last_compute = last_compute
+        self._pending_waits[:] = pending
+
     def _append(self, name: str, stream: str, work: Work, deps: tuple[int, ...], tag: OpTag | None) -> int:
         op_id = len(self.ops)
         self.ops.append(Op(op_id, name, stream, work, deps, tag))  # positional: a step has thousands of ops

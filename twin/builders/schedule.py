@@ -13,7 +13,9 @@ module of twin.builders, assembled into one writer below):
      - the transformer blocks (layer), whose linears are the tensor-parallel
        pass (linears: AxoNN's 3D grid, Megatron's 1D as gx alone, sequence
        parallelism) and whose attention is flash, unfused or, with context
-       parallelism, a ring (attention, ring_attention);
+       parallelism, a ring (attention, ring_attention); each kind of block
+       pass is written once and copied for the other layers and
+       micro-batches (replay: the same ops, op for op);
 3. the gradients scaled, then synchronised over the data-parallel group and
    ZeRO's shards, and the tied embedding's between the first and last
    stages (optimizer, data_parallel);

@@ -78,12 +78,12 @@ class Pass:
         return Pass(phase, self.micro_batch, self.chunk)
 
 
-_new_tag = positional(OpTag)  # (micro_batch, chunk, phase, layer, block, role): a step holds a tag per op
+new_tag = positional(OpTag)  # (micro_batch, chunk, phase, layer, block, role): a step holds a tag per op
 
 
 def _tag(micro_batch: int | None, chunk: int | None, phase: str, block: str, role: str,
          layer: int | None = None) -> OpTag:
-    return _new_tag(micro_batch, chunk, phase, layer, block, role)
+    return new_tag(micro_batch, chunk, phase, layer, block, role)
 
 
 STEP = Pass("step")
