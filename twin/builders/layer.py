@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from twin.builders.attention import AttentionWriter
 from twin.builders.linears import LinearWriter
-from twin.builders.replay import BlockRecorder
 from twin.builders.megatron_kernels import (
     BIAS_ADD_BYTES, DROPOUT_BACKWARD_BYTES, GELU_BACKWARD_BYTES, GELU_BYTES, GRAD_ADD_BYTES, LAYERNORM_BACKWARD_BYTES,
     LAYERNORM_BYTES, LAYERNORM_PARTIAL_BYTES, LAYERNORM_PARTIAL_ROWS, LAYERNORM_PARTIAL_SUM_BYTES,
     PERSISTENT_LAYERNORM_HIDDEN, RESIDUAL_DROPOUT_BYTES,
 )
+from twin.builders.replay import BlockRecorder
 from twin.builders.stage import Linear
 from twin.builders.tags import Pass
 
@@ -34,7 +34,8 @@ class LayerWriter(LinearWriter, AttentionWriter):
         """One transformer block (ParallelTransformerLayer.forward) in the pass `at` (forward or full recompute);
         `after`: the next linear in module order (oag). Returns the prefetched gather of `after`'s weights."""
         layer = linears[0].layer
-        kind = ("forward", None if after is None else (after.block, None if after.layer is None else after.layer - layer))
+        prefetch = None if after is None else (after.block, None if after.layer is None else after.layer - layer)
+        kind = ("forward", prefetch)
         return self.blocks.write(self.w, kind, at, layer, gathered, self.deferred_waits,
                                  lambda: self.write_block_forward(at, linears, gathered, after))
 

@@ -9,9 +9,11 @@ A deep pipeline's stage writes its blocks hundreds of times and a search
 builds thousands of schedules; writing each op through the builder's methods
 was over a quarter of a search's CPU (docs/speed.md).
 
-So LayerWriter records the first block of each kind (the pass's phase,
-whether it is chunked, the linear whose weights the block prefetches for, and
-which of the ops outside it coincide) and copies it for the others: ids
+So LayerWriter records a block of each kind the second time one is written
+(the kind: the pass's phase, whether it is chunked, the linear whose weights
+the block prefetches for, and which of the ops outside it coincide; a kind
+written once, as in a schedule of one layer and micro-batch, is never
+recorded) and copies it for the others: ids
 shifted, dependencies outside the block mapped to the new block's, tags and
 names relabelled, the writer left as writing the block would have left it.
 A block that does not fit that description (an op without a tag, or whose tag
@@ -135,6 +137,7 @@ class BlockRecorder:
 
     def __init__(self) -> None:
         self._recordings: dict[tuple, Recording | str | None] = {}
+        self.copies = 0  # blocks copied rather than written
 
     def write(self, w: ProgramWriter, kind: tuple, at: Pass, layer: int, gathered: int | None,
               deferred: list[int], write: Callable[[], int | None]) -> int | None:
@@ -148,6 +151,7 @@ class BlockRecorder:
         key = (kind, at.phase, at.chunk is None, outside_pattern(outside))
         recording = self._recordings.get(key)
         if isinstance(recording, Recording):
+            self.copies += 1
             return replay(w, recording, outside, at, layer, deferred)
         if recording is None and key in self._recordings:  # refused: written every time
             return write()
