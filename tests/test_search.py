@@ -347,7 +347,7 @@ def _one_layer_w_is_three_layers_w(model, machine, gpus: int, axes: tuple[str, .
     found = enumerate_space(model, gpus, 64 if gpus <= 64 else 8192, machine.device.hbm_bytes, SearchSpace(axes=axes))
     grids = list(dict.fromkeys(grid_plan(c.plan) for c in found.candidates))
     for grid in grids:
-        three = screen.least_layer_work_s(screen._schedule(grid, 3))
+        three = screen.least_layer_work_s(screen._schedule(grid, 3).programs)
         assert screen.work_s(grid) == three, grid.describe()
     return len(grids)
 

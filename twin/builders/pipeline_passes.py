@@ -18,7 +18,7 @@ from twin.builders.layer import LayerWriter
 from twin.builders.megatron_kernels import LAYERNORM_BYTES
 from twin.builders.pipeline import pipeline_order
 from twin.builders.tags import Pass
-from twin.ir import P2P
+from twin.ir import P2P, Op
 
 
 class PipelineWriter(LayerWriter, EndsWriter):
@@ -96,6 +96,19 @@ class PipelineWriter(LayerWriter, EndsWriter):
             self.send(at, "grad", self.neighbour(chunk, -1))
         self.w.wait(*self.deferred_waits)
         self.deferred_waits.clear()
+
+    def layer_passes(self) -> list[Op]:
+        """Only the blocks of this stage's first chunk in micro-batch 0's passes (forward, full recompute,
+        backward), with nothing around them (no embedding, loss, transfers or gradient collectives): what a
+        layer's compute is made of, for the search's screen (twin.builders.schedule.build_layer_passes)."""
+        forward, backward = self.pass_of("fwd", 0, 0), self.pass_of("bwd", 0, 0)
+        for block in self.chunks[0]:
+            self.block_forward(forward, block, None, None)
+        for block in reversed(self.chunks[0]):
+            if self.plan.recompute == "full":
+                self.block_forward(backward.to("rc"), block, None, None)
+            self.block_backward(backward, block)
+        return self.w.ops
 
     def run_pipeline(self) -> None:
         """Every micro-batch's forward and backward on this stage, in the pipeline's order."""

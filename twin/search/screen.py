@@ -18,9 +18,11 @@ taken from them, each per kind of pass the least over the layers:
   The simulator never runs a compute op faster than ComputeModel.duration_s
   alone (communication only slows it), and every rank runs its layers'
   compute ops one after another. Where a layer sits changes only its
-  collectives (below), not its compute, so one layer gives W (the least of
-  three layers gives the same: tests/test_search.py checks every grid of four
-  search spaces, and W against real schedules' layers).
+  collectives (below), not its compute, so one layer gives W, and only its
+  block's passes are built (twin.builders.schedule.build_layer_passes: no
+  embedding, loss or optimizer, a third of the ops); the least of three
+  layers of a whole step gives the same: tests/test_search.py checks every
+  grid of four search spaces, and W against real schedules' layers.
 
 The others come from three layers (a stage's first layer gathers its
 weights within its own passes, later ones had them prefetched by the layer
@@ -71,7 +73,7 @@ With ZeRO-3 weights are gathered over z and gdata, which the grid alone does
 not have: those plans get W only. tests/test_search.py checks W, C, S and K
 against the layers of real schedules and the bound against simulated steps.
 
-W is the cheap part of a grid (one layer, no lowering) and C, S and K the
+W is the cheap part of a grid (one layer's blocks, no lowering) and C, S and K the
 rest (they lower the grid's collectives onto the fabric), so `twin search`
 first bounds every plan by W alone and computes C, S and K only for the
 grids of plans that bound cannot rule out: for GPT-320B on 32,768 GCDs over
@@ -82,8 +84,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from twin.builders.schedule import build_schedule
-from twin.ir import Schedule
+from twin.builders.schedule import build_layer_passes, build_schedule
+from twin.ir import Program, Schedule
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 from twin.search.bound import BoundModel
@@ -122,14 +124,15 @@ class ScreenModel:
         """W of `plan`'s layers (module docstring)."""
         grid = grid_plan(plan)
         if grid not in self._work:
-            self._work[grid] = self.least_layer_work_s(self._schedule(grid, self.WORK_LAYERS))
+            layers = replace(self.model, layers=self.WORK_LAYERS)
+            self._work[grid] = self.least_layer_work_s((build_layer_passes(layers, grid),))
         return self._work[grid]
 
-    def least_layer_work_s(self, schedule: Schedule) -> float:
-        """A layer's compute on the least loaded rank of `schedule`, each kind of pass the least over its layers."""
+    def least_layer_work_s(self, programs: tuple[Program, ...]) -> float:
+        """A layer's compute on the least loaded of `programs`, each kind of pass the least over its layers."""
         compute = self.bounds.compute.duration_s
         return min(least_per_layer_s(pass_compute_s(p, [0.0 if op.work.comm else compute(op.work) for op in p.ops]))
-                   for p in schedule.programs)
+                   for p in programs)
 
     def chains_s(self, plan: ParallelPlan) -> tuple[float, float, float]:
         """(C, S, K) of `plan`'s layers (module docstring)."""
