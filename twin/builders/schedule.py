@@ -211,7 +211,7 @@ def build_stage_programs(model: ModelSpec, plan: ParallelPlan, stages: tuple[int
 def build_layer_passes(model: ModelSpec, plan: ParallelPlan) -> Program:
     """Stage 0's blocks alone, in micro-batch 0's passes (PipelineWriter.layer_passes): not a step, only the ops
     whose compute twin.search.screen's W sums. Every layer pass's compute ops are those of the whole step's
-    (tests/test_search.py compares W from both), at a third of the ops of a step of one layer."""
+    (tests/test_search.py compares W from both), about 40% of the ops of a step of one layer."""
     if plan.mbs <= 0:
         raise ValueError("build_layer_passes needs a plan with mbs resolved")
     per_stage = plan_mesh(plan).size // plan.pp

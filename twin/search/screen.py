@@ -20,7 +20,7 @@ taken from them, each per kind of pass the least over the layers:
   compute ops one after another. Where a layer sits changes only its
   collectives (below), not its compute, so one layer gives W, and only its
   block's passes are built (twin.builders.schedule.build_layer_passes: no
-  embedding, loss or optimizer, a third of the ops); the least of three
+  embedding, loss or optimizer, about 40% of the ops); the least of three
   layers of a whole step gives the same: tests/test_search.py checks every
   grid of four search spaces, and W against real schedules' layers.
 
