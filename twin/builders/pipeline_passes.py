@@ -99,8 +99,9 @@ class PipelineWriter(LayerWriter, EndsWriter):
 
     def layer_passes(self) -> list[Op]:
         """Only the blocks of this stage's first chunk in micro-batch 0's passes (forward, full recompute,
-        backward), with nothing around them (no embedding, loss, transfers or gradient collectives): what a
-        layer's compute is made of, for the search's screen (twin.builders.schedule.build_layer_passes)."""
+        backward), with nothing around them (no embedding, loss, pipeline transfers, waits at the end of the
+        backward, gradient synchronisation or optimizer): what a layer's compute is made of, for the search's
+        screen (twin.builders.schedule.build_layer_passes)."""
         forward, backward = self.pass_of("fwd", 0, 0), self.pass_of("bwd", 0, 0)
         for block in self.chunks[0]:
             self.block_forward(forward, block, None, None)
