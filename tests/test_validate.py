@@ -226,3 +226,38 @@ def test_the_fastest_of_a_list_is_found_without_simulating_every_plan(monkeypatc
     assert (best.plan, best.step_time_s) == (fastest.plan, fastest.step_time_s)
     assert "gdata=16" in best.plan
     assert [p.describe() for p in simulated] == [plans[4].describe(), plans[1].describe()]
+
+
+def test_one_validations_steps_of_one_size_share_their_lowerings_and_equal_steps_simulated_alone(monkeypatch, tmp_path):
+    """Within a validation each machine is loaded once and the steps on one GPU count lower their collectives on
+    one shared model (shared_bounds): the same steps as simulating each alone; outside, nothing is kept."""
+    from dataclasses import asdict
+
+    from topologies import load_machine
+    from twin.micro_batches import simulate_step
+    from twin.model import parse_model_spec
+    from twin.plan import parse_plan
+
+    monkeypatch.setenv("EXATWIN_CACHE_DIR", str(tmp_path))
+    model = parse_model_spec("layers=8,hidden=1024,heads=16,seq=512,vocab=4096")
+    # the second and third continue in micro-batches (two short steps each), the last is a pipeline
+    plans = [parse_plan(f"{grid},global_batch=128") for grid in
+             ("gx=2,gdata=8,mbs=1", "gx=2,gz=2,gdata=4,mbs=1", "gdata=16,mbs=1", "tp=2,pp=2,dp=4,mbs=1")]
+
+    def fields(summary) -> dict:
+        return {k: v for k, v in asdict(summary).items() if k != "sim_wall_s"}
+
+    alone = [fields(simulate_step(model, plan, load_machine("frontier"), 16)) for plan in plans]
+    with tasks.tasks_see({}, {}, step_jobs=1):
+        machine = tasks.machine_for("frontier")
+        assert tasks.machine_for("frontier") is machine
+        shared = [fields(tasks.cached_step(model, plan, machine, 16)) for plan in plans]
+        bounds = tasks.shared_bounds(machine, 16)
+        assert len(bounds.collectives._rows) > 0  # the steps' families, kept for the next step
+        for gpus in (32, 64):
+            tasks.shared_bounds(machine, gpus)
+        assert tasks.shared_bounds(machine, 16) is not bounds  # the least recent beyond SHARED_KEPT: dropped
+        other = load_machine("frontier")
+        assert tasks.shared_bounds(other, 16).machine is other  # not this validation's machine: its own model
+    assert shared == alone
+    assert tasks.machine_for("frontier") is not tasks.machine_for("frontier")

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+from topologies.fabric import Fabric
 from topologies.machine import Machine
 from twin.build import build_step, resolve_step
 from twin.forked import Forked
@@ -86,6 +87,9 @@ def simulate_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
     if points is None:
         return summarize(simulate(build_step(model, resolved, machine, gpus).schedule, machine,
                                   collectives=collectives), flops_formula)
+
+    # the two short steps lower the same collectives: one model, whose lowerings the second reuses (in turn)
+    collectives = collectives or CollectiveModel(Fabric(machine, gpus))
 
     def short(ga: int) -> Summary:
         return summarize(simulate(build_step(model, shortened(resolved, ga), machine, gpus).schedule, machine,

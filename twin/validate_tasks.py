@@ -43,6 +43,11 @@ MACHINES = ("frontier", "perlmutter")  # the machine files the published rows ru
 _OVERRIDES: dict[str, tuple[Override, ...]] = {}
 _FILES: dict[str, str] = {}
 _STEP_JOBS: dict[str, int] = {"jobs": 1}
+# Within one validation, each machine is loaded once, and the searches' bound model (with its collective
+# lowerings) of the latest SHARED_KEPT (machine, GPU count) pairs is kept for the next task on the same GPUs: the
+# validation's simulations of one size lower the collectives their plans share once, as twin search's do.
+_SEEN: dict[str, dict] = {}  # "machines": name -> Machine, "bounds": (name, gpus) -> BoundModel; empty outside
+SHARED_KEPT = 2
 
 
 @contextmanager
@@ -52,18 +57,39 @@ def tasks_see(overrides: dict[str, tuple[Override, ...]], files: dict[str, str],
     _OVERRIDES.update(overrides)
     _FILES.update(files)
     _STEP_JOBS["jobs"] = step_jobs
+    _SEEN.update(machines={}, bounds={})
     try:
         yield
     finally:
         _OVERRIDES.clear()
         _FILES.clear()
         _STEP_JOBS["jobs"] = 1
+        _SEEN.clear()
 
 
 def machine_for(name: str) -> Machine:
     """A machine as this validation sees it: its file (the package's, or --machine-file's) with its --set
-    overrides, if any."""
-    return load_machine(_FILES.get(name, name), _OVERRIDES.get(name, ()))
+    overrides, if any (within a validation, the same object every time)."""
+    loaded = _SEEN.get("machines")
+    if loaded is None:
+        return load_machine(_FILES.get(name, name), _OVERRIDES.get(name, ()))
+    if name not in loaded:
+        loaded[name] = load_machine(_FILES.get(name, name), _OVERRIDES.get(name, ()))
+    return loaded[name]
+
+
+def shared_bounds(machine: Machine, gpus: int) -> BoundModel:
+    """The bound model of `machine` and `gpus` that this validation's earlier tasks on them filled (a new one
+    outside a validation, or for a machine not loaded by machine_for)."""
+    kept = _SEEN.get("bounds")
+    if kept is None or _SEEN["machines"].get(machine.name) is not machine:
+        return BoundModel(machine, gpus)
+    key = (machine.name, gpus)
+    bounds = kept.pop(key, None) or BoundModel(machine, gpus)
+    kept[key] = bounds  # the most recent last
+    while len(kept) > SHARED_KEPT:
+        del kept[next(iter(kept))]
+    return bounds
 
 
 def check_machine_files(files: dict[str, str]) -> None:
@@ -135,7 +161,7 @@ def fastest_simulated(model: ModelSpec, plans: list[ParallelPlan], machine: Mach
     Plans are simulated in order of their lower bound; once the next bound
     exceeds the fastest step so far, no plan left can be as fast (a bound is
     never above its step, to STOP_SLACK), so none is simulated."""
-    bounds = BoundModel(machine, gpus)
+    bounds = shared_bounds(machine, gpus)
     lower = [bound_s(model, plan, machine, gpus, bounds) for plan in plans]
     best: tuple[float, int, Summary] | None = None
     for i in sorted(range(len(plans)), key=lambda i: (lower[i], i)):
@@ -151,12 +177,14 @@ def fastest_simulated(model: ModelSpec, plans: list[ParallelPlan], machine: Mach
 
 def cached_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int) -> Summary:
     """One simulated step, cached by its resolved plan: a row and the scaling curves that start from the same
-    run (the Frontier paper's 1T on 1,024 GCDs is in three rows) simulate it once."""
+    run (the Frontier paper's 1T on 1,024 GCDs is in three rows) simulate it once. Its collectives are lowered
+    on the validation's shared model of the machine and GPU count (shared_bounds)."""
     resolved, _ = resolve_step(model, plan, machine, gpus)
     inputs = {"model": asdict(model), "gpus": gpus, "plan": resolved.describe(), "batch": resolved.global_batch}
 
     def compute() -> dict:
-        return asdict(simulate_step(model, resolved, machine, gpus, jobs=_STEP_JOBS["jobs"]))
+        return asdict(simulate_step(model, resolved, machine, gpus, shared_bounds(machine, gpus).collectives,
+                                    jobs=_STEP_JOBS["jobs"]))
 
     return Summary(**_cached("step", inputs, machine, compute, shape=Summary))
 
