@@ -37,6 +37,8 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
+from math import nan
 
 import numpy as np
 import simpy
@@ -74,7 +76,7 @@ class HostThread:
     """
 
     def __init__(self, env: simpy.Environment, program: Program, interval_s: float,
-                 done: list[simpy.Event | None], ends: np.ndarray) -> None:
+                 done: list[simpy.Event | None], ends: list[float] | np.ndarray) -> None:
         self.env, self.program, self.interval_s, self.done, self.ends = env, program, interval_s, done, ends
         self.issue_s = np.full(len(program.ops), np.nan)
         self.synced: dict[int, int] = {}
@@ -167,6 +169,7 @@ class Simulator:
         units = self._compute_units(env)
         rendezvous: dict[tuple, Rendezvous] = {}
         started_by: dict[tuple[int, int], tuple[int, int]] = {}
+        written: list[tuple] = []  # per class: rank, program, starts, ends, host
         timelines = []
 
         def communicate(call: CommCall, member: tuple[int, int]):
@@ -206,19 +209,24 @@ class Simulator:
         interval = self.machine.device.launch_interval_s
         for cls, rank in enumerate(sym.representatives):
             program = self.schedule.programs[sym.programs[cls]]
-            starts = np.full(len(program.ops), np.nan)
-            ends = np.full(len(program.ops), np.nan)
+            # lists while the run writes them op by op (a list item costs less to set than an array's), arrays after
+            starts, ends = [nan] * len(program.ops), [nan] * len(program.ops)
             done = _completion_events(env, program, host_waits=interval > 0)
             host = HostThread(env, program, interval, done, ends) if interval > 0 else None
             if host is not None:
                 env.process(host.run())
-            timelines.append(RankTimeline(rank, sym.programs[cls], starts, ends, host))
+            written.append((rank, sym.programs[cls], starts, ends, host))
             calls = flow_types.per_op[cls]
             for stream_ops in _by_stream(program).values():
                 env.process(self._stream(env, cls, stream_ops, done, starts, ends, units[cls], calls, communicate,
                                          host))
 
         env.run()
+        for rank, program_index, starts, ends, host in written:
+            timeline = RankTimeline(rank, program_index, np.array(starts), np.array(ends), host)
+            if host is not None:
+                host.ends = timeline.end_s
+            timelines.append(timeline)
         self._check_finished(timelines)
         step = max(float(np.nanmax(t.end_s)) if len(t.end_s) else 0.0 for t in timelines)
         return SimRun(
@@ -275,7 +283,8 @@ class Simulator:
                 yield from unit.run(duration(op.work))
             elif host is not None:
                 placed = yield from unit.run_issued([duration(o.work) for o in run], list(host.issue_s[ids]))
-                starts[ids], ends[ids] = placed
+                for i, start_s, end_s in zip(ids, *placed):
+                    starts[i], ends[i] = start_s, end_s
             else:
                 works = [duration(o.work) for o in run]
                 pieces = yield from unit.run(sum(works))
@@ -328,7 +337,7 @@ def _compute_runs(ops: list, done: list, calls: dict, fuse: bool) -> list[list]:
     open_run = False  # whether the last run is compute that nothing outside the stream waits for
     for op in ops:
         compute = op.id not in calls
-        if open_run and compute and all(d in on_stream for d in op.deps):
+        if open_run and compute and on_stream.issuperset(op.deps):
             runs[-1].append(op)
         else:
             runs.append([op])
@@ -336,22 +345,27 @@ def _compute_runs(ops: list, done: list, calls: dict, fuse: bool) -> list[list]:
     return runs
 
 
-def _place_fused(run: list, works: list[float], pieces: list[tuple[float, float, float]], starts: np.ndarray,
-                 ends: np.ndarray, end_s: float) -> None:
+def _place_fused(run: list, works: list[float], pieces: list[tuple[float, float, float]], starts: list[float],
+                 ends: list[float], end_s: float) -> None:
     """Each op of a fused run ends where the run's work done reaches its own cumulative work, along the pieces
-    the unit ran at one rate; the next op starts there. The last ends at the run's end."""
-    placed, done_work, piece = [], 0.0, 0
-    start_s, rate, before = pieces[0]
-    for work in works[:-1]:
-        done_work += work
-        while piece + 1 < len(pieces) and pieces[piece + 1][2] <= done_work:
-            piece += 1
-            start_s, rate, before = pieces[piece]
-        placed.append(min(start_s + (done_work - before) / rate, end_s))
-    placed.append(end_s)
-    ids = [op.id for op in run]
-    ends[ids] = placed
-    starts[ids[1:]] = placed[:-1]
+    the unit ran at one rate; the next op starts there. The last ends at the run's end. (Most runs ran at one
+    rate throughout: one pass without the search for the piece.)"""
+    done = list(accumulate(works[:-1]))
+    if len(pieces) == 1:
+        start_s, rate, before = pieces[0]
+        placed = [min(start_s + (work - before) / rate, end_s) for work in done]
+    else:
+        placed, piece = [], 0
+        start_s, rate, before = pieces[0]
+        for done_work in done:
+            while piece + 1 < len(pieces) and pieces[piece + 1][2] <= done_work:
+                piece += 1
+                start_s, rate, before = pieces[piece]
+            placed.append(min(start_s + (done_work - before) / rate, end_s))
+    for op, at in zip(run, placed):
+        ends[op.id] = at
+    for op, at in zip(run[1:], placed):
+        starts[op.id] = at
 
 
 def _by_stream(program: Program) -> dict[str, list]:
