@@ -129,7 +129,7 @@ def test_a_fused_run_the_host_has_not_issued_to_its_end_is_cut_where_the_host_wa
     """Rank 1's compute ops c1a, c1b, c1c are one run, but its host issues c1b only after the transfer it waits
     for (a send that depends on a receive) arrives: the run is cut there, and every op is timed as op by op."""
     from twin.ir import Gemm, GroupAxis, Op, Program, Schedule, StepInfo
-    from twin.sim.engine import HostThread
+    from twin.sim.host_thread import HostThread
     machine = load_machine("dgx-a100", (parse_override("device.launch_interval_us=20"),))
     gemm = Gemm(4096, 4096, 4096)
     rank0 = (Op(0, "c0", "compute", gemm), Op(1, "send", "p2p:send", P2P("send", "pp", 1, 1e6, "fwd"), (0,)),

@@ -15,16 +15,9 @@ is twin.sim.symmetry's business. Consecutive compute ops that nothing on
 another stream waits for run as one timeout (_compute_runs), their own
 times placed afterwards: the same times, a fraction of the events.
 
-The host. A framework issues a rank's ops from one host thread, in program
-order, and on a small model the host, not the device, sets the pace (PyTorch
-eager spends tens of microseconds of Python and driver time per op). With
-the device's `launch_interval_s` > 0 each op is issued that long after the
-previous one and cannot start before it is issued; the host runs ahead of
-the device otherwise (the launch queue), except that it waits for every
-point-to-point transfer an op depends on (Megatron synchronises the device
-after its pipeline transfers), so after a pipeline receive the device waits
-for the host again. With 0 (every machine file that does not measure it)
-there is no host and nothing changes.
+The host (twin.sim.host_thread): with the device's `launch_interval_s` > 0 a
+host thread issues each rank's ops in program order, and an op cannot start
+before it is issued; with 0 there is no host and nothing changes.
 
 A schedule that cannot finish (collectives nobody else issues, a dependency
 cycle that validation missed) ends the run with a TwinError naming the stuck
@@ -53,6 +46,7 @@ from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
 from twin.sim.compute_unit import ComputeUnit, NodeCores
 from twin.sim.flowtypes import CommCall, FlowTypes
+from twin.sim.host_thread import HostThread
 from twin.sim.network import FlowNetwork
 from twin.sim.symmetry import Symmetry, classify
 
@@ -65,48 +59,6 @@ class Rendezvous:
     arrived: int
     done: simpy.Event
     members: list[tuple[int, int]]  # (class, op id) of each arrival so far
-
-
-class HostThread:
-    """The host thread of one simulated rank (module docstring): when each op of its program is issued.
-
-    `issue_s[i]` is op i's issue time once the host has reached it (NaN before);
-    `synced[i]` names the transfer the host waited for before issuing op i, where
-    that wait, not the host's own pace, set the issue time.
-    """
-
-    def __init__(self, env: simpy.Environment, program: Program, interval_s: float,
-                 done: list[simpy.Event | None], ends: list[float] | np.ndarray) -> None:
-        self.env, self.program, self.interval_s, self.done, self.ends = env, program, interval_s, done, ends
-        self.issue_s = np.full(len(program.ops), np.nan)
-        self.synced: dict[int, int] = {}
-        self._progress = env.event()
-
-    def progressed(self) -> simpy.Event:
-        """An event that fires when the host has issued more ops."""
-        return self._progress
-
-    def _announce(self) -> None:
-        event, self._progress = self._progress, self.env.event()
-        event.succeed()
-
-    def run(self):
-        ops, issued = self.program.ops, 0.0
-        for op in ops:
-            syncs = [d for d in op.deps if isinstance(ops[d].work, P2P)]
-            if syncs:
-                pending = [self.done[d] for d in syncs if not self.done[d].processed]
-                if pending:
-                    self._announce()
-                    for event in pending:
-                        yield event
-                last = max(syncs, key=lambda d: self.ends[d])
-                if self.ends[last] > issued:
-                    issued = float(self.ends[last])
-                    self.synced[op.id] = last
-            issued += self.interval_s
-            self.issue_s[op.id] = issued
-        self._announce()
 
 
 @dataclass(frozen=True)
@@ -158,6 +110,7 @@ class Simulator:
         self.collectives = collectives or CollectiveModel(Fabric(machine, needed))
         self.fabric = self.collectives.fabric
         self.compute = ComputeModel(machine.device)
+        self._by_work_id: dict[int, float] = {}  # _durations
         self.symmetry = classify(schedule, full)
 
     def run(self) -> SimRun:
@@ -170,6 +123,7 @@ class Simulator:
         rendezvous: dict[tuple, Rendezvous] = {}
         started_by: dict[tuple[int, int], tuple[int, int]] = {}
         written: list[tuple] = []  # per class: rank, program, starts, ends, host
+        durations: dict[int, list[float]] = {}  # by program: its ops' times alone (_durations)
         timelines = []
 
         def communicate(call: CommCall, member: tuple[int, int]):
@@ -217,9 +171,11 @@ class Simulator:
                 env.process(host.run())
             written.append((rank, sym.programs[cls], starts, ends, host))
             calls = flow_types.per_op[cls]
+            if sym.programs[cls] not in durations:
+                durations[sym.programs[cls]] = self._durations(program)
             for stream_ops in _by_stream(program).values():
                 env.process(self._stream(env, cls, stream_ops, done, starts, ends, units[cls], calls, communicate,
-                                         host))
+                                         host, durations[sym.programs[cls]]))
 
         env.run()
         for rank, program_index, starts, ends, host in written:
@@ -254,8 +210,21 @@ class Simulator:
             units.append(unit)
         return units
 
-    def _stream(self, env, cls, ops, done, starts, ends, unit, calls, communicate, host):
-        duration = self.compute.duration_s
+    def _durations(self, program: Program) -> list[float]:
+        """Each compute op's time alone (0 for communication), by op id. Looked up by the work object's id first:
+        a schedule holds ~10^5 work objects of ~10^2 values (blocks copied, twin.builders.replay), and an int
+        hashes faster than a frozen dataclass; the objects live as long as the schedule, so no id is reused."""
+        known, duration = self._by_work_id, self.compute.duration_s
+        out = []
+        for op in program.ops:
+            work = op.work
+            seconds = known.get(id(work))
+            if seconds is None:
+                seconds = known[id(work)] = 0.0 if work.comm else duration(work)
+            out.append(seconds)
+        return out
+
+    def _stream(self, env, cls, ops, done, starts, ends, unit, calls, communicate, host, durations):
         runs = _compute_runs(ops, done, calls, fuse=self.fuse and (host is None or not unit.shares))
         runs.reverse()  # a stack: a run the host has not issued to its end goes back on it, cut (below)
         while runs:
@@ -280,13 +249,13 @@ class Simulator:
             if op.id in calls:
                 yield from communicate(calls[op.id], (cls, op.id))
             elif len(run) == 1:
-                yield from unit.run(duration(op.work))
+                yield from unit.run(durations[op.id])
             elif host is not None:
-                placed = yield from unit.run_issued([duration(o.work) for o in run], list(host.issue_s[ids]))
+                placed = yield from unit.run_issued([durations[o.id] for o in run], list(host.issue_s[ids]))
                 for i, start_s, end_s in zip(ids, *placed):
                     starts[i], ends[i] = start_s, end_s
             else:
-                works = [duration(o.work) for o in run]
+                works = [durations[o.id] for o in run]
                 pieces = yield from unit.run(sum(works))
                 _place_fused(run, works, pieces, starts, ends, env.now)
             last = run[-1]

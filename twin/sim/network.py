@@ -117,10 +117,10 @@ class FlowNetwork:
         # a lone flow's classes are its own (np.flatnonzero: sorted, unique): most components are one flow
         classes = flows[0].index if len(flows) == 1 else np.unique(np.concatenate([f.index for f in flows]))
         if self.demand[classes].max() <= 1 + 1e-9:  # nothing saturates: all at full speed
-            speeds = np.ones(len(flows))
+            speeds = [1.0] * len(flows)
         else:
-            speeds = _max_min(flows, classes)
-        for flow, speed in zip(flows, speeds.tolist()):
+            speeds = _max_min(flows, classes).tolist()
+        for flow, speed in zip(flows, speeds):
             speed = min(speed, 1.0)
             if speed == flow.speed:
                 continue
