@@ -1,10 +1,13 @@
-"""Run a benchmark case in a process of its own and report its peak resident memory (issue 15).
+"""Run a benchmark case in a process of its own and report its peak resident memory and CPU time (issue 15).
 
 A process's peak RSS (getrusage's ru_maxrss) only grows, so cases measured in
 one process would each report the largest so far. Each case runs in a forked
 process instead; its peak is the larger of its own and its children's (a
 search's or validation's worker processes), in MB. The interpreter and the
-imports are included: `baseline_mb()` is a process that does nothing.
+imports are included: `baseline_mb()` is a process that does nothing. The
+case's CPU seconds (its process's and its children's, user and system) are
+reported too: on a shared 2-core host the wall time of a case that keeps both
+cores busy follows the host's load, its CPU time much less so.
 """
 
 from __future__ import annotations
@@ -21,11 +24,18 @@ def _peak_mb() -> float:
     return max(own, children) / 1024  # Linux reports KiB
 
 
+def _cpu_s() -> float:
+    """User and system seconds of this process and of its children that have been waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _in_child(conn, fn: Callable, args: tuple) -> None:
     try:
         result = fn(*args)
         _end_children()
         result["peak_mb"] = _peak_mb()
+        result["cpu_s"] = _cpu_s()
         conn.send(("ok", result))
     except BaseException as e:  # the parent re-raises it: a case's error is the benchmark's error
         conn.send(("error", f"{type(e).__name__}: {e}"))
@@ -47,7 +57,7 @@ def _end_children() -> None:
 
 
 def isolated(fn: Callable, *args) -> dict:
-    """fn(*args) (returning a dict) in a forked process of its own, with "peak_mb" added.
+    """fn(*args) (returning a dict) in a forked process of its own, with "peak_mb" and "cpu_s" added.
 
     A plain Process, not a Pool worker: those are daemonic and may not start the worker processes a search
     or a validation starts."""
