@@ -6,8 +6,10 @@ process instead; its peak is the larger of its own and its children's (a
 search's or validation's worker processes), in MB. The interpreter and the
 imports are included: `baseline_mb()` is a process that does nothing. The
 case's CPU seconds (its process's and its children's, user and system) are
-reported too: on a shared 2-core host the wall time of a case that keeps both
-cores busy follows the host's load, its CPU time much less so.
+reported too: with them a case's wall time says whether it kept the cores
+busy (wall about CPU / cores) or waited. On this shared host both vary with
+its load (twin validate: 117 s of CPU in a quiet hour, 164 s in a busy one,
+2026-12-03), so compare runs alternated in one sitting.
 """
 
 from __future__ import annotations

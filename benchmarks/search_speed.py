@@ -24,7 +24,7 @@ Each runs with EXATWIN_CACHE_DIR pointing at a fresh temporary folder, so
 nothing earlier is reused, and in a process of its own (peak_memory.py), so
 that its peak memory, workers included, is its own. Prints one table: wall
 time, target, ratio (measured / target, < 1 meets it), CPU time (the case's
-processes together: steadier than the wall time on a busy host), peak memory,
+processes together: wall about CPU / cores where it kept every core busy), peak memory,
 and what the search did (plans, how many simulated, the best plan).
 """
 
