@@ -130,9 +130,8 @@ class ScreenModel:
 
     def least_layer_work_s(self, programs: tuple[Program, ...]) -> float:
         """A layer's compute on the least loaded of `programs`, each kind of pass the least over its layers."""
-        compute = self.bounds.compute.duration_s
-        return min(least_per_layer_s(pass_compute_s(p, [0.0 if op.work.comm else compute(op.work) for op in p.ops]))
-                   for p in programs)
+        compute = self.bounds.compute
+        return min(least_per_layer_s(pass_compute_s(p, compute.op_durations_s(p.ops))) for p in programs)
 
     def chains_s(self, plan: ParallelPlan) -> tuple[float, float, float]:
         """(C, S, K) of `plan`'s layers (module docstring)."""

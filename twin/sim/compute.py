@@ -37,11 +37,12 @@ kernel pays kernel_overhead_s (launch and tail).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import lru_cache
 from math import ceil, log
 
 from topologies.machine import LAYOUTS, DeviceSpec, GemmMeasurement
-from twin.ir import Attention, Elementwise, Gemm, Work
+from twin.ir import Attention, Elementwise, Gemm, Op, Work
 
 REFERENCE_GEMM_DIM = 32768  # the square GEMM the empirical peaks were measured on (AxoNN SC'24 sec. VI-C)
 
@@ -54,6 +55,20 @@ class ComputeModel:
         d = REFERENCE_GEMM_DIM
         self._reference_efficiency = self._shape_efficiency(d, d, d)
         self.duration_s = lru_cache(maxsize=None)(self._duration_s)
+
+    def op_durations_s(self, ops: Iterable[Op]) -> list[float]:
+        """Each op's time alone, 0 for communication. Looked up by the work object's id first: a schedule holds
+        ~10^5 work objects of ~10^2 values (blocks are copied, twin.builders.replay), and an int hashes faster
+        than a frozen dataclass; the ops hold their works for the call, so no id is reused within it."""
+        known: dict[int, float] = {}
+        out = []
+        for op in ops:
+            work = op.work
+            seconds = known.get(id(work))
+            if seconds is None:
+                seconds = known[id(work)] = 0.0 if work.comm else self.duration_s(work)
+            out.append(seconds)
+        return out
 
     def _shape_efficiency(self, m: int, n: int, k: int, batch: int = 1) -> float:
         dev = self.device

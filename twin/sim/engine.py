@@ -110,7 +110,6 @@ class Simulator:
         self.collectives = collectives or CollectiveModel(Fabric(machine, needed))
         self.fabric = self.collectives.fabric
         self.compute = ComputeModel(machine.device)
-        self._by_work_id: dict[int, float] = {}  # _durations
         self.symmetry = classify(schedule, full)
 
     def run(self) -> SimRun:
@@ -123,7 +122,7 @@ class Simulator:
         rendezvous: dict[tuple, Rendezvous] = {}
         started_by: dict[tuple[int, int], tuple[int, int]] = {}
         written: list[tuple] = []  # per class: rank, program, starts, ends, host
-        durations: dict[int, list[float]] = {}  # by program: its ops' times alone (_durations)
+        durations: dict[int, list[float]] = {}  # by program: its ops' times alone
         timelines = []
 
         def communicate(call: CommCall, member: tuple[int, int]):
@@ -172,7 +171,7 @@ class Simulator:
             written.append((rank, sym.programs[cls], starts, ends, host))
             calls = flow_types.per_op[cls]
             if sym.programs[cls] not in durations:
-                durations[sym.programs[cls]] = self._durations(program)
+                durations[sym.programs[cls]] = self.compute.op_durations_s(program.ops)
             for stream_ops in _by_stream(program).values():
                 env.process(self._stream(env, cls, stream_ops, done, starts, ends, units[cls], calls, communicate,
                                          host, durations[sym.programs[cls]]))
@@ -209,20 +208,6 @@ class Simulator:
             home.units.append(unit)
             units.append(unit)
         return units
-
-    def _durations(self, program: Program) -> list[float]:
-        """Each compute op's time alone (0 for communication), by op id. Looked up by the work object's id first:
-        a schedule holds ~10^5 work objects of ~10^2 values (blocks copied, twin.builders.replay), and an int
-        hashes faster than a frozen dataclass; the objects live as long as the schedule, so no id is reused."""
-        known, duration = self._by_work_id, self.compute.duration_s
-        out = []
-        for op in program.ops:
-            work = op.work
-            seconds = known.get(id(work))
-            if seconds is None:
-                seconds = known[id(work)] = 0.0 if work.comm else duration(work)
-            out.append(seconds)
-        return out
 
     def _stream(self, env, cls, ops, done, starts, ends, unit, calls, communicate, host, durations):
         runs = _compute_runs(ops, done, calls, fuse=self.fuse and (host is None or not unit.shares))
@@ -317,20 +302,14 @@ def _compute_runs(ops: list, done: list, calls: dict, fuse: bool) -> list[list]:
 def _place_fused(run: list, works: list[float], pieces: list[tuple[float, float, float]], starts: list[float],
                  ends: list[float], end_s: float) -> None:
     """Each op of a fused run ends where the run's work done reaches its own cumulative work, along the pieces
-    the unit ran at one rate; the next op starts there. The last ends at the run's end. (Most runs ran at one
-    rate throughout: one pass without the search for the piece.)"""
-    done = list(accumulate(works[:-1]))
-    if len(pieces) == 1:
-        start_s, rate, before = pieces[0]
-        placed = [min(start_s + (work - before) / rate, end_s) for work in done]
-    else:
-        placed, piece = [], 0
-        start_s, rate, before = pieces[0]
-        for done_work in done:
-            while piece + 1 < len(pieces) and pieces[piece + 1][2] <= done_work:
-                piece += 1
-                start_s, rate, before = pieces[piece]
-            placed.append(min(start_s + (done_work - before) / rate, end_s))
+    the unit ran at one rate; the next op starts there. The last ends at the run's end."""
+    placed, piece = [], 0
+    start_s, rate, before = pieces[0]
+    for done_work in accumulate(works[:-1]):
+        while piece + 1 < len(pieces) and pieces[piece + 1][2] <= done_work:
+            piece += 1
+            start_s, rate, before = pieces[piece]
+        placed.append(min(start_s + (done_work - before) / rate, end_s))
     for op, at in zip(run, placed):
         ends[op.id] = at
     for op, at in zip(run[1:], placed):
