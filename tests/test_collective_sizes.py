@@ -147,3 +147,21 @@ def test_a_familys_batched_loads_are_the_sum_of_its_instances_lowerings(model, n
                             total[link] += load
                 for got, want in zip(batched, summed):
                     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15, err_msg=f"{kind} {algorithm}")
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 12])
+def test_rings_across_nodes_as_arrays_are_the_transfers_routed_one_by_one(model, n):
+    """The rings of groups spanning nodes are built as arrays per pattern of local members (_Lowerer._rings_across)
+    in the order _ring_transfers lists them, so their loads are those of routing its transfers, to the last bit:
+    strided families (a pattern per group), a family whose groups cover nodes unevenly (transfers listed one by
+    one), and both in one batch."""
+    import numpy as np
+
+    lowerer, fabric = model._lowerer, model.fabric
+    for family in filter(None, _families(model, n)):
+        across = [(g, lowerer.by_node(g)) for g in family if len(lowerer.by_node(g)) > 1]
+        for batch in (across, across[::-1], across[:1] + across[-1:]):
+            if not batch:
+                continue
+            want = fabric.route_dense(t for gpus, nodes in batch for t in lowerer._ring_transfers(gpus, nodes))
+            np.testing.assert_array_equal(lowerer._rings_across(batch), want)

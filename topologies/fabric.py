@@ -284,10 +284,18 @@ class Fabric:
         src, dst = (np.fromiter((r[i] for r in rows), dtype=np.int64, count=len(rows)) for i in (0, 1))
         amount = np.fromiter((r[2] for r in rows), dtype=float, count=len(rows))
         nic = np.fromiter((-1 if r[3] is None else r[3] for r in rows), dtype=np.int64, count=len(rows))
+        return self.route_dense_arrays(src, dst, amount, nic)
+
+    def route_dense_arrays(self, src: np.ndarray, dst: np.ndarray, amount: np.ndarray, nic: np.ndarray
+                           ) -> np.ndarray:
+        """route_dense with the transfers as arrays (nic -1: the source's nearest), for callers that build them
+        with numpy (a family's rings across nodes: twin.sim.lowerings)."""
+        if not len(src):
+            return np.zeros(len(self.capacity_bytes_per_s))
         bad = (src < 0) | (src >= self.n_gpus) | (dst < 0) | (dst >= self.n_gpus) | (nic >= len(self._nic_gpu))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            self._route(int(src[i]), int(dst[i]), rows[i][3])  # raises the one-line error
+            self._route(int(src[i]), int(dst[i]), None if nic[i] < 0 else int(nic[i]))  # raises the one-line error
         ns, ls = np.divmod(src, self._gpn)
         nd, ld = np.divmod(dst, self._gpn)
         away = ns != nd

@@ -88,7 +88,7 @@ class FlowTypes:
         p2p_members: dict[tuple, tuple[int, ...]] = {}  # p2p type -> the classes of its sender and receiver
 
         gpus_of_family: dict[int, tuple[tuple[int, ...], ...]] = {}
-        ranks_are_gpus = all(gpu == rank for rank, gpu in enumerate(gpu_of))  # the default placement
+        ranks_are_gpus = list(gpu_of) == list(range(len(gpu_of)))  # the default placement
 
         def family_gpus(family: int) -> tuple[tuple[int, ...], ...]:
             """Every instance of the family, as GPUs: one choice of algorithm must apply to them all."""
@@ -98,12 +98,14 @@ class FlowTypes:
                     tuple(gpu_of[r] for r in members) for members in instances)
             return gpus_of_family[family]
 
-        position = _positions(schedule, sym)
+        position = _Positions(schedule, sym)
         for c, prog_index in enumerate(sym.programs):
             counters: dict[tuple, int] = defaultdict(int)
             calls: dict[int, CommCall] = {}
             for op in schedule.programs[prog_index].ops:
                 work = op.work
+                if not work.comm:
+                    continue
                 if isinstance(work, Collective):
                     family = sym.family_of[(c, work.group)]
                     seq = counters[work.group]
@@ -122,7 +124,7 @@ class FlowTypes:
                     calls[op.id] = CommCall((family, work.group, seq), len(members), members, type_id, work.nbytes)
                 elif isinstance(work, P2P):
                     family = sym.family_of[(c, work.group)]
-                    own = position[(c, work.group)]
+                    own = position.of(c, work.group)
                     src, dst = (own, own + work.peer) if work.kind == "send" else (own + work.peer, own)
                     channel = (family, src, dst, work.tag)
                     seq = counters[(work.kind,) + channel]
@@ -188,16 +190,20 @@ def _collective_rows(model: CollectiveModel, groups: tuple[tuple[int, ...], ...]
     return model.latency_s(first, protocol), _seconds_per_byte(model, phases, model.bw_fraction(kind, protocol))
 
 
-def _positions(schedule: Schedule, sym: Symmetry) -> dict[tuple[int, str], int]:
-    """(class, axis) -> the class representative's position in its instance of the axis (for p2p peers)."""
-    out = {}
-    p2p_axes = {op.work.group for prog in schedule.programs for op in prog.ops if isinstance(op.work, P2P)}
-    for axis in p2p_axes:
-        where = {rank: members.index(rank) for members in schedule.group(axis).instances for rank in members}
-        for c, rank in enumerate(sym.representatives):
-            if rank in where:
-                out[(c, axis)] = where[rank]
-    return out
+class _Positions:
+    """A class representative's position in its instance of a point-to-point axis (for its peers), each axis's
+    positions listed when its first transfer asks (scanning every op for the axes took a pipeline's build longer)."""
+
+    def __init__(self, schedule: Schedule, sym: Symmetry) -> None:
+        self._schedule, self._sym = schedule, sym
+        self._by_axis: dict[str, dict[int, int]] = {}
+
+    def of(self, cls: int, axis: str) -> int:
+        where = self._by_axis.get(axis)
+        if where is None:
+            where = self._by_axis[axis] = {rank: i for members in self._schedule.group(axis).instances
+                                           for i, rank in enumerate(members)}
+        return where[self._sym.representatives[cls]]
 
 
 def _compress(rows: list[Row], prune: bool) -> tuple[np.ndarray, np.ndarray]:

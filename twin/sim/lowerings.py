@@ -142,6 +142,51 @@ class _Lowerer:
                 transfers.append((base + chain[-1], entry, share, nic))
         return transfers
 
+    def _rings_across(self, across: list[tuple[tuple[int, ...], dict[int, list[int]]]]) -> np.ndarray:
+        """The summed loads of rings over groups that span nodes (each with its by_node), one byte sent onward per
+        rank. The transfers _ring_transfers lists for a group whose every node holds the same local members (a
+        family's usual case) are built as arrays, a batch per such pattern, and all are routed in _ring_transfers'
+        order (so the sums are the same to the last bit): a Python tuple per transfer took most of a large
+        family's lowering."""
+        batches: dict[tuple[tuple[int, ...], int], list[int]] = {}  # (local members, nodes) -> rows of `across`
+        blocks: list[tuple[tuple, int] | list[Transfer]] = []  # per group: its batch and row, or its transfers
+        for gpus, nodes in across:
+            each = iter(nodes.values())
+            pattern = tuple(sorted(next(each)))
+            if all(tuple(sorted(locals_)) == pattern for locals_ in each):
+                rows = batches.setdefault((pattern, len(nodes)), [])
+                blocks.append(((pattern, len(nodes)), len(rows)))
+                rows.append(len(blocks) - 1)
+            else:
+                blocks.append(self._ring_transfers(gpus, nodes))
+        built = {key: self._ring_arrays(key[0], [list(across[i][1]) for i in rows]) for key, rows in batches.items()}
+        parts = [built[block[0]][block[1]] if isinstance(block, tuple) else _transfer_arrays(block)
+                 for block in blocks]
+        if not parts:
+            return np.zeros(len(self.fabric.capacity_bytes_per_s))
+        return self.fabric.route_dense_arrays(*(np.concatenate(column) for column in zip(*parts)))
+
+    def _ring_arrays(self, members: tuple[int, ...], node_lists: list[list[int]]
+                     ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per group (its nodes in order, each holding `members`): the (src, dst, amount, nic) arrays of
+        _ring_transfers' list, in its order: per channel, each node's chain, then the hop to the next node."""
+        nics = sorted({self.fabric.nearest_nic(l) for l in members})
+        chains = self._chains(members, self.channel_starts(members, nics))
+        base = np.array(node_lists, dtype=np.int64) * self.gpn  # (groups, nodes)
+        after = np.roll(base, -1, axis=1)
+        src, dst, nic = [], [], []
+        for chain, k in zip(chains, nics):
+            steps = np.array(chain, dtype=np.int64)
+            src.append(np.concatenate([base[:, :, None] + steps[:-1], (base + steps[-1])[:, :, None]], axis=2))
+            dst.append(np.concatenate([base[:, :, None] + steps[1:], (after + steps[0])[:, :, None]], axis=2))
+            hop = np.full(len(chain), -1, dtype=np.int64)
+            hop[-1] = k
+            nic.append(np.broadcast_to(hop, src[-1].shape))
+        src_all, dst_all, nic_all = (np.concatenate([a.reshape(len(base), -1) for a in arrays], axis=1)
+                                     for arrays in (src, dst, nic))
+        amount = np.full(src_all.shape[1], 1.0 / len(nics))
+        return [(src_all[i], dst_all[i], amount, nic_all[i]) for i in range(len(base))]
+
     def _ring_on_node_zero(self, locals_: tuple[int, ...]) -> dict[int, float]:
         return self.fabric.route_loads(self._ring_transfers(locals_))  # local indices are node 0's GPUs
 
@@ -263,15 +308,15 @@ class _Lowerer:
     def _ring_family_unit(self, instances: tuple[tuple[int, ...], ...]) -> np.ndarray:
         """Every instance's rings, one byte sent onward per rank, summed over the links."""
         on_one_node: dict[tuple[int, ...], list[int]] = defaultdict(list)  # local pattern -> the nodes it is on
-        across: list[Transfer] = []
+        across: list[tuple[tuple[int, ...], dict[int, list[int]]]] = []
         for gpus in instances:
             nodes = self.by_node(gpus)
             if len(nodes) == 1:
                 (node, locals_), = nodes.items()
                 on_one_node[tuple(sorted(locals_))].append(node)
             else:
-                across += self._ring_transfers(gpus, nodes)
-        total = self.fabric.route_dense(across)
+                across.append((gpus, nodes))
+        total = self._rings_across(across)
         per_node = self.fabric.links_per_node
         for pattern, nodes in on_one_node.items():
             base = self._single_node_ring(pattern)
@@ -280,3 +325,10 @@ class _Lowerer:
             ids = (np.asarray(nodes, dtype=np.int64)[:, None] * per_node + links[None, :]).ravel()
             total += np.bincount(ids, weights=np.tile(loads, len(nodes)), minlength=len(total))
         return total
+
+
+def _transfer_arrays(transfers: list[Transfer]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(src, dst, amount, nic) arrays of a list of transfers (nic -1: the source's nearest)."""
+    return (np.array([t[0] for t in transfers], dtype=np.int64), np.array([t[1] for t in transfers], dtype=np.int64),
+            np.array([t[2] for t in transfers], dtype=float),
+            np.array([-1 if t[3] is None else t[3] for t in transfers], dtype=np.int64))
