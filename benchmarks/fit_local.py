@@ -1,6 +1,6 @@
 """Fit on one and two ranks of this host, predict four: the executor closes `twin fit`'s loop (issue 13).
 
-    .venv/bin/python benchmarks/fit_local.py [--steps 7] [--out out/fit_local] [--json]
+    .venv/bin/python benchmarks/fit_local.py [--steps 7] [--launches 1] [--out out/fit_local] [--json]
 
 1. `twin calibrate` (microbenchmarks only) at 2 and at 4 ranks:
    OUT/local-2.toml, OUT/local-4.toml;
@@ -12,9 +12,11 @@
    fit: the per-op and efficiency numbers the microbenchmarks miss, carried
    to the 4-rank file, whose rates come from its own microbenchmarks;
 4. the held-out runs: compare_local's 4-rank plans, exported for local-4.toml
-   and executed, predicted by `twin validate --runs` on the microbenchmark
-   file and on the fitted one: one table, the mean absolute step-time error
-   of each (target <= 5% on plans not used in the fit).
+   and executed (--launches times each, the median launch compared), predicted
+   by `twin validate --runs` on the microbenchmark file and on the fitted one:
+   one table, the mean absolute step-time error of each (target <= 5% on plans
+   not used in the fit; how far single launches of one plan scatter on this
+   host: benchmarks/launch_noise.py).
 
 Nothing measured at 4 ranks enters the fit. On a 2-core host, 4 ranks share
 the cores two by two, which no per-device number can express exactly (see
@@ -29,6 +31,7 @@ import contextlib
 import io
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -94,6 +97,7 @@ def measure(plans: list[tuple[str, str, int]], ranks: int, machine_path: str, ou
     """Export each plan for the machine, execute it on `ranks` ranks (again while the host was busy), and
     return the `twin run --json` summaries."""
     machine = load_machine(machine_path)
+    os.makedirs(out, exist_ok=True)
     summaries = []
     for model_name, plan_text, batch in plans:
         model = model_of(_named(model_name))
@@ -116,13 +120,25 @@ def measure(plans: list[tuple[str, str, int]], ranks: int, machine_path: str, ou
     return summaries
 
 
+def median_launches(rounds: list[list[dict]]) -> list[dict]:
+    """Per plan, the summary of its median launch (the lower of the middle two for an even count): the held-out
+    runs measured several times, so that one launch's noise (benchmarks/launch_noise.py) weighs less."""
+    return [min(launches, key=lambda s: abs(s["step_time_s"] - statistics.median_low(
+        [x["step_time_s"] for x in launches]))) for launches in zip(*rounds)]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=7, help="measured steps per run (default 7)")
     ap.add_argument("--out", default="out/fit_local", help="working folder (default out/fit_local)")
     ap.add_argument("--quiet-wait", type=float, default=120.0, help="seconds to wait for a quiet host (0: never)")
+    ap.add_argument("--launches", type=int, default=1,
+                    help="launches of each held-out plan, the median one compared (default 1; the host's launch-to-"
+                         "launch noise: benchmarks/launch_noise.py)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.launches < 1:
+        ap.error(f"--launches {args.launches}: at least 1")
     os.makedirs(args.out, exist_ok=True)
     start = time.perf_counter()
     files = {n: os.path.join(args.out, f"local-{n}.toml") for n in (2, 4)}
@@ -141,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     carried = ",".join(p["path"] for p in fit["parameters"])
     twin_json("fit", "--machine", files[4], "--from", fitted[2], "--params", carried, "-o", fitted[4], "--json")
 
-    held = measure([(m, p, b) for m, p, b in PLANS[4]], 4, files[4], args.out, args.steps, args.quiet_wait)
+    held = median_launches([measure([(m, p, b) for m, p, b in PLANS[4]], 4, files[4],
+                                    os.path.join(args.out, f"launch-{k + 1}"), args.steps, args.quiet_wait)
+                            for k in range(args.launches)])
     held_path = os.path.join(args.out, "held-out-runs.json")
     Path(held_path).write_text(json.dumps(held, indent=1))
     table = twin_json("validate", "--runs", held_path, "--machine", files[4], "--machine", fitted[4], "--json")
