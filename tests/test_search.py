@@ -215,10 +215,10 @@ def test_pipeline_bound_counts_the_bubble_and_stays_below_the_step(text):
     ("perlmutter", "gdata=4,pp=4,mbs=1,global_batch=16"),
 ])
 def test_what_stage_0_does_after_its_last_backward_is_at_least_the_tail_the_bound_adds(machine_name, text):
-    """The pipeline terms add stage 0's tail (twin.search.bound._tail_s): in the simulation, stage 0's program
+    """The pipeline terms add stage 0's tail (twin.search.pipeline_bound.tail_s): in the simulation, stage 0's program
     ends at least that long after its last micro-batch op, and the bound stays below the step."""
     from twin.builders.program import COMPUTE_STREAM
-    from twin.search.bound import _tail_s
+    from twin.search.pipeline_bound import tail_s
     from twin.search.passes import micro_batch_of
 
     machine = load_machine(machine_name)
@@ -227,7 +227,7 @@ def test_what_stage_0_does_after_its_last_backward_is_at_least_the_tail_the_boun
     bounds = BoundModel(machine, 16)
     stage0 = next(i for i, p in enumerate(schedule.programs) if 0 in p.ranks)
     program = schedule.programs[stage0]
-    tail = _tail_s(program, bounds.op_durations_s(schedule, program))
+    tail = tail_s(program, bounds.op_durations_s(schedule, program))
     run = simulate(schedule, machine)
     timeline = next(t for t in run.timelines if t.program == stage0)
     last = max(op.id for op in program.ops
@@ -471,3 +471,61 @@ def test_screening_bound_never_exceeds_the_simulated_step():
         assert 0 < bound <= step * (1 + 1e-9), cand.plan.describe()
         ratios.append(bound / step)
     assert max(ratios) > 0.6
+
+
+def _pipeline(machine_name: str, text: str, gpus: int):
+    machine = load_machine(machine_name)
+    model = parse_model_spec(SEARCH_SPEC.replace("layers=4", "layers=8"))
+    return machine, build_step(model, parse_plan(text), machine, gpus).schedule
+
+
+@pytest.mark.parametrize("machine_name, text, gpus, shared", [
+    ("frontier", "gdata=8,pp=8,mbs=1,global_batch=64", 64, True),  # a node per stage: eight pipelines, four NICs
+    ("perlmutter", "gx=2,gdata=4,pp=4,mbs=1,global_batch=32", 32, False),  # a NIC per GPU
+])
+def test_a_pipeline_transfer_in_the_bound_runs_at_its_familys_pace(machine_name, text, gpus, shared):
+    """With one program per stage, every pipeline's transfer at one position is one family in the simulator,
+    whose load is every instance's route: the bound times each transfer exactly at that family's pace alone
+    (never below the one transfer alone), and the step stays above the bound."""
+    from topologies.fabric import Fabric
+    from topologies.placement import place_ranks
+    from twin.ir import P2P
+    from twin.sim.collectives import CollectiveModel
+    from twin.sim.flowtypes import FlowTypes
+    from twin.sim.symmetry import classify
+
+    machine, schedule = _pipeline(machine_name, text, gpus)
+    bounds = BoundModel(machine, gpus)
+    sym = classify(schedule, full=False)
+    types = FlowTypes.build(schedule, sym, CollectiveModel(Fabric(machine, gpus)), place_ranks(gpus, machine))
+    checked = 0
+    for cls, rank_ in enumerate(sym.representatives):
+        program = schedule.programs[sym.programs[cls]]
+        for op in program.ops:
+            if not isinstance(op.work, P2P):
+                continue
+            latency, phases = types.cost(types.per_op[cls][op.id].type_id)
+            family = latency + sum(op.work.nbytes * s for _, _, s in phases)
+            assert bounds._op_s(schedule, rank_, op.work) == pytest.approx(family, rel=1e-9)
+            checked += 1
+    assert checked
+    members = schedule.group("pp").instances[0]
+    alone = bounds._transfer_s(members[0], members[1], 1 << 20)
+    hop = bounds._hop_s(schedule, bounds._layout(schedule, "pp"), members, 0, 1, 1 << 20)
+    assert hop > 1.5 * alone if shared else hop == pytest.approx(alone, rel=1e-12)
+    assert bounds.bound_s(schedule) <= simulate(schedule, machine).step_time_s * (1 + 1e-9)
+
+
+def test_the_pipeline_terms_add_each_boundarys_transfers_to_the_chain_before_a_stage(monkeypatch):
+    """Stage k's term counts the boundaries before it: the activation on and the gradient back across each
+    (BoundModel.stage_hops_s), on top of the stages' own forward and backward; the bound stays below the step."""
+    machine, schedule = _pipeline("frontier", "gdata=8,pp=8,mbs=1,global_batch=64", 64)
+    bounds = BoundModel(machine, 64)
+    hops = bounds.stage_hops_s(schedule, 8)
+    assert all(h > 0 for h in hops[:-1]) and hops[-1] == 0
+    terms = bounds.pipeline_terms_s(schedule)
+    monkeypatch.setattr(BoundModel, "stage_hops_s", lambda self, s, stages: [0.0] * stages)
+    without = bounds.pipeline_terms_s(schedule)
+    for k in range(8):
+        assert terms[k] - without[k] == pytest.approx(sum(hops[:k]), rel=1e-9)
+    assert max(terms) <= simulate(schedule, machine).step_time_s * (1 + 1e-9)

@@ -31,6 +31,9 @@ instance lowered, which is the simulator's own (expensive) work.
 The latency is the cheaper of the instance holding the representative and
 the axis's first instance (the one whose latency the simulator charges a
 whole symmetric family), so it holds whichever the symmetry reduction uses.
+A pipeline's transfer counts every instance of its axis where every program
+is one whole stage: the simulator then types the transfers of all pipelines
+at one position as one family (BoundModel._p2p_s).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from topologies.machine import Machine
 from topologies.placement import place_ranks
 from twin.builders.program import COMPUTE_STREAM
 from twin.ir import P2P, Collective, Program, Schedule
-from twin.search.passes import chains_s, micro_batch_of, micro_batch_runs
+from twin.search.pipeline_bound import pipeline_terms_s
 from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
 
@@ -70,13 +73,14 @@ class _Layout:
     that its id stays its own), and per representative rank its instances as GPUs, each collective kind's cost
     lines and each collective's duration."""
 
-    __slots__ = ("instances", "by_rank", "lines", "durations")
+    __slots__ = ("instances", "by_rank", "lines", "durations", "hops")
 
     def __init__(self, instances: tuple[tuple[int, ...], ...]) -> None:
         self.instances = instances
         self.by_rank: dict[int, tuple] = {}  # rank -> BoundModel._instances
         self.lines: dict[tuple[int, str], list[tuple[float, float]]] = {}  # (rank, kind) -> BoundModel._cost_lines
         self.durations: dict[tuple[int, str, float], float] = {}  # (rank, kind, bytes) -> the collective's bound
+        self.hops: dict[tuple[int, int], tuple[float, float]] | None = None  # BoundModel._hop_s, shared by content
 
 
 class BoundModel:
@@ -92,6 +96,9 @@ class BoundModel:
         self._lines: dict[tuple, list[tuple[float, float]]] = {}  # across plans: keyed by GPUs, not axis names
         self._node_lines: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self._stage_line_cache: dict[tuple, list[tuple[float, float]]] = {}  # across plans: keyed by GPUs
+        # across plans: a point-to-point axis's instances (the same for every plan of one pipeline depth) -> per
+        # (from, to) position, a transfer's latency and seconds per byte with every instance on the links
+        self._hops_by_instances: dict[tuple, dict[tuple[int, int], tuple[float, float]]] = {}
         self._rank_of_gpu: dict[int, int] | None = None
 
     def _layout(self, schedule: Schedule, axis: str) -> _Layout:
@@ -174,11 +181,42 @@ class BoundModel:
         if isinstance(work, Collective):
             return self._collective_s(schedule, work.group, rank, work.kind, work.nbytes)
         if isinstance(work, P2P):
-            members = next(m for m in schedule.group(work.group).instances if rank in m)
-            peer = members[members.index(rank) + work.peer]
-            src, dst = (rank, peer) if work.kind == "send" else (peer, rank)
-            return self._transfer_s(self.gpu_of[src], self.gpu_of[dst], work.nbytes)
+            return self._p2p_s(schedule, rank, work)
         return self.compute.duration_s(work)
+
+    def _p2p_s(self, schedule: Schedule, rank: int, work: P2P) -> float:
+        """A transfer's duration in the bound: alone, or, where every program of the schedule is one whole
+        pipeline stage, with every instance of its axis on the links. The simulator types a transfer by its
+        family (twin.sim.flowtypes: the sum of every instance's route) and runs it at most at that load's pace;
+        with one program per stage every instance of the axis meets the same classes, so they are one family
+        (twin.sim.symmetry), and on a network the stages' boundaries funnel through the same few global links.
+        Elsewhere (stages of several programs) the family is not known here, and the transfer counts alone."""
+        layout = self._layout(schedule, work.group)
+        members = next(m for m in layout.instances if rank in m)
+        position = members.index(rank)
+        src, dst = (position, position + work.peer) if work.kind == "send" else (position + work.peer, position)
+        return self._hop_s(schedule, layout, members, src, dst, work.nbytes)
+
+    def _hop_s(self, schedule: Schedule, layout: _Layout, members: tuple[int, ...], src: int, dst: int,
+               nbytes: float) -> float:
+        """_p2p_s of a transfer from position `src` to `dst` of the axis instance `members`."""
+        alone = self._transfer_s(self.gpu_of[members[src]], self.gpu_of[members[dst]], nbytes)
+        stage_ranks = schedule.world_size // len(members)
+        if any(len(program.ranks) != stage_ranks for program in schedule.programs):
+            return alone
+        if layout.hops is None:  # the axis's instances hashed once per layout, not per op
+            if len(self._hops_by_instances) >= LAYOUTS_KEPT:
+                self._hops_by_instances.clear()
+            layout.hops = self._hops_by_instances.setdefault(layout.instances, {})
+        if (src, dst) not in layout.hops:
+            first = layout.instances[0]
+            loads = self.collectives.fabric.route_dense(
+                (self.gpu_of[m[src]], self.gpu_of[m[dst]], 1.0, None) for m in layout.instances)
+            per_byte = float((loads / self.collectives.fabric.capacity_bytes_per_s).max())
+            transfer = self.collectives.transfer(self.gpu_of[first[src]], self.gpu_of[first[dst]])
+            layout.hops[(src, dst)] = (self.collectives.latency_s(transfer, "simple"), per_byte)
+        latency, per_byte = layout.hops[(src, dst)]
+        return max(alone, min(latency, alone) + nbytes * per_byte)
 
     def op_durations_s(self, schedule: Schedule, program: Program) -> list[float]:
         """Every op's duration in the bound, for the program's first rank (and twin.search.screen's chains)."""
@@ -304,97 +342,24 @@ class BoundModel:
         return own + self.pipeline_terms_s(schedule, durations)
 
     def pipeline_terms_s(self, schedule: Schedule, durations: list[list[float]] | None = None) -> tuple[float, ...]:
-        """One bound per stage of a 1F1B pipeline (programs = stages, blocks of consecutive ranks; ops tagged with
-        their micro-batch).
+        """One bound per stage of a 1F1B pipeline: twin.search.pipeline_bound."""
+        return pipeline_terms_s(self, schedule, durations)
 
-        Stage k cannot start its first forward before stages 0..k-1 ran theirs
-        on micro-batch 0; it then runs all m forwards and m backwards itself;
-        its last backward is followed by stages k-1..0's backward of the same
-        micro-batch. So step >= sum_{s<k} T_s + A_k, with T_s what a forward
-        and a backward take on stage s at the least, A_k all of stage k's
-        work: the bubble the per-program bounds cannot see. Each is the larger
-        of compute alone (every micro-batch's compute is the same) and chains
-        (twin.search.passes.chains_s) through the stage's runs of one
-        micro-batch on its compute stream, with the collectives and transfers
-        they wait on: A_k all runs' chains; T_s, where every micro-batch has
-        a forward run and a later backward run, the least forward plus the
-        least backward. Chains are taken on each stage's first rank (the
-        ranks a micro-batch passes through from stage to stage). Interleaved
-        schedules (ops tagged with a chunk) get no term.
-
-        Each term bounds when stage 0's last backward run ends; what stage 0
-        must still do after it (the collectives and the optimizer that wait on
-        that run: _tail_s) adds to every term.
-
-        The schedule may hold some stages only (twin.build.build_stages): a stage
-        between the first and the last that is missing counts its compute
-        alone, that of the nearest present stage before it (every middle stage
-        runs the same layers per micro-batch, only in another order).
-        """
-        if len(schedule.programs) < 2 or "pp" not in {g.name for g in schedule.groups}:
-            return ()
-        per_stage = len(schedule.programs[0].ranks)
-        stages = schedule.world_size // per_stage
-        compute: dict[int, float] = {}  # per stage: a micro-batch's compute
-        through: dict[int, float] = {}  # T_s
-        own: dict[int, float] = {}  # A_s
-        micro_batches, tail = 0, 0.0
-        for index, program in enumerate(schedule.programs):
-            program_durations = self.op_durations_s(schedule, program) if durations is None else durations[index]
-            seen: set[int] = set()
-            total = 0.0
-            for op in program.ops:
-                mb = micro_batch_of(op)
-                if mb is None:
-                    continue
-                if op.tag.chunk is not None:
-                    return ()  # interleaved: a micro-batch crosses each rank more than once
-                seen.add(mb)
-                if op.stream == COMPUTE_STREAM and not op.work.comm:
-                    total += program_durations[op.id]
-            if not seen:
-                return ()
-            stage = program.ranks[0] // per_stage
-            if stage == 0:
-                tail = _tail_s(program, program_durations)
-            micro_batches = len(seen)
-            chains = chains_s(program, program_durations, micro_batch_runs(program))
-            runs: dict[int, list[float]] = {}
-            for (mb, _), value in sorted(chains.items()):
-                runs.setdefault(mb, []).append(value)
-            compute[stage] = total / micro_batches
-            two_runs = len(runs) == micro_batches and all(len(r) == 2 for r in runs.values())
-            forward_backward = min(r[0] for r in runs.values()) + min(r[1] for r in runs.values()) if two_runs else 0.0
-            through[stage] = max(compute[stage], forward_backward)
-            own[stage] = max(total, sum(chains.values()))
-        if 0 not in compute or stages - 1 not in compute or (len(compute) < stages and 1 not in compute):
-            return ()  # the first and last stages, and a middle one to stand for any missing, are needed
-        terms, before, last_seen = [], 0.0, compute[0]
-        for stage in range(stages):
-            last_seen = compute.get(stage, last_seen)
-            terms.append(before + own.get(stage, micro_batches * last_seen) + tail)
-            before += through.get(stage, last_seen)
-        return tuple(terms)
-
-
-def _tail_s(program: Program, durations: list[float]) -> float:
-    """The longest chain of ops that must follow the program's last micro-batch op on the compute stream (through
-    their dependencies and stream order), each at its duration here: the least time from that op's end to the
-    program's."""
-    last = max((op.id for op in program.ops if op.stream == COMPUTE_STREAM and not op.work.comm
-                and micro_batch_of(op) is not None), default=None)
-    if last is None:
-        return 0.0
-    end = {last: 0.0}
-    stream_last: dict[str, int] = {}  # per stream: its latest op after `last` that follows `last`
-    for op in program.ops[last + 1:]:
-        before = [end[d] for d in op.deps if d in end]
-        if op.stream in stream_last:
-            before.append(end[stream_last[op.stream]])
-        elif op.stream == COMPUTE_STREAM:
-            before.append(0.0)  # the compute stream's next op follows `last` itself
-        if not before:
-            continue  # nothing ties it to the last micro-batch: it may run before that op ends
-        end[op.id] = max(before) + durations[op.id]
-        stream_last[op.stream] = op.id
-    return max(end.values())
+    def stage_hops_s(self, schedule: Schedule, stages: int) -> list[float]:
+        """Per stage s, what its boundary with s + 1 adds to the chain of micro-batch 0's forward and the last
+        micro-batch's backward (twin.search.pipeline_bound): the activation's transfer to s + 1 (stage s + 1's forward
+        waits for it to arrive) and the gradient's back (stage s's backward waits for it), each at its bound
+        (_hop_s); sized by stage 0's own transfers to and from stage 1. 0 after the last stage, and where the
+        schedule has no such transfers."""
+        hops = [0.0] * stages
+        first = schedule.programs[0]
+        sizes = {kind: min((op.work.nbytes for op in first.ops if isinstance(op.work, P2P) and op.work.group == "pp"
+                            and op.work.kind == kind and op.work.peer == 1), default=None) for kind in ("send", "recv")}
+        if None in sizes.values():
+            return hops
+        layout = self._layout(schedule, "pp")
+        members = next(m for m in layout.instances if first.ranks[0] in m)
+        for stage in range(stages - 1):
+            hops[stage] = (self._hop_s(schedule, layout, members, stage, stage + 1, sizes["send"])
+                           + self._hop_s(schedule, layout, members, stage + 1, stage, sizes["recv"]))
+        return hops
