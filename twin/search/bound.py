@@ -13,8 +13,9 @@ communication, and as tight as the plan's communication is uncontended. Two
 more bounds hold and the largest is taken: the compute stream's work plus
 the part communication must slow (program_terms_s), and the busiest link's
 bytes over its capacity (_busiest_link_s). A 1F1B pipeline adds one bound
-per stage, the chain of earlier stages plus the stage's own work on every
-micro-batch (pipeline_terms_s): the bubble no single program's ops show.
+per stage, the chain of earlier stages and the transfers between them plus the
+stage's own work on every micro-batch (twin.search.pipeline_bound): the bubble
+no single program's ops show.
 
 `twin search` simulates plans in the order of this bound and stops once the
 next bound exceeds the k-th best simulated step: the plans it never simulates
