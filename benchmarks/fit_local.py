@@ -123,8 +123,11 @@ def measure(plans: list[tuple[str, str, int]], ranks: int, machine_path: str, ou
 def median_launches(rounds: list[list[dict]]) -> list[dict]:
     """Per plan, the summary of its median launch (the lower of the middle two for an even count): the held-out
     runs measured several times, so that one launch's noise (benchmarks/launch_noise.py) weighs less."""
-    return [min(launches, key=lambda s: abs(s["step_time_s"] - statistics.median_low(
-        [x["step_time_s"] for x in launches]))) for launches in zip(*rounds)]
+    chosen = []
+    for launches in zip(*rounds):
+        middle = statistics.median_low([s["step_time_s"] for s in launches])
+        chosen.append(next(s for s in launches if s["step_time_s"] == middle))
+    return chosen
 
 
 def main(argv: list[str] | None = None) -> int:
