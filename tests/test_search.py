@@ -529,3 +529,19 @@ def test_the_pipeline_terms_add_each_boundarys_transfers_to_the_chain_before_a_s
     for k in range(8):
         assert terms[k] - without[k] == pytest.approx(sum(hops[:k]), rel=1e-9)
     assert max(terms) <= simulate(schedule, machine).step_time_s * (1 + 1e-9)
+
+
+def test_a_stages_own_term_counts_the_receives_between_its_runs_but_not_the_first():
+    """On a 1F1B stage every receive but the first forward's is issued after one micro-batch run and waited for
+    by the next: twin.search.pipeline_bound.received_s counts each of those once, and leaves the first (the chain
+    of earlier stages counts it) out."""
+    from twin.ir import P2P
+    from twin.search.pipeline_bound import received_s
+
+    machine, schedule = _pipeline("frontier", "gdata=8,pp=8,mbs=1,global_batch=64", 64)
+    bounds = BoundModel(machine, 64)
+    program = next(p for p in schedule.programs if 8 in p.ranks)  # stage 1: receives from both sides
+    durations = bounds.op_durations_s(schedule, program)
+    receives = [op for op in program.ops if isinstance(op.work, P2P) and op.work.kind == "recv"]
+    assert len(receives) == 16  # 8 micro-batches' activations and gradients
+    assert received_s(program, durations) == pytest.approx(sum(durations[op.id] for op in receives[1:]), rel=1e-12)

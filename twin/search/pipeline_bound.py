@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from twin.builders.program import COMPUTE_STREAM
-from twin.ir import Program, Schedule
+from twin.ir import P2P, Program, Schedule
 from twin.search.passes import chains_s, micro_batch_of, micro_batch_runs
 
 
@@ -40,7 +40,8 @@ def pipeline_terms_s(bounds: StageCosts, schedule: Schedule, durations: list[lis
     of compute alone (every micro-batch's compute is the same) and chains
     (twin.search.passes.chains_s) through the stage's runs of one
     micro-batch on its compute stream, with the collectives and transfers
-    they wait on: A_k all runs' chains; T_s, where every micro-batch has
+    they wait on: A_k all runs' chains and the receives between them
+    (received_s); T_s, where every micro-batch has
     a forward run and a later backward run, the least forward plus the
     least backward. Chains are taken on each stage's first rank (the
     ranks a micro-batch passes through from stage to stage). Interleaved
@@ -90,7 +91,7 @@ def pipeline_terms_s(bounds: StageCosts, schedule: Schedule, durations: list[lis
         two_runs = len(runs) == micro_batches and all(len(r) == 2 for r in runs.values())
         forward_backward = min(r[0] for r in runs.values()) + min(r[1] for r in runs.values()) if two_runs else 0.0
         through[stage] = max(compute[stage], forward_backward)
-        own[stage] = max(total, sum(chains.values()))
+        own[stage] = max(total, sum(chains.values()) + received_s(program, program_durations))
     if 0 not in compute or stages - 1 not in compute or (len(compute) < stages and 1 not in compute):
         return ()  # the first and last stages, and a middle one to stand for any missing, are needed
     hops = bounds.stage_hops_s(schedule, stages)
@@ -100,6 +101,29 @@ def pipeline_terms_s(bounds: StageCosts, schedule: Schedule, durations: list[lis
         terms.append(before + own.get(stage, micro_batches * last_seen) + tail)
         before += through.get(stage, last_seen) + hops[stage]
     return tuple(terms)
+
+
+def received_s(program: Program, durations: list[float]) -> float:
+    """The receives that sit between two consecutive micro-batch runs: issued after the last compute op of one
+    (the writer issues a transfer after its last compute op) and waited for by the first of the next, so each
+    lies between the two runs' chains, which leave it out, and adds to them. The first forward's receive,
+    before any run, is in the chain of earlier stages (their boundaries' transfers: BoundModel.stage_hops_s),
+    not the stage's own."""
+    runs = micro_batch_runs(program)
+    first_op: dict[tuple[int, int], int] = {}
+    last_op: dict[tuple[int, int], int] = {}
+    for op_id, run in runs.items():  # in op order
+        first_op.setdefault(run, op_id)
+        last_op[run] = op_id
+    order = sorted(first_op, key=first_op.get)
+    follows = {last_op[a]: first_op[b] for a, b in zip(order, order[1:])}  # a run's last op -> the next's first
+    waited_by: dict[int, set[int]] = {}
+    for op in program.ops:
+        for d in op.deps:
+            waited_by.setdefault(d, set()).add(op.id)
+    return sum(durations[op.id] for op in program.ops
+               if isinstance(op.work, P2P) and op.work.kind == "recv"
+               and any(follows.get(d) in waited_by.get(op.id, ()) for d in op.deps))
 
 
 def tail_s(program: Program, durations: list[float]) -> float:
