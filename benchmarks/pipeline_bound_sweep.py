@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.scale < 1:
         ap.error(f"--scale {args.scale}: at least 1")
-    os.environ.setdefault("EXATWIN_CACHE_DIR", tempfile.mkdtemp())  # nothing cached from an earlier simulator
     rng = random.Random(args.seed)
     rows = []
     for machine_name, model_name, gpus, batch, count in SPACES:

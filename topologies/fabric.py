@@ -278,13 +278,7 @@ class Fabric:
     def route_dense(self, transfers: Iterable[tuple[int, int, float, int | None]]) -> np.ndarray:
         """route_loads as a vector over every link of the fabric (zero where nothing crosses): for callers that add
         many batches before they look at the links."""
-        rows = list(transfers)
-        if not rows:
-            return np.zeros(len(self.capacity_bytes_per_s))
-        src, dst = (np.fromiter((r[i] for r in rows), dtype=np.int64, count=len(rows)) for i in (0, 1))
-        amount = np.fromiter((r[2] for r in rows), dtype=float, count=len(rows))
-        nic = np.fromiter((-1 if r[3] is None else r[3] for r in rows), dtype=np.int64, count=len(rows))
-        return self.route_dense_arrays(src, dst, amount, nic)
+        return self.route_dense_arrays(*transfer_arrays(list(transfers)))
 
     def route_dense_arrays(self, src: np.ndarray, dst: np.ndarray, amount: np.ndarray, nic: np.ndarray
                            ) -> np.ndarray:
@@ -340,3 +334,13 @@ class Fabric:
         ids += [bd + eject, bd + down]
         ids += [bd + o for o in self._path_links.get((att, ld), ())]
         return tuple(ids)
+
+
+def transfer_arrays(rows: list[tuple[int, int, float, int | None]]
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(src, dst, amount, nic) arrays of (src_gpu, dst_gpu, amount, nic) transfers, nic -1 for None (the
+    source's nearest): what Fabric.route_dense_arrays takes."""
+    src, dst = (np.fromiter((r[i] for r in rows), dtype=np.int64, count=len(rows)) for i in (0, 1))
+    amount = np.fromiter((r[2] for r in rows), dtype=float, count=len(rows))
+    nic = np.fromiter((-1 if r[3] is None else r[3] for r in rows), dtype=np.int64, count=len(rows))
+    return src, dst, amount, nic

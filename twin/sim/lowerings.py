@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from topologies.fabric import Fabric
+from topologies.fabric import Fabric, transfer_arrays
 from twin.sim.rings import Arcs, pack_chains, pack_rings
 
 
@@ -160,7 +160,7 @@ class _Lowerer:
             else:
                 blocks.append(self._ring_transfers(gpus, nodes))
         built = {key: self._ring_arrays(key[0], [list(across[i][1]) for i in rows]) for key, rows in batches.items()}
-        parts = [built[block[0]][block[1]] if isinstance(block, tuple) else _transfer_arrays(block)
+        parts = [built[block[0]][block[1]] if isinstance(block, tuple) else transfer_arrays(block)
                  for block in blocks]
         if not parts:
             return np.zeros(len(self.fabric.capacity_bytes_per_s))
@@ -325,10 +325,3 @@ class _Lowerer:
             ids = (np.asarray(nodes, dtype=np.int64)[:, None] * per_node + links[None, :]).ravel()
             total += np.bincount(ids, weights=np.tile(loads, len(nodes)), minlength=len(total))
         return total
-
-
-def _transfer_arrays(transfers: list[Transfer]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(src, dst, amount, nic) arrays of a list of transfers (nic -1: the source's nearest)."""
-    return (np.array([t[0] for t in transfers], dtype=np.int64), np.array([t[1] for t in transfers], dtype=np.int64),
-            np.array([t[2] for t in transfers], dtype=float),
-            np.array([-1 if t[3] is None else t[3] for t in transfers], dtype=np.int64))
