@@ -46,7 +46,7 @@ bench-search: $(BIN)/twin
 # - Perlmutter's A100s: that number carried from that fit (same GPU and software generation; AxoNN is
 #   another code on another host, so this is a transfer, not a measurement);
 # - Frontier: its GEMM rate fitted on the Frontier paper's one run on two nodes (22B on 16 GCDs).
-A100_ASSUME := attention=unfused,recompute=full,dtype=fp16
+A100_ASSUME := attention=unfused,recompute=full,dtype=fp16,optimizer=flat
 fit: $(BIN)/twin
 	mkdir -p topologies/fitted
 	$(BIN)/twin fit --machine dgx-a100-800g --runs benchmarks/data/a100-megatron-single-node.csv \

@@ -14,6 +14,7 @@ import pytest
 
 from helpers import SMALL_SPEC
 from twin.build import build_step
+from twin.errors import TwinError
 from twin.builders.tags import ACCUMULATE_ROLES
 from twin.ir import Attention, Collective, Elementwise, Gemm
 from twin.model import parse_model_spec
@@ -186,6 +187,30 @@ def test_optimizer_bytes_per_parameter(frontier, dtype, want):
     unscale = ["unscale"] if dtype == "fp16" else []
     assert passes == casts + unscale + ["grad_norm", "clip", "adam", "copy_params"]
     assert (program.ops[0].name, program.ops[0].tag.block, program.ops[0].tag.role) == ("zero_grad", "main_grad", "zero")
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_flat_optimizer_is_three_passes_of_34_bytes_per_parameter(frontier, dtype):
+    """optimizer=flat (DeepSpeed's FP16_Optimizer.step_fused_adam): the 16-bit gradients flattened (2 + 2), their norm
+    (2), one fused Adam reading the 16-bit gradient and the fp32 master and moments, writing those three and the
+    16-bit weight (2 + 12 + 12 + 2); no casts, unscale, clip or copy pass, whatever the dtype. main_grad is zeroed
+    and scaled as before."""
+    model = parse_model_spec(SMALL_SPEC + f",dtype={dtype}")
+    megatron = build(frontier, model, "tp=2,dp=2,mbs=1", 4).schedule.programs[0]
+    flat = build(frontier, model, "tp=2,dp=2,mbs=1,optimizer=flat", 4).schedule.programs[0]
+    params = (LAYERS * (12 * H * H + 13 * H) + VOCAB * H + SEQ * H + 2 * H) / 2
+    passes = [op for op in flat.ops if op.tag.block == "optimizer"]
+    assert [op.tag.role for op in passes] == ["flatten_grads", "grad_norm", "adam"]
+    assert sum(op.work.nbytes for op in passes) / params == pytest.approx(4 + 2 + 28)
+    before = [op for op in megatron.ops if op.tag.block == "main_grad"]
+    assert [(op.name, op.work) for op in flat.ops if op.tag.block == "main_grad"] == [(op.name, op.work) for op in before]
+    megatron_step = sum(op.work.nbytes for op in megatron.ops if op.tag.block == "optimizer") / params
+    assert megatron_step == pytest.approx(60 if dtype == "fp16" else 46)  # so flat streams 26 or 12 bytes fewer
+
+
+def test_flat_optimizer_refuses_zero(frontier):
+    with pytest.raises(TwinError, match="optimizer=flat is DeepSpeed's ZeRO-0 fp16 optimizer .*zero=1"):
+        build(frontier, SMALL, "tp=2,dp=2,zero=1,mbs=1,optimizer=flat", 4)
 
 
 def test_zero_shards_only_the_optimizer_passes(frontier):

@@ -1,16 +1,23 @@
-"""The host-loop benchmarks' own logic (benchmarks/fit_local.py, launch_noise.py), without executing anything."""
+"""The benchmarks' own logic (fit_local.py, launch_noise.py, step_intercepts.py), without executing or simulating."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from fit_local import median_launches  # noqa: E402
+from helpers import SMALL_SPEC  # noqa: E402
 from launch_noise import main as launch_noise  # noqa: E402
+from step_intercepts import _parameters_per_gpu, intercepts  # noqa: E402
+
+from twin.model import parse_model_spec  # noqa: E402
+from twin.plan import ParallelPlan  # noqa: E402
+from twin.runs import MeasuredRun  # noqa: E402
 
 
 def _launch(step_s: float, tag: str) -> dict:
@@ -35,3 +42,21 @@ def test_launch_noise_refuses_bad_arguments_before_measuring(argv, field, capsys
         launch_noise(argv)
     assert stop.value.code == 2
     assert field in capsys.readouterr().err
+
+
+def test_step_intercepts_recovers_each_groups_line():
+    """benchmarks/step_intercepts.py: runs of one group differ only in their global batch; a step of a + b ga,
+    a proportional to the GPU's parameters, comes back as a per billion parameters, b's ratio as given."""
+    model = parse_model_spec(SMALL_SPEC)
+    runs = [MeasuredRun("calibration.csv", line, "", model, ParallelPlan(gx=tp, gdata=dp, mbs=2, global_batch=gb),
+                        tp * dp, 0.0, "test")
+            for line, (tp, dp, gb) in enumerate([(2, 1, 4), (2, 1, 8), (2, 1, 16), (1, 2, 8), (1, 2, 16)], start=2)]
+    ms_per_billion, slope = {(2, 1): 20.0, (1, 2): 30.0}, 0.05
+    measured = [ms_per_billion[(r.plan.gx, r.plan.gdata)] * _parameters_per_gpu(r) / 1000
+                + slope * r.plan.global_batch / (r.plan.mbs * r.plan.gdata) for r in runs]
+    table = intercepts(runs, {"measured": np.array(measured), "model": 1.5 * np.array(measured)})
+    for (tp, dp), want in ms_per_billion.items():
+        row = table[(model.hidden, tp, dp)]
+        assert row["measured"] == pytest.approx(want)
+        assert row["model"] == pytest.approx(1.5 * want)
+        assert row["model slope"] == pytest.approx(1.5)

@@ -24,6 +24,13 @@ also stores the s x s scores for backward). Selective recompute (Korthikanti
 et al., arXiv 2205.05198) recomputes exactly that core attention, so it only
 differs from `recompute=none` with unfused attention.
 
+`optimizer` is the optimizer step's implementation: "megatron" (Megatron's
+mixed-precision optimizer with apex's FusedAdam, several multi-tensor passes
+and, in fp16, one cast per parameter tensor: the default) or "flat"
+(DeepSpeed's fused fp16 step under --deepspeed: the gradients in one flat
+buffer, their norm, one fused Adam that writes the 16-bit weights too; ZeRO 0
+only). twin.builders.megatron_kernels counts both.
+
 Batch bookkeeping. `global_batch` sequences per step are split over the
 gdata x gz ranks that see different data, so each rank processes
 global_batch / (gdata gz) sequences per step, in `ga` micro-batches of `mbs`
@@ -48,6 +55,7 @@ from twin.model import ModelSpec
 
 RECOMPUTE_MODES = ("full", "selective", "none")
 ATTENTION_KINDS = ("flash", "unfused")
+OPTIMIZER_KINDS = ("megatron", "flat")
 ZERO_STAGES = (0, 1, 2, 3)
 _BOOL_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
 
@@ -64,6 +72,7 @@ class ParallelPlan:
     ga: int = 0  # micro-batches per step (gradient accumulation); 0 = derive
     recompute: str = "full"
     attention: str = "flash"  # ATTENTION_KINDS: the fused kernel, or Megatron's unfused core attention
+    optimizer: str = "megatron"  # OPTIMIZER_KINDS: Megatron's mixed-precision optimizer, or DeepSpeed's flat fused one
     pp: int = 1  # pipeline stages (1F1B schedule)
     vpp: int = 1  # virtual stages (model chunks) per pipeline rank: interleaved 1F1B when > 1
     zero: int = 0  # ZeRO stage over the data axis
@@ -129,6 +138,8 @@ class ParallelPlan:
             parts.append(f"ga={self.ga}")
         if self.attention != "flash":  # flash plans keep the text (and the cache keys) they always had
             parts.append(f"attention={self.attention}")
+        if self.optimizer != "megatron":  # as attention: the default keeps the text it always had
+            parts.append(f"optimizer={self.optimizer}")
         parts.append(f"recompute={self.recompute}")
         for switch in ("oar", "ors", "oag"):
             parts.append(f"{switch}={int(getattr(self, switch))}")
@@ -143,12 +154,14 @@ _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": 
                "zero": limits.Range(0, 3, "(a ZeRO stage)")}
 _BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
-_WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS}  # key -> its allowed values
+# key -> its allowed values
+_WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS}
 _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(_WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
-    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,zero=..,sp=..,mbs=..,ga=..,attention=..,recompute=..,oar=0,..,tune=0]'.
+    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,zero=..,sp=..,mbs=..,ga=..,attention=..,optimizer=..,
+    recompute=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
     'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and
@@ -240,6 +253,9 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
                     words = {"axis": axis.key, "factor": rule.factor}
                     _require_divides(rule.factor * getattr(plan, axis.key), getattr(model, dimension),
                                      rule.what.format(**words), rule.fix.format(**words))
+    if plan.optimizer == "flat" and plan.zero:
+        raise TwinError(f"--plan: optimizer=flat is DeepSpeed's ZeRO-0 fp16 optimizer (got zero={plan.zero}); "
+                        "use zero=0 or optimizer=megatron")
     if plan.cp > 1 and plan.attention != "flash":
         raise TwinError(f"--plan: cp={plan.cp} runs ring attention on the fused kernel (as Megatron-Core does); "
                         "use attention=flash or cp=1")

@@ -164,3 +164,16 @@ OPTIMIZER_PASSES = (  # (name, bytes per parameter, flops per parameter), in Mix
     ("adam", 4 * 4 + 3 * 4, 12),  # FusedAdam (multi_tensor_adam): read grad, master, m, v; write master, m, v
     ("copy_params", 4 + 2, 0),  # _copy_main_params_to_model_params: multi_tensor_scale fp32 master -> 16-bit weight
 )
+# optimizer=flat: DeepSpeed's fp16 optimizer with legacy fusion, as Megatron-DeepSpeed runs under --deepspeed
+# (deepspeed/runtime/fp16/fused_optimizer.py, FP16_Optimizer.step_fused_adam): each parameter group's 16-bit
+# gradients copied into one flat buffer (_flatten_dense_tensors), that buffer's norm (get_weight_norm), then one
+# fused Adam (the legacy FusedAdam's step(grads=, output_params=, scale=)) that unscales and clips inside the
+# kernel, reads the 16-bit gradient, the fp32 master weight and both moments and writes the master, both moments
+# and the 16-bit weight (the flat buffer the model's parameters view). No per-tensor casts, no separate unscale,
+# clip or copy pass: 34 bytes per parameter in three passes, where OPTIMIZER_PASSES stream 46 (60 with fp16's
+# casts and unscale). docs/fit.md says why the vTrain calibration runs point to this step.
+FLAT_OPTIMIZER_PASSES = (
+    ("flatten_grads", 2 + 2, 0),  # read each 16-bit gradient, write the flat copy
+    ("grad_norm", 2, 2),  # the flat 16-bit gradients' norm
+    ("adam", 2 + 3 * 4 + 3 * 4 + 2, 12),  # read grad, master, m, v; write master, m, v and the 16-bit weight
+)

@@ -3,7 +3,9 @@
 Megatron's mixed-precision optimizer with apex's FusedAdam
 (OPTIMIZER_PASSES, over the shard ZeRO leaves this rank: the local
 parameters / (cp x gdata) with ZeRO 1-3); in fp16 first one cast per
-parameter tensor and the unscale pass. The gradients' synchronisation
+parameter tensor and the unscale pass. With the plan's `optimizer=flat`,
+DeepSpeed's fused fp16 step instead (FLAT_OPTIMIZER_PASSES: three passes over
+one flat buffer, ZeRO 0 only). The gradients' synchronisation
 between the scaling and the step is twin.builders.data_parallel's. Ops are
 tagged with the pass "step" and no micro-batch.
 """
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 from math import ceil
 
-from twin.builders.megatron_kernels import FP16_GRAD_CAST_BYTES, FP16_UNSCALE_PASS, OPTIMIZER_PASSES, main_grad_bytes
+from twin.builders.megatron_kernels import (FLAT_OPTIMIZER_PASSES, FP16_GRAD_CAST_BYTES, FP16_UNSCALE_PASS,
+                                           OPTIMIZER_PASSES, main_grad_bytes)
 from twin.builders.stage import StageBase
 from twin.builders.tags import STEP
 
@@ -44,11 +47,13 @@ class OptimizerWriter(StageBase):
                          2 * main_grad_bytes(self.dtype), 1)
 
     def optimizer_step(self) -> None:
-        """The optimizer's passes over this rank's shard of the state (fp16: casts and the unscale first)."""
+        """The optimizer's passes over this rank's shard of the state (Megatron's in fp16: casts, unscale first)."""
         shards = self.plan.gradient_replicas if self.plan.zero else 1
         optimizer_params = self.local_parameters() / shards
         passes = list(OPTIMIZER_PASSES)
-        if self.dtype == "fp16":
+        if self.plan.optimizer == "flat":
+            passes = list(FLAT_OPTIMIZER_PASSES)
+        elif self.dtype == "fp16":
             casts = ceil(self.parameter_tensors() / shards)  # one .float() per parameter tensor (of the shard)
             for i in range(casts):
                 self.elementwise(f"optimizer.grad_cast{i}", STEP.tag("optimizer", "grad_cast"), optimizer_params / casts,

@@ -152,7 +152,9 @@ and the all-reduce over X); backward, its dropout, the dense gradient of
 each table (zeroed, then scattered into), the tied LM head's gradient added,
 and the tables' accumulations. The step: the main_grad buffer zeroed, scaled
 by 1 / data-parallel size, then the optimizer's multi-tensor passes
-(OPTIMIZER_PASSES): 58 bytes per parameter in bf16, 66 in fp16.
+(OPTIMIZER_PASSES): 58 bytes per parameter in bf16, 66 in fp16 (with the
+plan's optimizer=flat, DeepSpeed's fused fp16 step, FLAT_OPTIMIZER_PASSES:
+34 after main_grad's zeroing and scaling).
 
 Every op carries its meaning as a tag (twin.ir.OpTag, in the words of
 twin.builders.tags): micro-batch, chunk, pass, layer, block and role. Its

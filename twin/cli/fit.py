@@ -149,7 +149,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "bound, or whose parameters the runs cannot tell apart, is refused. Fit only on calibration runs (e.g. one "
         "node); validation files are refused. --from carries fitted numbers to another machine file. Example: "
         "twin fit --machine dgx-a100-800g --runs benchmarks/data/a100-megatron-single-node.csv --assume "
-        "attention=unfused,recompute=full,dtype=fp16 --params device.launch_interval_us -o a100-fitted.toml",
+        "attention=unfused,recompute=full,dtype=fp16,optimizer=flat --params device.launch_interval_us -o a100-fitted.toml",
     )
     p.add_argument("--machine", required=True, help="the machine file to start from (a name or a .toml path)")
     p.add_argument("--runs", help="a CSV of measured runs, one per row (columns: twin/runs.py)")
