@@ -54,7 +54,9 @@ first, depends on the whole job), so kinds that differ only in their shares
 are refused: a short pipeline could not say which it holds, and such stages'
 contributions interact (fitted one per kind, 40 stages of three nodes on
 Frontier came out 2.9e-4 off the full simulation, and what one such stage
-adds to the step changes with the depth: benchmarks/depth_increments.py).
+adds to the step changes with the depth: benchmarks/depth_increments.py;
+`share_kinds` lifts the refusal for benchmarks/depth_share_kinds.py, which
+measures what it costs: 2.35e-4 on frontier-1t-3072).
 Where no short pipelines qualify within 1 / SAVING of the stage-micro-batches
 they stand for, twin.micro_batches' continuation in micro-batches alone is
 used. What the check cannot see is a link that saturates only under the full
@@ -220,10 +222,13 @@ def _replaced_cost(plan: ParallelPlan) -> int:
 
 
 def short_pipelines(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
-                    collectives: CollectiveModel | None = None) -> ShortPipelines | None:
+                    collectives: CollectiveModel | None = None, share_kinds: bool = False) -> ShortPipelines | None:
     """The short pipelines that continue `plan` (mbs and ga resolved) in depth, or None where none qualify
     within SAVING (module docstring): from SHORT stages up, each depth whose stages match the full pipeline's,
-    kept where it tells the fit something new, until the full pipeline's kinds are spanned, and one more."""
+    kept where it tells the fit something new, until the full pipeline's kinds are spanned, and one more.
+    `share_kinds` accepts kinds that differ only in their links' shares, each told apart by the full
+    pipeline's stage in its place: not exact (module docstring), never the default; it exists so that
+    benchmarks/depth_share_kinds.py can measure what allowing it would cost and save."""
     offset = 1 if plan.ga > plan.pp else 0  # the short pipelines in the full one's regime: ga = depth (+ 1)
     budget = _replaced_cost(plan) / SAVING
     fewest = [(SHORT, SHORT + offset), (SHORT, SHORT + offset + 1), (SHORT + 1, SHORT + 1 + offset),
@@ -237,7 +242,7 @@ def short_pipelines(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus
     kinds: dict[tuple, int] = {}
     for s in full[ENDS:-ENDS]:
         kinds.setdefault(s, len(kinds))
-    if len({_alone(s) for s in kinds}) != len(kinds):
+    if len({_alone(s) for s in kinds}) != len(kinds) and not share_kinds:
         return None  # kinds that differ only in their links' shares (module docstring)
 
     def features(depth: int, ga: int) -> np.ndarray:
@@ -284,7 +289,8 @@ def _diagnostics(s: Summary, keys: list[str]) -> np.ndarray:
 
 
 def simulate_deep(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
-                  flops_formula: str = "hardware", collectives: CollectiveModel | None = None) -> Summary | None:
+                  flops_formula: str = "hardware", collectives: CollectiveModel | None = None,
+                  share_kinds: bool = False) -> Summary | None:
     """The Summary of `plan`'s step (mbs and ga resolved) from short pipelines, or None where the shortcut
     does not apply or the step times do not fit (the caller then simulates the full depth).
 
@@ -293,11 +299,11 @@ def simulate_deep(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
     throughput follows from both. The critical rank's exposed communication and busy time per op class are
     continued the same way, but they are not exactly linear in depth (the first stage's blocking sends wait
     longer the deeper the pipeline, and the compute they overlap slows), so the Summary says so in
-    `continued`."""
+    `continued`. `share_kinds`: as short_pipelines' (not exact; never the default)."""
     if not applies(plan):
         return None
     collectives = collectives or CollectiveModel(Fabric(machine, gpus))
-    short = short_pipelines(model, plan, machine, gpus, collectives)
+    short = short_pipelines(model, plan, machine, gpus, collectives, share_kinds)
     if short is None:
         return None
     summaries = []
