@@ -4,12 +4,15 @@ A ComputeUnit runs one op (or one fused run of ops, twin.sim.engine) at a
 time as a single SimPy timeout, at a rate that changes while communication
 runs (the device's comm-compute slowdown) and, on a host whose ranks share
 its cores, with how many of them compute (NodeCores); a change re-arms the
-running op with its remaining work at the new rate.
+running op with its remaining work at the new rate. On such a host the
+transfers' pace follows how many ranks move data the same way (NodeCores,
+twin.sim.network's paced flows).
 """
 
 from __future__ import annotations
 
 from math import inf
+from typing import Callable
 
 import simpy
 
@@ -21,16 +24,30 @@ class NodeCores:
     calibrate runs its microbenchmarks so). With `busy` ranks computing, each gets min(1, cores / busy) of a
     core where calibration gave it min(1, cores / ranks), so its rate is scaled by the ratio: on 2 cores
     shared by 4 ranks, a rank computing while its pipeline neighbour waits runs twice as fast as calibrated.
-    A change of `busy` re-arms every running unit whose rate it sets (`units`)."""
+    A change of `busy` re-arms every running unit whose rate it sets (`units`).
+
+    Communication the same way, apart: a calibrated latency and link bandwidth are what each rank's
+    transfers got with every rank of the node in a collective at once, so while `communicating` ranks move
+    data (a rank in two transfers at once counts once) a transfer runs at comm_factor() times that pace
+    (gloo's threads wake, copy and reduce on the cores): on 2 cores and 4 ranks, a pipeline stage's
+    all-reduce while the other stage waits takes half its calibrated time. A change re-rates the transfers
+    in flight (`on_comm_change`: twin.sim.network.FlowNetwork.repace). Apart, since the calibration measured
+    no slowdown of compute under an all-reduce of every rank (compute runs niced: comm_compute_slowdown 0 on
+    the local files), so neither count enters the other's rate."""
 
     def __init__(self, cores: float, ranks: int) -> None:
-        self.cores, self.busy = cores, 0
+        self.cores, self.busy, self.communicating = cores, 0, 0
         self.calibrated_share = min(1.0, cores / ranks)
         self.units: list[ComputeUnit] = []
+        self.on_comm_change: Callable[[], None] | None = None
 
     def factor(self) -> float:
         """A computing rank's rate over the calibrated one, at the present number of computing ranks."""
         return min(1.0, self.cores / max(self.busy, 1)) / self.calibrated_share
+
+    def comm_factor(self) -> float:
+        """A transfer's rate over the calibrated one, at the present number of ranks moving data."""
+        return min(1.0, self.cores / max(self.communicating, 1)) / self.calibrated_share
 
     def change(self, delta: int, source: "ComputeUnit") -> None:
         before = self.factor()
@@ -104,9 +121,20 @@ class ComputeUnit:
 
     def comm_changed(self, delta: int) -> None:
         before = self.rate()
+        was_communicating = self.comm_active > 0
         self.comm_active += delta
+        if (self.comm_active > 0) != was_communicating:  # a rank in two transfers at once is one rank moving data
+            for cores, ranks in self.shares:
+                cores.communicating += ranks if self.comm_active > 0 else -ranks
+            for cores, _ in self.shares:
+                if cores.on_comm_change is not None:
+                    cores.on_comm_change()
         if self.rate() != before:
             self.rate_changed()
+
+    def comm_factor(self) -> float:
+        """A transfer's pace over the calibrated one on this rank's node (NodeCores.comm_factor)."""
+        return self.home.comm_factor()
 
     def rate_changed(self) -> None:
         """Re-arm the running op (if any) at the present rate."""

@@ -119,6 +119,10 @@ class Simulator:
         flow_types = FlowTypes.build(self.schedule, sym, self.collectives, self.gpu_of)
         network = FlowNetwork(env, flow_types.n_classes)
         units = self._compute_units(env)
+        shared = self.machine.node.shared_cores > 0
+        for unit in units:
+            for cores, _ in unit.shares:
+                cores.on_comm_change = network.repace
         rendezvous: dict[tuple, Rendezvous] = {}
         started_by: dict[tuple[int, int], tuple[int, int]] = {}
         written: list[tuple] = []  # per class: rank, program, starts, ends, host
@@ -150,10 +154,12 @@ class Simulator:
             for c in members:
                 units[c].comm_changed(+1)
             latency, phases = flow_types.cost(type_id)
+            # on a host whose ranks share cores, at the pace their cores allow, re-rated as it changes
+            pacer = (lambda: min(units[c].comm_factor() for c in members)) if shared else None
             if latency > 0:
-                yield env.timeout(latency)
+                yield network.delay(latency, pacer) if shared else env.timeout(latency)
             for index, loads, s_per_byte in phases:
-                yield network.start(index, loads, nbytes * s_per_byte)
+                yield network.start(index, loads, nbytes * s_per_byte, pacer)
             for c in members:
                 units[c].comm_changed(-1)
             if done is not None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import simpy
@@ -41,6 +42,8 @@ class Flow:
     done: simpy.Event
     speed: float = 0.0
     generation: int = 0
+    pace: float = 1.0  # its time alone is work_s / pace: on a CPU host whose ranks share cores, their share (pacer)
+    pacer: Callable[[], float] | None = None
 
 
 class FlowNetwork:
@@ -54,14 +57,18 @@ class FlowNetwork:
         self._tiebreak = 0
         self._timer_at: float | None = None  # when the armed timer fires; only the latest armed one counts
         self._timer_token = 0
+        self.paced: set[Flow] = set()  # active flows with a pacer
 
-    def start(self, index: np.ndarray, loads: np.ndarray, work_s: float) -> simpy.Event:
-        """Start a flow that alone would take `work_s` seconds; returns its completion event."""
+    def start(self, index: np.ndarray, loads: np.ndarray, work_s: float,
+              pacer: Callable[[], float] | None = None) -> simpy.Event:
+        """Start a flow that alone would take `work_s` seconds (divided by `pacer()`, which may change: repace);
+        returns its completion event."""
         done = self.env.event()
         if work_s <= 0 or len(index) == 0:
             done.succeed()
             return done
         flow = Flow(index=index, loads=loads, work_s=work_s, since=self.env.now, done=done)
+        self._add_pacer(flow, pacer)
         self.active.add(flow)
         self.demand[index] += loads
         for c in index.tolist():
@@ -70,9 +77,47 @@ class FlowNetwork:
         self._recompute()  # at once: a flow started at the same instant re-rates its component again, at no cost in time
         return done
 
+    def delay(self, work_s: float, pacer: Callable[[], float]) -> simpy.Event:
+        """A wait of `work_s` seconds at the pace `pacer()` gives it, which may change while it runs (repace): a
+        transfer's latency on a CPU host whose ranks share cores. A flow on no link: nothing shares it."""
+        done = self.env.event()
+        if work_s <= 0:
+            done.succeed()
+            return done
+        flow = Flow(index=np.zeros(0, dtype=np.int64), loads=np.zeros(0), work_s=work_s, since=self.env.now,
+                    done=done, speed=1.0)
+        self._add_pacer(flow, pacer)
+        self.active.add(flow)
+        self._push(flow, self.env.now)
+        self._arm_timer()
+        return done
+
+    def repace(self) -> None:
+        """Re-rate every paced flow whose pacer now says otherwise (twin.sim.compute_unit.NodeCores calls it when
+        the number of ranks moving data changes)."""
+        now = self.env.now
+        for flow in self.paced:
+            pace = flow.pacer()
+            if pace != flow.pace:
+                flow.work_s = self._remaining(flow, now)
+                flow.since, flow.pace = now, pace
+                flow.generation += 1
+                if flow.speed > 0:
+                    self._push(flow, now)
+        self._arm_timer()
+
     # ---- internals ---------------------------------------------------------
+    def _add_pacer(self, flow: Flow, pacer: Callable[[], float] | None) -> None:
+        if pacer is not None:
+            flow.pacer, flow.pace = pacer, pacer()
+            self.paced.add(flow)
+
+    def _push(self, flow: Flow, now: float) -> None:
+        self._tiebreak += 1
+        heapq.heappush(self._heap, (now + flow.work_s / (flow.speed * flow.pace), flow.generation, self._tiebreak, flow))
+
     def _remaining(self, flow: Flow, now: float) -> float:
-        return flow.work_s - flow.speed * (now - flow.since)
+        return flow.work_s - flow.speed * flow.pace * (now - flow.since)
 
     def _recompute(self, _event: simpy.Event | None = None) -> None:
         now = self.env.now
@@ -90,6 +135,7 @@ class FlowNetwork:
             if generation != flow.generation or flow not in self.active:
                 continue
             self.active.discard(flow)
+            self.paced.discard(flow)
             self.demand[flow.index] -= flow.loads
             for c in flow.index.tolist():
                 users = self.users[c]
@@ -128,8 +174,7 @@ class FlowNetwork:
             flow.since, flow.speed = now, speed
             flow.generation += 1
             if speed > 0:
-                self._tiebreak += 1
-                heapq.heappush(self._heap, (now + flow.work_s / speed, flow.generation, self._tiebreak, flow))
+                self._push(flow, now)
 
     def _arm_timer(self) -> None:
         heap = self._heap
