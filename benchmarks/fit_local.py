@@ -74,9 +74,11 @@ def twin_json(*argv: str) -> dict | list:
     return json.loads(out.getvalue())
 
 
-def fit_refusing_less(machine: str, runs: str, params: list[str], output: str) -> tuple[dict, list[str]]:
+def fit_refusing_less(machine: str, runs: str, params: list[str], output: str) -> tuple[dict | None, list[str]]:
     """`twin fit` with `params`; where it refuses one (on a bound, no effect, not told apart from another), that
-    one is left out and the fit run again, so the table says what the runs could pin down. (fit, left out)."""
+    one is left out and the fit run again, so the table says what the runs could pin down. (fit, left out); the
+    fit None where every parameter was refused (the held-out plans are then predicted from the microbenchmarks
+    alone, which is still worth the measuring)."""
     left_out = []
     while params:
         try:
@@ -89,7 +91,7 @@ def fit_refusing_less(machine: str, runs: str, params: list[str], output: str) -
             print(f"  {e}: fitting without {named[0]}", file=sys.stderr)
             left_out.append(f"{named[0]} ({str(e).removeprefix('twin: error: ')})")
             params = [p for p in params if p != named[0]]
-    raise SystemExit("no parameter could be fitted on these runs")
+    return None, left_out
 
 
 def measure(plans: list[tuple[str, str, int]], ranks: int, machine_path: str, out: str, steps: int,
@@ -118,6 +120,25 @@ def measure(plans: list[tuple[str, str, int]], ranks: int, machine_path: str, ou
         summaries.append(summary)
         print(f"  {tag}: {summary['step_time_s']:.4f} s", file=sys.stderr)
     return summaries
+
+
+def print_fit(fit: dict | None, left_out: list[str]) -> None:
+    """What the fit on 1-2 ranks learned, or that it learned nothing (every parameter on a bound)."""
+    if fit is None:
+        print("fit on the runs of 1 and 2 ranks: nothing could be fitted (the held-out plans below are predicted "
+              "from the microbenchmarks alone in both columns)")
+    else:
+        print(f"fit on {fit['runs']} runs of 1 and 2 ranks ({fit['passes']} passes):")
+        for p in fit["parameters"]:
+            print(f"  {p['path']:<34} file {p['file_value']:>9.4g}  fitted {p['fitted']:>9.4g}")
+    for why in left_out:
+        print(f"  left out: {why}")
+    if fit is not None:
+        e = fit["errors"]
+        cv = e["cross_validated"]
+        print(f"  step error: microbenchmarks {e['machine_file']['mean_abs_pct']:.1f}%, fitted "
+              f"{e['fitted']['mean_abs_pct']:.1f}%" + (f", {fit['folds']}-fold cross-validated {cv['mean_abs_pct']:.1f}%"
+                                                      if cv else ""))
 
 
 def median_launches(rounds: list[list[dict]]) -> list[dict]:
@@ -157,30 +178,26 @@ def main(argv: list[str] | None = None) -> int:
     Path(runs).write_text(json.dumps(calibration, indent=1))
     fitted = {n: os.path.join(args.out, f"local-{n}-fitted.toml") for n in (2, 4)}
     fit, left_out = fit_refusing_less(files[2], runs, PARAMS, fitted[2])
-    carried = ",".join(p["path"] for p in fit["parameters"])
-    twin_json("fit", "--machine", files[4], "--from", fitted[2], "--params", carried, "-o", fitted[4], "--json")
+    if fit is not None:
+        carried = ",".join(p["path"] for p in fit["parameters"])
+        twin_json("fit", "--machine", files[4], "--from", fitted[2], "--params", carried, "-o", fitted[4], "--json")
+    else:
+        fitted[4] = files[4]  # nothing to carry: the second column is the microbenchmarks' again
 
     held = median_launches([measure([(m, p, b) for m, p, b in PLANS[4]], 4, files[4],
                                     os.path.join(args.out, f"launch-{k + 1}"), args.steps, args.quiet_wait)
                             for k in range(args.launches)])
     held_path = os.path.join(args.out, "held-out-runs.json")
     Path(held_path).write_text(json.dumps(held, indent=1))
-    table = twin_json("validate", "--runs", held_path, "--machine", files[4], "--machine", fitted[4], "--json")
+    machines = ("--machine", files[4]) + (("--machine", fitted[4]) if fit is not None else ())
+    table = twin_json("validate", "--runs", held_path, *machines, "--json")
     doc = {"fit": fit, "left_out": left_out, "held_out": table, "wall_s": time.perf_counter() - start}
     Path(os.path.join(args.out, "results.json")).write_text(json.dumps(doc, indent=1))
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
-    print(f"fit on {fit['runs']} runs of 1 and 2 ranks ({fit['passes']} passes):")
-    for p in fit["parameters"]:
-        print(f"  {p['path']:<34} file {p['file_value']:>9.4g}  fitted {p['fitted']:>9.4g}")
-    for why in left_out:
-        print(f"  left out: {why}")
-    e = fit["errors"]
-    cv = e["cross_validated"]
-    print(f"  step error: microbenchmarks {e['machine_file']['mean_abs_pct']:.1f}%, fitted {e['fitted']['mean_abs_pct']:.1f}%"
-          + (f", {fit['folds']}-fold cross-validated {cv['mean_abs_pct']:.1f}%" if cv else ""))
-    micro, carried = table["machines"]
+    print_fit(fit, left_out)
+    micro, carried = (table["machines"] * 2)[:2]  # one machine twice where nothing was fitted
     print(f"\n{'held out: 4 ranks':<62}{'measured':>10}{'microbenchmarks':>22}{'fitted on 1-2 ranks':>24}")
     for row in table["rows"]:
         print(f"{row['run'][-62:]:<62}{1e3 * row['measured_s']:>8.1f}ms"

@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import fit_local  # noqa: E402
 from fit_local import median_launches  # noqa: E402
 from helpers import SMALL_SPEC  # noqa: E402
 from launch_noise import main as launch_noise  # noqa: E402
@@ -60,3 +61,30 @@ def test_step_intercepts_recovers_each_groups_line():
         assert row["measured"] == pytest.approx(want)
         assert row["model"] == pytest.approx(1.5 * want)
         assert row["model slope"] == pytest.approx(1.5)
+
+
+def test_fit_local_leaves_out_what_is_refused_and_goes_on_when_nothing_fits(monkeypatch):
+    """fit_local.fit_refusing_less: a refused parameter (named in twin fit's one-line error) is left out and the
+    fit run again; when every one is refused the fit is None, not an exit, so the held-out plans are still
+    predicted (from the microbenchmarks alone)."""
+    calls = []
+
+    def refuse_all_but(keep):
+        def fake(*argv):
+            params = argv[argv.index("--params") + 1].split(",")
+            calls.append(params)
+            refused = [p for p in params if p not in keep]
+            if refused:
+                raise fit_local.TwinFailed(f"twin: error: fit refused: {refused[0]} ends on its upper bound 1")
+            return {"parameters": [{"path": p} for p in params]}
+        return fake
+
+    monkeypatch.setattr(fit_local, "twin_json", refuse_all_but({"device.attention_efficiency"}))
+    fit, left_out = fit_local.fit_refusing_less("m.toml", "runs.json", ["device.hbm_efficiency",
+                                                                      "device.attention_efficiency"], "o.toml")
+    assert [p["path"] for p in fit["parameters"]] == ["device.attention_efficiency"]
+    assert len(left_out) == 1 and left_out[0].startswith("device.hbm_efficiency (fit refused")
+    monkeypatch.setattr(fit_local, "twin_json", refuse_all_but(set()))
+    fit, left_out = fit_local.fit_refusing_less("m.toml", "runs.json", ["device.hbm_efficiency",
+                                                                      "device.attention_efficiency"], "o.toml")
+    assert fit is None and len(left_out) == 2
