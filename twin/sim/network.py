@@ -19,6 +19,11 @@ filling. A flow's remaining work is advanced lazily, only when its speed
 changes; completions sit in a heap with generation numbers, since SimPy
 timeouts cannot be cancelled. This keeps a pipeline of 128 stages, each with
 its own collectives and transfers in flight, cheap.
+
+On a CPU host whose ranks share cores a flow (and a transfer's latency, a
+flow on no link: `delay`) also has a pace, its ranks' share of the cores
+over the calibrated one (twin.sim.compute_unit.NodeCores), re-rated when it
+changes (`repace`); elsewhere the pace is 1 and the arithmetic unchanged.
 """
 
 from __future__ import annotations
@@ -57,7 +62,7 @@ class FlowNetwork:
         self._tiebreak = 0
         self._timer_at: float | None = None  # when the armed timer fires; only the latest armed one counts
         self._timer_token = 0
-        self.paced: set[Flow] = set()  # active flows with a pacer
+        self.paced: dict[Flow, None] = {}  # active flows with a pacer, in start order (a deterministic repace)
 
     def start(self, index: np.ndarray, loads: np.ndarray, work_s: float,
               pacer: Callable[[], float] | None = None) -> simpy.Event:
@@ -110,7 +115,7 @@ class FlowNetwork:
     def _add_pacer(self, flow: Flow, pacer: Callable[[], float] | None) -> None:
         if pacer is not None:
             flow.pacer, flow.pace = pacer, pacer()
-            self.paced.add(flow)
+            self.paced[flow] = None
 
     def _push(self, flow: Flow, now: float) -> None:
         self._tiebreak += 1
@@ -135,7 +140,7 @@ class FlowNetwork:
             if generation != flow.generation or flow not in self.active:
                 continue
             self.active.discard(flow)
-            self.paced.discard(flow)
+            self.paced.pop(flow, None)
             self.demand[flow.index] -= flow.loads
             for c in flow.index.tolist():
                 users = self.users[c]
