@@ -54,7 +54,7 @@ def _row(label: str, exact: float, exact_s: float, shared, shared_s: float, how:
             "relative_difference": None if step is None else step / exact - 1}
 
 
-def test_case() -> dict:
+def shallow_case() -> dict:
     """The 40-stage pipeline of stages of three Frontier nodes (tests/test_pipeline_depth.py's machinery), against
     its full simulation; the short pipelines may cost more than this shallow step (as in the tests)."""
     model, resolved, machine, gpus = case("frontier", "tp=4,dp=6", 40, 41)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    rows = [test_case(), preset_case()]
+    rows = [shallow_case(), preset_case()]
     if args.json:
         print(json.dumps(rows, indent=2))
         return rows
