@@ -22,6 +22,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ BASE_ASSUME = ASSUME.replace(",optimizer=flat", "")  # each optimizer in turn be
 OPTIMIZERS = ("megatron", "flat")
 
 
-def _group(run: MeasuredRun) -> tuple[int, int, int, int]:
+def _group(run: MeasuredRun) -> tuple[int, int, int, int, int]:
     """(hidden, layers, tp, dp, mbs): the runs of one group differ only in their global batch."""
     p = run.plan
     return run.model.hidden, run.model.layers, p.gx, p.gdata, p.mbs
@@ -80,13 +81,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--jobs", type=int, default=worker_count(None))
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    steps: dict[str, np.ndarray] = {}
-    runs: list[MeasuredRun] = []
-    for optimizer in OPTIMIZERS:
-        loaded = [r for r in load_runs(str(CALIBRATION), f"{BASE_ASSUME},optimizer={optimizer}") if r.plan.pp == 1]
-        runs = runs or loaded
-        steps["measured"] = np.array([r.step_time_s for r in loaded])
-        steps[optimizer] = np.array([p.step_s for p in simulate_runs(loaded, MACHINE, [()] * len(loaded), args.jobs)])
+    runs = [r for r in load_runs(str(CALIBRATION), BASE_ASSUME) if r.plan.pp == 1]
+    steps = {"measured": np.array([r.step_time_s for r in runs])}
+    for optimizer in OPTIMIZERS:  # the same runs, each optimizer's step in the plan
+        assumed = [replace(r, plan=replace(r.plan, optimizer=optimizer)) for r in runs]
+        steps[optimizer] = np.array([p.step_s for p in simulate_runs(assumed, MACHINE, [()] * len(runs), args.jobs)])
     table = intercepts(runs, steps)
     doc = {"machine": MACHINE, "assume": BASE_ASSUME, "runs": len(runs),
            "intercept_ms_per_billion_parameters": {f"h={h},tp={tp},dp={dp}": row for (h, tp, dp), row in

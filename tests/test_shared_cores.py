@@ -59,20 +59,22 @@ def test_comm_compute_slowdown_still_applies_on_shared_cores(tmp_path):
     assert run.timelines[0].end_s[1] == pytest.approx(_gemm_alone_s() / 2 / (1 - slowdown), rel=1e-6)
 
 
-@pytest.mark.parametrize("communicating, factor", [((0, 1), 2.0), ((0, 1, 2, 3), 1.0)])
-def test_a_transfer_runs_at_its_ranks_share_of_the_cores(tmp_path, communicating, factor):
+def _shared_and_alone(tmp_path):
+    """The same 4-rank machine with its ranks sharing 2 cores, and without sharing."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    return quad_machine(tmp_path / "a", shared_cores=2), quad_machine(tmp_path / "b")
+
+
+@pytest.mark.parametrize("both_pairs, factor", [(False, 2.0), (True, 1.0)])
+def test_a_transfer_runs_at_its_ranks_share_of_the_cores(tmp_path, both_pairs, factor):
     """The calibrated latency and bandwidth are each rank's with every rank in a collective at once: two of four
     ranks all-reducing on 2 cores while the others idle take half the time, latency and bytes alike; all four
     (two pairs) the calibrated time. Both against the same schedule where the ranks do not share cores."""
     nbytes = 2e9
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    shared, alone = quad_machine(tmp_path / "a", shared_cores=2), quad_machine(tmp_path / "b")
-    pairs = ((0, 1), (2, 3)) if len(communicating) == 4 else ((0, 1),)
-    groups = {"x": pairs} if len(pairs) == 2 else {"x": ((0, 1), (2, 3))}
-    programs = [((0, 1), [all_reduce(0, nbytes)])]
-    programs.append(((2, 3), [all_reduce(0, nbytes)] if len(pairs) == 2 else []))
-    sched = schedule(4, groups, programs)
+    shared, alone = _shared_and_alone(tmp_path)
+    sched = schedule(4, {"x": ((0, 1), (2, 3))}, [((0, 1), [all_reduce(0, nbytes)]),
+                                                  ((2, 3), [all_reduce(0, nbytes)] if both_pairs else [])])
     for full in (False, True):
         t_shared = simulate(sched, shared, full=full).step_time_s
         assert t_shared == pytest.approx(simulate(sched, alone, full=full).step_time_s / factor, rel=1e-9)
@@ -82,9 +84,7 @@ def test_a_rank_in_two_transfers_at_once_counts_once(tmp_path):
     """Ranks 0 and 1 all-reduce on two streams at once while 2 and 3 idle: two ranks move data, not four, so
     both all-reduces run at twice the calibrated pace (as far as their shared link lets them)."""
     nbytes = 2e9
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    shared, alone = quad_machine(tmp_path / "a", shared_cores=2), quad_machine(tmp_path / "b")
+    shared, alone = _shared_and_alone(tmp_path)
     sched = schedule(4, {"x": ((0, 1), (2, 3)), "y": ((0, 1), (2, 3))},
                      [((0, 1), [all_reduce(0, nbytes), all_reduce(1, nbytes, group="y", stream="comm:y")]),
                       ((2, 3), [])])
@@ -95,9 +95,7 @@ def test_a_rank_in_two_transfers_at_once_counts_once(tmp_path):
 
 def test_a_pipeline_gains_from_idle_stages_and_lockstep_data_parallelism_does_not(tmp_path):
     model = parse_model_spec(SMALL_SPEC)
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    shared, alone = quad_machine(tmp_path / "a", shared_cores=2), quad_machine(tmp_path / "b")
+    shared, alone = _shared_and_alone(tmp_path)
     for plan_text, gains in (("tp=2,pp=2,mbs=1,global_batch=4", True), ("gdata=4,mbs=1,global_batch=8", False)):
         plan = parse_plan(plan_text)
         sched = build_step(model, plan, shared, 4).schedule
