@@ -13,6 +13,8 @@ small all-reduce over all ranks so the ranks enter it together:
 - collectives: all_reduce, all_gather, reduce_scatter over groups of 2, 4, ...
   up to nproc consecutive ranks, COLLECTIVE_BYTES each, each one waited for
   (a blocking collective, as most of a step's are);
+- time-slicing: GEMMs of SKEW_LEADS' sizes, each followed by a 4-byte
+  all-reduce of every rank (a synchronisation);
 - overlap: a GEMM alone, then the same GEMM while a large all-reduce runs.
 
 Each op is repeated; its time is the median over repeats, steps and ranks.
@@ -35,7 +37,14 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   bandwidths by non-negative weighted least squares over all kinds, sizes
   and group sizes; the fastest kind's bandwidth is the per-rank port B (a
   "loopback" node switch), the others kind_bw_fraction of it;
-- comm_compute_slowdown = 1 - (GEMM time alone) / (GEMM time under an all-reduce).
+- comm_compute_slowdown = 1 - (GEMM time alone) / (GEMM time under an all-reduce);
+- timeslice_skew: the least-squares slope of the synchronising all-reduce's
+  time over the GEMM's before it (3-32 ms of compute on a 2-core host with
+  4 ranks): how far the last rank lags the mean, per second of compute,
+  where the OS shares too few cores unevenly (0.22-0.27 there; under 0.01
+  with one rank per core; docs/fit.md). On such a host each collective
+  above has the lag of its lead GEMM taken out (`lead_skew_s`), since the
+  simulator adds it to the compute before.
 
 executor.machinefile writes the machine file (each number "measured on
 <host> by twin calibrate on <date>") and, beside it, NAME.calibration.json
@@ -48,7 +57,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -68,6 +77,7 @@ OVERLAP_GEMM = (512, 1024, 1024)
 OVERLAP_BYTES = 64 << 20
 TINY_BYTES = 64  # the compute op that makes the host wait for a collective
 LEAD_GEMM = (512, 512, 512)  # the compute op before each collective: ranks arrive with a step's skew
+SKEW_LEADS = [LEAD_GEMM, (1024, 512, 512), (1024, 1024, 512), (1024, 1024, 1024)]  # 1:2:4:8 in work
 DTYPE = "bf16"
 
 
@@ -127,6 +137,14 @@ def calibration_schedule(nproc: int, repeats: int = REPEATS) -> tuple[Schedule, 
                 w.compute(f"{kind}.{axis}.{nbytes}.r{rep}.done", Elementwise(TINY_BYTES))
                 what[op] = ("collective", {"kind": kind, "group_size": size, "nbytes": nbytes})
     if everyone:
+        sync("sync.skew")
+        for rep in range(repeats):
+            for m, n, k in SKEW_LEADS:
+                lead = w.compute(f"skew.{m}x{n}x{k}.r{rep}.lead", Gemm(m, n, k, "NN", DTYPE))
+                op = w.collective(f"skew.{m}x{n}x{k}.r{rep}", everyone, Collective("all_reduce", everyone, 4, DTYPE))
+                w.wait(op)
+                w.compute(f"skew.{m}x{n}x{k}.r{rep}.done", Elementwise(TINY_BYTES))
+                what[lead], what[op] = ("skew_lead", {"m": m, "n": n, "k": k}), ("skew_sync", {"m": m, "n": n, "k": k})
         m, n, k = OVERLAP_GEMM
         sync("sync.overlap")
         for rep in range(repeats):
@@ -193,6 +211,8 @@ class Fit:
     attention_overhead_s: float = 0.0
     kind_latency_s: dict = field(default_factory=dict)  # collective kind -> latency above base_latency_s
     kind_bw_fraction: dict = field(default_factory=dict)  # collective kind -> bandwidth / port_bw
+    timeslice_skew: float = 0.0  # the last rank's lag at a synchronisation per second of compute before it
+    lead_skew_s: float = 0.0  # taken out of each collective sample: that lag behind LEAD_GEMM (oversubscribed)
 
 
 TILES = (1, 8, 16, 32, 64, 128, 256)
@@ -257,8 +277,9 @@ def _nnls_weighted(columns: list[np.ndarray], t: np.ndarray, w: np.ndarray) -> n
     return best
 
 
-def fit(samples: list[Sample]) -> Fit:
-    """The simulator's parameters that best explain the samples (weighted least squares; module docstring)."""
+def fit(samples: list[Sample], oversubscribed: bool = False) -> Fit:
+    """The simulator's parameters that best explain the samples (weighted least squares; module docstring).
+    `oversubscribed`: more ranks than cores, where the simulator lets compute lag by the time-slicing skew."""
     by = {kind: [s for s in samples if s.kind == kind] for kind in {s.kind for s in samples}}
     ew, gm, at = by.get("elementwise", []), by.get("gemm", []), by.get("attention", [])
     if not ew or not gm:
@@ -307,12 +328,28 @@ def fit(samples: list[Sample]) -> Fit:
         raise ValueError("calibration: the element-wise times leave no room for any bandwidth; measurements look broken")
     _, o, bw, rate, (tm, tn, kh), layouts, a_eff, a_over, errors = best
 
-    port_bw, base, hop, kind_latency, kind_fraction = _fit_collectives(by.get("collective", []), errors)
+    skew, lead_s = _fit_skew(by.get("skew_lead", []), by.get("skew_sync", []))
+    lead_skew = skew * lead_s if oversubscribed else 0.0
+    # (a sample shorter than the lag is noise: it keeps a twentieth of itself)
+    collectives = [replace(s, time_s=max(s.time_s - lead_skew, 0.05 * s.time_s)) for s in by.get("collective", [])]
+    port_bw, base, hop, kind_latency, kind_fraction = _fit_collectives(collectives, errors)
     alone = [s.time_s for s in by.get("overlap_alone", [])]
     during = [s.time_s for s in by.get("overlap_during", [])]
     slowdown = float(np.clip(1 - np.mean(alone) / np.mean(during), 0.0, 0.9)) if alone and during else 0.0
     return Fit(float(o), float(bw), float(rate), tm, tn, float(kh), layouts, a_eff, slowdown, float(port_bw),
-               float(base), float(hop), errors, a_over, kind_latency, kind_fraction)
+               float(base), float(hop), errors, a_over, kind_latency, kind_fraction, skew, lead_skew)
+
+
+def _fit_skew(leads: list[Sample], syncs: list[Sample]) -> tuple[float, float]:
+    """(the slope of the synchronising all-reduce's time over its lead GEMM's, LEAD_GEMM's time): 0 and 0
+    without the measurements (one rank, or an older schedule), and never below 0."""
+    lead_of = {(s.params["m"], s.params["n"], s.params["k"]): s.time_s for s in leads}
+    pairs = [(lead_of[key], s.time_s) for s in syncs if (key := (s.params["m"], s.params["n"], s.params["k"])) in lead_of]
+    if len(pairs) < 2:
+        return 0.0, 0.0
+    lead, sync = np.array(pairs).T
+    slope = float(np.polyfit(lead, sync, 1)[0]) if np.ptp(lead) > 0 else 0.0
+    return max(slope, 0.0), lead_of.get(LEAD_GEMM, 0.0)
 
 
 def _fit_collectives(cm: list[Sample], errors: dict) -> tuple[float, float, float, dict, dict]:

@@ -28,7 +28,7 @@ def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = R
     run_local(schedule, path, nproc, out_dir, opts, wall_limit_s)
     measured = load_measured(out_dir, schedule)
     samples = collect(list(measured.steps), what)
-    fitted = fit(samples)
     host = {**host_description(nproc), "compute_nice": getattr(opts, "compute_nice", 0)}
+    fitted = fit(samples, oversubscribed=nproc > host["logical_cpus"])
     doc = write_machine(output, fitted, samples, host, measured.dtype)
     return fitted, doc, measured

@@ -192,6 +192,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           f"layouts NN {f.layout_efficiency['NN']:.2f} NT {f.layout_efficiency['NT']:.2f} TN {f.layout_efficiency['TN']:.2f})")
     print(f"  copy {f.hbm_bw_bytes_per_s / 1e9:.2f} GB/s, kernel overhead {f.kernel_overhead_s * 1e6:.1f} us, "
           f"attention efficiency {f.attention_efficiency:.2f} + {f.attention_overhead_s * 1e6:.0f} us per call, comm/compute slowdown {f.comm_compute_slowdown:.2f}")
+    print(f"  time-slicing: the last rank lags {100 * f.timeslice_skew:.1f}% of the compute before a synchronisation"
+          + (f" (taken out of each collective: {f.lead_skew_s * 1e6:.0f} us)" if f.lead_skew_s else
+             " (unused: no more ranks than cores)"))
     print(f"  collectives: {f.port_bw_bytes_per_s / 1e9:.3f} GB/s per rank, latency {f.base_latency_s * 1e6:.0f} us + "
           f"{f.hop_latency_s * 1e6:.0f} us per ring step; per kind "
           + ", ".join(f"{k} +{f.kind_latency_s.get(k, 0) * 1e6:.0f} us x{v:.2f} bandwidth" for k, v in f.kind_bw_fraction.items()))

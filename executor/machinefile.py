@@ -99,6 +99,7 @@ def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local")
         "[node]",
         f"gpus_per_node = {num(n, 'the number of ranks calibrated')}",
         f"shared_cores = {num(host['logical_cpus'], 'logical CPUs (os.cpu_count) the ranks share: the rates above are those of every rank computing at once')}",
+        f"timeslice_skew = {num(f.timeslice_skew, 'slope of a 4-byte all-reduce of every rank over the GEMM before it (4 sizes): the last rank lags the mean by this per second of compute when more ranks compute than there are cores; the collectives above have that lag behind their lead GEMM taken out')}",
         "",
         "# gloo over loopback: every rank has one port of the measured bandwidth to a switch vertex.",
         "[node.switch]",
@@ -158,8 +159,9 @@ def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local")
     return "\n".join(lines)
 
 
-def check_with_simulator(machine_path: str, samples: list[Sample]) -> list[dict]:
-    """What twin.sim's own models predict, from the written file, for each microbenchmark."""
+def check_with_simulator(machine_path: str, samples: list[Sample], lead_skew_s: float = 0.0) -> list[dict]:
+    """What twin.sim's own models predict, from the written file, for each microbenchmark; a collective
+    behind its lead GEMM also waits `lead_skew_s` for the last rank (Fit.lead_skew_s)."""
     from topologies.fabric import Fabric
     from topologies.machine import load_machine
     from twin.sim.collectives import CollectiveModel
@@ -181,7 +183,7 @@ def check_with_simulator(machine_path: str, samples: list[Sample]) -> list[dict]
         elif s.kind == "collective":
             gpus = tuple(range(p["group_size"]))
             lowering, protocol = collectives.choose(gpus, p["kind"], p["nbytes"])
-            pred = collectives.time_alone_s(lowering, protocol, p["nbytes"])
+            pred = collectives.time_alone_s(lowering, protocol, p["nbytes"]) + lead_skew_s
         else:
             continue
         rows.append({"kind": s.kind, **p, "measured_s": s.time_s, "simulated_s": pred,
@@ -198,7 +200,7 @@ def write_machine(path: str, f: Fit, samples: list[Sample], host: dict, dtype: s
     with open(tmp, "w") as out:
         out.write(text)
     os.replace(tmp, path)
-    checks = check_with_simulator(path, samples)
+    checks = check_with_simulator(path, samples, f.lead_skew_s)
     summary = {}
     for kind in sorted({c["kind"] for c in checks}):
         errs = [abs(c["error"]) for c in checks if c["kind"] == kind]

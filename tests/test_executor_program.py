@@ -118,11 +118,14 @@ def synthetic_samples(truth: dict, nproc: int = 4):
         return raw(m, n, k) / raw(D, D, D)
 
     o = truth["overhead"]
+
+    def gemm_s(m, n, k, lay="NN"):
+        mem = 2 * (m * k + k * n + m * n) / truth["bw"]
+        return max(2 * m * n * k / (truth["rate"] * eff(m, n, k) * truth["layouts"][lay]), mem) + o
+
     out = []
     for (m, n, k), lay in [(s, lay) for s in cal.GEMM_SHAPES for lay in ("NN", "NT", "TN")]:
-        flops = 2 * m * n * k
-        mem = 2 * (m * k + k * n + m * n) / truth["bw"]
-        t = max(flops / (truth["rate"] * eff(m, n, k) * truth["layouts"][lay]), mem) + o
+        t = gemm_s(m, n, k, lay)
         out.append(cal.Sample("gemm", {"m": m, "n": n, "k": k, "layout": lay}, t, 0.01 * t, 10))
     for b in cal.ELEMENTWISE_BYTES:
         t = o + b / truth["bw"]
@@ -139,21 +142,33 @@ def synthetic_samples(truth: dict, nproc: int = 4):
                 traffic = (2 if ar else 1) * (size - 1) / size * nbytes
                 t = (truth["base"] + truth["kind_latency"][kind] + steps * truth["hop"]
                      + traffic / (truth["port"] * truth["kind_fraction"][kind]))
+                t += truth.get("skew", 0.0) * gemm_s(*cal.LEAD_GEMM)  # the last rank's lag behind the lead GEMM
                 out.append(cal.Sample("collective", {"kind": kind, "group_size": size, "nbytes": nbytes}, t, 0.01 * t, 10))
+    if "skew" in truth:
+        for m, n, k in cal.SKEW_LEADS:
+            lead = gemm_s(m, n, k)
+            out.append(cal.Sample("skew_lead", {"m": m, "n": n, "k": k}, lead, 0.01 * lead, 10))
+            sync = truth["sync_base"] + truth["skew"] * lead
+            out.append(cal.Sample("skew_sync", {"m": m, "n": n, "k": k}, sync, 0.01 * sync, 10))
     out.append(cal.Sample("overlap_alone", {}, 1.0, 0.0, 3))
     out.append(cal.Sample("overlap_during", {}, 1.25, 0.0, 3))
     return out
+
+
+def known_parameters(**more) -> dict:
+    from executor import calibrate as cal
+    return {"overhead": float(cal.OVERHEADS_S[20]), "bw": 10e9, "rate": 100e9, "tile_m": 32, "tile_n": 64,
+            "k_half": 64.0, "layouts": {"NN": 1.0, "NT": 0.9, "TN": 0.8}, "attention": 0.5, "attention_over": 300e-6,
+            "base": 100e-6, "hop": 50e-6, "port": 1e9,
+            "kind_latency": {"all_reduce": 0.0, "all_gather": 20e-6, "reduce_scatter": 400e-6},
+            "kind_fraction": {"all_reduce": 1.0, "all_gather": 0.8, "reduce_scatter": 0.5}, **more}
 
 
 def test_calibration_fit_recovers_known_parameters_and_the_simulator_agrees(tmp_path):
     from executor import calibrate as cal
     from executor.machinefile import write_machine
 
-    truth = {"overhead": float(cal.OVERHEADS_S[20]), "bw": 10e9, "rate": 100e9, "tile_m": 32, "tile_n": 64,
-             "k_half": 64.0, "layouts": {"NN": 1.0, "NT": 0.9, "TN": 0.8}, "attention": 0.5, "attention_over": 300e-6,
-             "base": 100e-6, "hop": 50e-6, "port": 1e9,
-             "kind_latency": {"all_reduce": 0.0, "all_gather": 20e-6, "reduce_scatter": 400e-6},
-             "kind_fraction": {"all_reduce": 1.0, "all_gather": 0.8, "reduce_scatter": 0.5}}
+    truth = known_parameters()
     samples = synthetic_samples(truth)
     f = cal.fit(samples)
     assert f.kernel_overhead_s == pytest.approx(truth["overhead"], rel=1e-6)
@@ -177,6 +192,31 @@ def test_calibration_fit_recovers_known_parameters_and_the_simulator_agrees(tmp_
     assert json.loads((tmp_path / "mine.calibration.json").read_text())["date"] == "2026-01-01"
 
 
+def test_calibration_measures_the_time_slicing_lag_and_takes_it_out_of_the_collectives(tmp_path):
+    """With more ranks than cores the last rank reaches a synchronisation late by a fraction of the compute
+    before it; every collective microbenchmark has that lag behind its lead GEMM. Oversubscribed, the fit
+    measures the fraction and takes the lag out of the collectives (the simulator adds it to the compute);
+    one rank per core, the lag stays in the collectives' latency and the simulator never applies it."""
+    from executor import calibrate as cal
+    from executor.machinefile import write_machine
+
+    truth = known_parameters(skew=0.25, sync_base=400e-6)
+    samples = synthetic_samples(truth)
+    lead_s = next(s.time_s for s in samples if s.kind == "skew_lead" and s.params == dict(zip("mnk", cal.LEAD_GEMM)))
+    f = cal.fit(samples, oversubscribed=True)
+    assert (f.timeslice_skew, f.lead_skew_s) == pytest.approx((0.25, 0.25 * lead_s), rel=1e-6)
+    assert (f.base_latency_s, f.hop_latency_s, f.port_bw_bytes_per_s) == pytest.approx((100e-6, 50e-6, 1e9), rel=1e-3)
+    one_per_core = cal.fit(samples, oversubscribed=False)
+    assert (one_per_core.timeslice_skew, one_per_core.lead_skew_s) == pytest.approx((0.25, 0.0))
+    assert one_per_core.base_latency_s == pytest.approx(100e-6 + 0.25 * lead_s, rel=1e-3)
+    path = tmp_path / "mine.toml"
+    host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
+    doc = write_machine(str(path), f, samples, host, "float32", date="2026-01-01")
+    assert max(abs(p["error"]) for p in doc["predictions"]) < 0.01  # the audit puts the lag back
+    assert load_machine(str(path)).node.timeslice_skew == pytest.approx(0.25)
+    assert cal.fit([s for s in samples if not s.kind.startswith("skew")]).timeslice_skew == 0.0  # not measured
+
+
 def test_the_committed_local_machine_is_calibrated_and_exports_a_step():
     machine = load_machine("local")
     assert machine.max_gpus >= 4
@@ -194,7 +234,10 @@ def test_calibration_schedule_is_a_valid_schedule():
     s, what = calibration_schedule(4, repeats=1)
     validate_schedule(s)
     kinds = {k for k, _ in what.values()}
-    assert {"gemm", "elementwise", "attention", "collective", "overlap_alone", "overlap_during"} <= kinds
+    assert {"gemm", "elementwise", "attention", "collective", "overlap_alone", "overlap_during", "skew_lead",
+            "skew_sync"} <= kinds
+    per_kind = [sum(k == kind for k, _ in what.values()) for kind in ("skew_lead", "skew_sync")]
+    assert per_kind == [4, 4]  # a lead GEMM and its synchronisation per SKEW_LEADS size, once each (repeats=1)
     layouts = {p["layout"] for k, p in what.values() if k == "gemm"}
     assert layouts == {"NN", "NT", "TN"}
     assert {p["group_size"] for k, p in what.values() if k == "collective"} == {2, 4}

@@ -88,3 +88,31 @@ def test_fit_local_leaves_out_what_is_refused_and_goes_on_when_nothing_fits(monk
     fit, left_out = fit_local.fit_refusing_less("m.toml", "runs.json", ["device.hbm_efficiency",
                                                                       "device.attention_efficiency"], "o.toml")
     assert fit is None and len(left_out) == 2
+
+
+def test_timeslice_lag_writes_the_calibration_as_if_nothing_lagged(tmp_path):
+    """benchmarks/timeslice_lag.py's other column: the same samples, the lag left inside the collectives'
+    latency and none on compute; and it refuses a folder fit_local.py has not filled, before reading anything."""
+    import json
+    from dataclasses import asdict
+
+    from test_executor_program import known_parameters, synthetic_samples
+    from timeslice_lag import main as timeslice_lag, without_lag
+
+    from executor.calibrate import LEAD_GEMM, fit
+    from topologies.machine import load_machine
+
+    samples = synthetic_samples(known_parameters(skew=0.25, sync_base=400e-6))
+    lead_s = next(s.time_s for s in samples if s.kind == "skew_lead" and s.params == dict(zip("mnk", LEAD_GEMM)))
+    calibration = tmp_path / "local-4.calibration.json"
+    calibration.write_text(json.dumps({"samples": [asdict(s) for s in samples], "fit": asdict(fit(samples, True)),
+                                       "host": {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4,
+                                                "hostname": "h"}, "dtype": "float32", "date": "2026-01-01"}))
+    assert without_lag(str(calibration), str(tmp_path / "nolag.toml")) == pytest.approx(0.25)
+    machine = load_machine(str(tmp_path / "nolag.toml"))
+    assert machine.node.timeslice_skew == 0.0
+    assert machine.sources["collectives.base_latency_us.ring.simple"].value == pytest.approx(
+        1e6 * (100e-6 + 0.25 * lead_s), rel=1e-3)
+    with pytest.raises(SystemExit) as exit_:
+        timeslice_lag(["--out", str(tmp_path / "empty")])
+    assert exit_.value.code == 2

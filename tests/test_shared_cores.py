@@ -2,7 +2,8 @@
 
 A calibrated rate is each rank's with every rank of the node computing at once. On 2 cores shared by 4
 ranks that is half a core; a rank computing alone gets a whole core, twice the calibrated rate; three at
-once get 2/3 of a core each, 4/3 of it. Worked out by hand here, on hand-made schedules, in the reduced
+once get 2/3 of a core each, 4/3 of it (over 1 + node.timeslice_skew: more ranks computing than cores end
+with the last of them). Worked out by hand here, on hand-made schedules, in the reduced
 and the per-rank simulation; then a pipeline, whose stages idle in turn, must run faster than without
 sharing and a data-parallel plan, whose ranks compute in lockstep, exactly as fast.
 """
@@ -34,6 +35,17 @@ def test_a_rank_runs_at_its_share_of_the_cores(tmp_path, busy, factor):
         run = simulate(sched, machine, full=full)
         by_rank = {t.rank: t for t in run.timelines}
         assert by_rank[0].end_s[0] == pytest.approx(t_gemm / factor, rel=1e-6)
+
+
+@pytest.mark.parametrize("busy, factor", [(1, 2.0), (2, 2.0), (3, 4 / 3 / 1.25), (4, 1 / 1.25)])
+def test_time_slicing_lags_compute_only_while_more_ranks_compute_than_cores(tmp_path, busy, factor):
+    """node.timeslice_skew 0.25: three or four ranks on two cores end with their last, a quarter later per
+    second of compute; one or two each have a core and do not lag."""
+    machine = quad_machine(tmp_path, shared_cores=2, timeslice_skew=0.25)
+    sched = schedule(4, {}, [((r,), [_gemm(0)]) for r in range(busy)] + [((r,), []) for r in range(busy, 4)])
+    for full in (False, True):
+        by_rank = {t.rank: t for t in simulate(sched, machine, full=full).timelines}
+        assert by_rank[0].end_s[0] == pytest.approx(_gemm_alone_s() / factor, rel=1e-6)
 
 
 def test_a_rank_speeds_up_when_the_others_stop(tmp_path):
@@ -111,3 +123,11 @@ def test_shared_cores_must_be_positive(tmp_path):
     from topologies.errors import InputError
     with pytest.raises(InputError, match="shared_cores"):
         quad_machine(tmp_path, shared_cores=-1)
+
+
+@pytest.mark.parametrize("cores, skew, says", [(2, -0.1, "must be >= 0"), (2, 11, "above the physical limit"),
+                                               (0, 0.2, "add node.shared_cores")])
+def test_timeslice_skew_is_checked(tmp_path, cores, skew, says):
+    from topologies.errors import InputError
+    with pytest.raises(InputError, match=f"timeslice_skew.*{says}"):
+        quad_machine(tmp_path, shared_cores=cores, timeslice_skew=skew)

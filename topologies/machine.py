@@ -181,6 +181,9 @@ def _node(f: Fields) -> NodeSpec:
         f.fail("nics", f"indices are {[x.index for x in nics]}; number the NICs 0..{len(nics) - 1}")
     switch = _switch(f.table("switch")) if f.has("switch") else None
     shared_cores = f.number("shared_cores", "positive") if f.has("shared_cores") else 0.0
+    skew = f.number("timeslice_skew", "nonneg") if f.has("timeslice_skew") else 0.0
+    if skew and not shared_cores:
+        f.fail("timeslice_skew", "applies only to ranks that share cores; add node.shared_cores or remove it")
     ef = f.table("link_efficiency")
     eff = {k: ef.number(k, "fraction") for k in ef.keys()}
     kinds = {lk.kind for lk in links} | {"nic", "attach"} | ({switch.link_kind} if switch else set())
@@ -191,7 +194,7 @@ def _node(f: Fields) -> NodeSpec:
     if switch is None:
         _check_connected(f, n, links)
     f.finish()
-    return NodeSpec(n, tuple(links), tuple(nics), eff, switch, shared_cores)
+    return NodeSpec(n, tuple(links), tuple(nics), eff, switch, shared_cores, skew)
 
 
 def _switch(f: Fields) -> NodeSwitch:

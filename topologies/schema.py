@@ -56,8 +56,9 @@ _UNIT_LIMITS = (
     ("_us", 1e6, "1,000,000 us (1 s)"),
 )
 # Per key where the unit rule is too loose: a node's devices are routed pair by pair (topologies.fabric),
-# so their number must stay what one node can hold (the largest NVLink domain has 72 GPUs).
-_KEY_LIMITS = {"gpus_per_node": (1024, "1,024 devices")}
+# so their number must stay what one node can hold (the largest NVLink domain has 72 GPUs); a time-slicing
+# lag of more than ten times the compute before it is a broken measurement, not a host.
+_KEY_LIMITS = {"gpus_per_node": (1024, "1,024 devices"), "timeslice_skew": (10.0, "10 (a lag ten times the compute)")}
 # Counts, ratios and sizes without a unit (compute units, tiles, groups, nodes, GEMM dimensions).
 _COUNT_LIMIT = (1e7, "10,000,000")
 

@@ -131,6 +131,11 @@ class NodeSpec:
     # own (GPUs). The device's compute rates are then those of every device computing at once (twin calibrate
     # measures them so), and one computing while fewer others do runs faster (twin.sim.compute_unit).
     shared_cores: float = 0.0
+    # With shared cores: how far the last of the node's ranks lags their mean at a synchronising collective,
+    # per second of compute before it, while more ranks compute than there are cores (the OS time-slices
+    # them unevenly); twin calibrate measures it. Compute then runs 1 / (1 + skew) of the fair share, so that
+    # a phase ends when its last rank does (twin.sim.compute_unit.NodeCores).
+    timeslice_skew: float = 0.0
 
     @property
     def network_link_efficiency(self) -> float:

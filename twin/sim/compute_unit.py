@@ -26,6 +26,13 @@ class NodeCores:
     shared by 4 ranks, a rank computing while its pipeline neighbour waits runs twice as fast as calibrated.
     A change of `busy` re-arms every running unit whose rate it sets (`units`).
 
+    Time-slicing (`skew`, node.timeslice_skew): with more ranks computing than cores the OS shares the
+    cores unevenly, and a phase of compute ends, at the collective that synchronises it, when its last rank
+    is done: `skew` later per second of the mean's compute (twin calibrate measures it as the slope of a
+    4-byte all-reduce over the GEMM before it). So while busy > cores a rank runs 1 / (1 + skew) of its
+    fair share: the lockstep ranks of one class all finish with the last. With busy <= cores every rank
+    has a core and nothing lags.
+
     Communication the same way, apart: a calibrated latency and link bandwidth are what each rank's
     transfers got with every rank of the node in a collective at once, so while `communicating` ranks move
     data (a rank in two transfers at once counts once) a transfer runs at comm_factor() times that pace
@@ -35,15 +42,17 @@ class NodeCores:
     no slowdown of compute under an all-reduce of every rank (compute runs niced: comm_compute_slowdown 0 on
     the local files), so neither count enters the other's rate."""
 
-    def __init__(self, cores: float, ranks: int) -> None:
+    def __init__(self, cores: float, ranks: int, skew: float = 0.0) -> None:
         self.cores, self.busy, self.communicating = cores, 0, 0
         self.calibrated_share = min(1.0, cores / ranks)
+        self.skew = skew
         self.units: list[ComputeUnit] = []
         self.on_comm_change: Callable[[], None] | None = None
 
     def factor(self) -> float:
         """A computing rank's rate over the calibrated one, at the present number of computing ranks."""
-        return min(1.0, self.cores / max(self.busy, 1)) / self.calibrated_share
+        share = min(1.0, self.cores / max(self.busy, 1)) / self.calibrated_share
+        return share / (1.0 + self.skew) if self.busy > self.cores else share
 
     def comm_factor(self) -> float:
         """A transfer's rate over the calibrated one, at the present number of ranks moving data."""
