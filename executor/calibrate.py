@@ -15,7 +15,8 @@ small all-reduce over all ranks so the ranks enter it together:
   (a blocking collective, as most of a step's are);
 - time-slicing: GEMMs of SKEW_LEADS' sizes, each followed by a 4-byte
   all-reduce of every rank (a synchronisation);
-- overlap: a GEMM alone, then the same GEMM while a large all-reduce runs.
+- overlap: a large all-reduce alone, a GEMM alone, then the same GEMM
+  while the same all-reduce runs.
 
 Each op is repeated; its time is the median over repeats, steps and ranks.
 
@@ -38,10 +39,14 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   and group sizes; the fastest kind's bandwidth is the per-rank port B (a
   "loopback" node switch), the others kind_bw_fraction of it;
 - comm_compute_slowdown = 1 - (GEMM time alone) / (GEMM time under an all-reduce);
+- comm_stretch_under_compute = (the all-reduce's time while every rank
+  computes) / (its time alone), at least 1: on a host with more ranks than
+  cores gloo's threads then wait for cores (3.4 with 4 ranks on this
+  project's 2-core host, 1.2 with 2; docs/fit.md);
 - timeslice_skew: the least-squares slope of the synchronising all-reduce's
   time over the GEMM's before it (3-32 ms of compute on a 2-core host with
   4 ranks): how far the last rank lags the mean, per second of compute,
-  where the OS shares too few cores unevenly (0.22-0.27 there; under 0.01
+  where the OS shares too few cores unevenly (0.20-0.27 there; 0.01-0.04
   with one rank per core; docs/fit.md). On such a host each collective
   above has the lag of its lead GEMM taken out (`lead_skew_s`), since the
   simulator adds it to the compute before.
@@ -147,6 +152,11 @@ def calibration_schedule(nproc: int, repeats: int = REPEATS) -> tuple[Schedule, 
                 what[lead], what[op] = ("skew_lead", {"m": m, "n": n, "k": k}), ("skew_sync", {"m": m, "n": n, "k": k})
         m, n, k = OVERLAP_GEMM
         sync("sync.overlap")
+        alone = w.collective("overlap.all_reduce.alone", everyone, Collective("all_reduce", everyone, OVERLAP_BYTES,
+                                                                               DTYPE))
+        w.wait(alone)
+        w.compute("overlap.all_reduce.alone.done", Elementwise(TINY_BYTES))
+        what[alone] = ("overlap_comm_alone", {"nbytes": OVERLAP_BYTES, "group_size": nproc})
         for rep in range(repeats):
             op = w.compute(f"overlap.alone.r{rep}", Gemm(m, n, k, "NN", DTYPE))
             what[op] = ("overlap_alone", {"m": m, "n": n, "k": k})
@@ -213,6 +223,7 @@ class Fit:
     kind_bw_fraction: dict = field(default_factory=dict)  # collective kind -> bandwidth / port_bw
     timeslice_skew: float = 0.0  # the last rank's lag at a synchronisation per second of compute before it
     lead_skew_s: float = 0.0  # taken out of each collective sample: that lag behind LEAD_GEMM (oversubscribed)
+    comm_stretch_under_compute: float = 1.0  # a collective's time while every rank computes / alone
 
 
 TILES = (1, 8, 16, 32, 64, 128, 256)
@@ -336,8 +347,13 @@ def fit(samples: list[Sample], oversubscribed: bool = False) -> Fit:
     alone = [s.time_s for s in by.get("overlap_alone", [])]
     during = [s.time_s for s in by.get("overlap_during", [])]
     slowdown = float(np.clip(1 - np.mean(alone) / np.mean(during), 0.0, 0.9)) if alone and during else 0.0
+    comm_alone = [s.time_s for s in by.get("overlap_comm_alone", [])]
+    comm_during = [s.time_s for s in by.get("overlap_comm", [])]
+    stretch = 1.0
+    if comm_alone and comm_during:
+        stretch = float(np.clip(np.mean(comm_during) / np.mean(comm_alone), 1.0, 20.0))
     return Fit(float(o), float(bw), float(rate), tm, tn, float(kh), layouts, a_eff, slowdown, float(port_bw),
-               float(base), float(hop), errors, a_over, kind_latency, kind_fraction, skew, lead_skew)
+               float(base), float(hop), errors, a_over, kind_latency, kind_fraction, skew, lead_skew, stretch)
 
 
 def _fit_skew(leads: list[Sample], syncs: list[Sample]) -> tuple[float, float]:

@@ -152,6 +152,10 @@ def synthetic_samples(truth: dict, nproc: int = 4):
             out.append(cal.Sample("skew_sync", {"m": m, "n": n, "k": k}, sync, 0.01 * sync, 10))
     out.append(cal.Sample("overlap_alone", {}, 1.0, 0.0, 3))
     out.append(cal.Sample("overlap_during", {}, 1.25, 0.0, 3))
+    if "stretch" in truth:  # the large all-reduce alone, and while every rank computes
+        out.append(cal.Sample("overlap_comm_alone", {"nbytes": cal.OVERLAP_BYTES, "group_size": nproc}, 0.08, 0.0, 3))
+        out.append(cal.Sample("overlap_comm", {"nbytes": cal.OVERLAP_BYTES, "group_size": nproc}, 0.08 * truth["stretch"],
+                              0.0, 3))
     return out
 
 
@@ -181,6 +185,7 @@ def test_calibration_fit_recovers_known_parameters_and_the_simulator_agrees(tmp_
     assert f.kind_latency_s == pytest.approx(truth["kind_latency"], abs=1e-9)
     assert f.kind_bw_fraction == pytest.approx(truth["kind_fraction"], rel=1e-3)
     assert f.comm_compute_slowdown == pytest.approx(0.2)
+    assert (f.timeslice_skew, f.comm_stretch_under_compute) == (0.0, 1.0)  # neither measured: nothing changes
     path = tmp_path / "mine.toml"
     host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
     doc = write_machine(str(path), f, samples, host, "float32", date="2026-01-01")
@@ -192,19 +197,21 @@ def test_calibration_fit_recovers_known_parameters_and_the_simulator_agrees(tmp_
     assert json.loads((tmp_path / "mine.calibration.json").read_text())["date"] == "2026-01-01"
 
 
-def test_calibration_measures_the_time_slicing_lag_and_takes_it_out_of_the_collectives(tmp_path):
+def test_calibration_measures_an_oversubscribed_hosts_lag_and_stretch(tmp_path):
     """With more ranks than cores the last rank reaches a synchronisation late by a fraction of the compute
     before it; every collective microbenchmark has that lag behind its lead GEMM. Oversubscribed, the fit
     measures the fraction and takes the lag out of the collectives (the simulator adds it to the compute);
-    one rank per core, the lag stays in the collectives' latency and the simulator never applies it."""
+    one rank per core, the lag stays in the collectives' latency and the simulator never applies it. The
+    large all-reduce's time with every rank computing over its time alone is the stretch."""
     from executor import calibrate as cal
     from executor.machinefile import write_machine
 
-    truth = known_parameters(skew=0.25, sync_base=400e-6)
+    truth = known_parameters(skew=0.25, sync_base=400e-6, stretch=3.5)
     samples = synthetic_samples(truth)
     lead_s = next(s.time_s for s in samples if s.kind == "skew_lead" and s.params == dict(zip("mnk", cal.LEAD_GEMM)))
     f = cal.fit(samples, oversubscribed=True)
     assert (f.timeslice_skew, f.lead_skew_s) == pytest.approx((0.25, 0.25 * lead_s), rel=1e-6)
+    assert f.comm_stretch_under_compute == pytest.approx(3.5)
     assert (f.base_latency_s, f.hop_latency_s, f.port_bw_bytes_per_s) == pytest.approx((100e-6, 50e-6, 1e9), rel=1e-3)
     one_per_core = cal.fit(samples, oversubscribed=False)
     assert (one_per_core.timeslice_skew, one_per_core.lead_skew_s) == pytest.approx((0.25, 0.0))
@@ -213,7 +220,8 @@ def test_calibration_measures_the_time_slicing_lag_and_takes_it_out_of_the_colle
     host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
     doc = write_machine(str(path), f, samples, host, "float32", date="2026-01-01")
     assert max(abs(p["error"]) for p in doc["predictions"]) < 0.01  # the audit puts the lag back
-    assert load_machine(str(path)).node.timeslice_skew == pytest.approx(0.25)
+    node = load_machine(str(path)).node
+    assert (node.timeslice_skew, node.comm_stretch_under_compute) == pytest.approx((0.25, 3.5))
     assert cal.fit([s for s in samples if not s.kind.startswith("skew")]).timeslice_skew == 0.0  # not measured
 
 
@@ -234,8 +242,8 @@ def test_calibration_schedule_is_a_valid_schedule():
     s, what = calibration_schedule(4, repeats=1)
     validate_schedule(s)
     kinds = {k for k, _ in what.values()}
-    assert {"gemm", "elementwise", "attention", "collective", "overlap_alone", "overlap_during", "skew_lead",
-            "skew_sync"} <= kinds
+    assert {"gemm", "elementwise", "attention", "collective", "overlap_alone", "overlap_during", "overlap_comm",
+            "overlap_comm_alone", "skew_lead", "skew_sync"} <= kinds
     per_kind = [sum(k == kind for k, _ in what.values()) for kind in ("skew_lead", "skew_sync")]
     assert per_kind == [4, 4]  # a lead GEMM and its synchronisation per SKEW_LEADS size, once each (repeats=1)
     layouts = {p["layout"] for k, p in what.values() if k == "gemm"}

@@ -90,29 +90,32 @@ def test_fit_local_leaves_out_what_is_refused_and_goes_on_when_nothing_fits(monk
     assert fit is None and len(left_out) == 2
 
 
-def test_timeslice_lag_writes_the_calibration_as_if_nothing_lagged(tmp_path):
-    """benchmarks/timeslice_lag.py's other column: the same samples, the lag left inside the collectives'
-    latency and none on compute; and it refuses a folder fit_local.py has not filled, before reading anything."""
+def test_oversubscribed_host_writes_each_variant_of_the_calibration(tmp_path):
+    """benchmarks/oversubscribed_host.py's files: the same samples with the lag and the stretch each on or off
+    (the lag off stays inside the collectives' latency); and it refuses a folder fit_local.py has not filled."""
     import json
     from dataclasses import asdict
 
+    from oversubscribed_host import VARIANTS, main as oversubscribed_host, write_variant
     from test_executor_program import known_parameters, synthetic_samples
-    from timeslice_lag import main as timeslice_lag, without_lag
 
     from executor.calibrate import LEAD_GEMM, fit
     from topologies.machine import load_machine
 
-    samples = synthetic_samples(known_parameters(skew=0.25, sync_base=400e-6))
+    samples = synthetic_samples(known_parameters(skew=0.25, sync_base=400e-6, stretch=3.5))
     lead_s = next(s.time_s for s in samples if s.kind == "skew_lead" and s.params == dict(zip("mnk", LEAD_GEMM)))
     calibration = tmp_path / "local-4.calibration.json"
     calibration.write_text(json.dumps({"samples": [asdict(s) for s in samples], "fit": asdict(fit(samples, True)),
                                        "host": {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4,
                                                 "hostname": "h"}, "dtype": "float32", "date": "2026-01-01"}))
-    assert without_lag(str(calibration), str(tmp_path / "nolag.toml")) == pytest.approx(0.25)
-    machine = load_machine(str(tmp_path / "nolag.toml"))
-    assert machine.node.timeslice_skew == 0.0
-    assert machine.sources["collectives.base_latency_us.ring.simple"].value == pytest.approx(
-        1e6 * (100e-6 + 0.25 * lead_s), rel=1e-3)
+    for name, (lag, stretch) in VARIANTS.items():
+        measured = write_variant(str(calibration), str(tmp_path / "v.toml"), lag, stretch)
+        machine = load_machine(str(tmp_path / "v.toml"))
+        assert (measured["timeslice_skew"], measured["comm_stretch_under_compute"]) == pytest.approx((0.25, 3.5))
+        assert machine.node.timeslice_skew == pytest.approx(0.25 if lag else 0.0), name
+        assert machine.node.comm_stretch_under_compute == pytest.approx(3.5 if stretch else 1.0), name
+        base = machine.sources["collectives.base_latency_us.ring.simple"].value
+        assert base == pytest.approx(1e6 * (100e-6 + (0.0 if lag else 0.25 * lead_s)), rel=1e-3), name
     with pytest.raises(SystemExit) as exit_:
-        timeslice_lag(["--out", str(tmp_path / "empty")])
+        oversubscribed_host(["--out", str(tmp_path / "empty")])
     assert exit_.value.code == 2

@@ -92,6 +92,28 @@ def test_a_transfer_runs_at_its_ranks_share_of_the_cores(tmp_path, both_pairs, f
         assert t_shared == pytest.approx(simulate(sched, alone, full=full).step_time_s / factor, rel=1e-9)
 
 
+@pytest.mark.parametrize("nbytes, inside", [(1e8, True), (2e10, False)])
+def test_a_transfer_while_every_rank_computes_takes_the_stretch_longer(tmp_path, nbytes, inside):
+    """Ranks 0 and 1 all-reduce while all four compute a GEMM (more ranks computing than the 2 cores): the
+    transfer runs at a third of its pace (node.comm_stretch_under_compute 3), latency and bytes alike. A short
+    one ends inside the GEMM, three times later; a long one is re-rated when the GEMMs end and finishes the
+    rest at full pace."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    stretched = quad_machine(tmp_path / "a", slowdown=0.0, shared_cores=2, comm_stretch=3)
+    plain = quad_machine(tmp_path / "b", slowdown=0.0, shared_cores=2)
+    sched = schedule(4, {"x": ((0, 1), (2, 3))}, [((0, 1), [all_reduce(0, nbytes), _gemm(1)]),
+                                                  ((2, 3), [_gemm(0)])])
+    t_gemm = _gemm_alone_s()  # four computing on two cores: the calibrated rate
+    for full in (False, True):
+        alone = simulate(sched, plain, full=full).timelines[0].end_s[0]
+        ends = simulate(sched, stretched, full=full).timelines[0].end_s
+        assert ends[1] == pytest.approx(t_gemm, rel=1e-9)
+        assert (3 * alone < t_gemm) == inside
+        expected = 3 * alone if inside else t_gemm + (alone - t_gemm / 3)  # a third of the pace until the GEMMs end
+        assert ends[0] == pytest.approx(expected, rel=1e-9)
+
+
 def test_a_rank_in_two_transfers_at_once_counts_once(tmp_path):
     """Ranks 0 and 1 all-reduce on two streams at once while 2 and 3 idle: two ranks move data, not four, so
     both all-reduces run at twice the calibrated pace (as far as their shared link lets them)."""
@@ -125,9 +147,13 @@ def test_shared_cores_must_be_positive(tmp_path):
         quad_machine(tmp_path, shared_cores=-1)
 
 
-@pytest.mark.parametrize("cores, skew, says", [(2, -0.1, "must be >= 0"), (2, 11, "above the physical limit"),
-                                               (0, 0.2, "add node.shared_cores")])
-def test_timeslice_skew_is_checked(tmp_path, cores, skew, says):
+@pytest.mark.parametrize("cores, field, value, says", [
+    (2, "timeslice_skew", -0.1, "must be >= 0"), (2, "timeslice_skew", 11, "above the physical limit"),
+    (0, "timeslice_skew", 0.2, "add node.shared_cores"), (2, "comm_stretch_under_compute", 0.5, "must be >= 1"),
+    (2, "comm_stretch_under_compute", 101, "above the physical limit"),
+    (0, "comm_stretch_under_compute", 2, "add node.shared_cores")])
+def test_the_oversubscribed_hosts_numbers_are_checked(tmp_path, cores, field, value, says):
     from topologies.errors import InputError
-    with pytest.raises(InputError, match=f"timeslice_skew.*{says}"):
-        quad_machine(tmp_path, shared_cores=cores, timeslice_skew=skew)
+    with pytest.raises(InputError, match=f"{field}.*{says}"):
+        quad_machine(tmp_path, shared_cores=cores, **{"timeslice_skew" if field == "timeslice_skew" else
+                                                      "comm_stretch": value})

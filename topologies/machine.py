@@ -182,8 +182,12 @@ def _node(f: Fields) -> NodeSpec:
     switch = _switch(f.table("switch")) if f.has("switch") else None
     shared_cores = f.number("shared_cores", "positive") if f.has("shared_cores") else 0.0
     skew = f.number("timeslice_skew", "nonneg") if f.has("timeslice_skew") else 0.0
-    if skew and not shared_cores:
-        f.fail("timeslice_skew", "applies only to ranks that share cores; add node.shared_cores or remove it")
+    stretch = f.number("comm_stretch_under_compute") if f.has("comm_stretch_under_compute") else 1.0
+    if stretch < 1:
+        f.fail("comm_stretch_under_compute", f"must be >= 1 (a time over the time alone), got {stretch:g}")
+    for key, value, alone in (("timeslice_skew", skew, 0.0), ("comm_stretch_under_compute", stretch, 1.0)):
+        if value != alone and not shared_cores:
+            f.fail(key, "applies only to ranks that share cores; add node.shared_cores or remove it")
     ef = f.table("link_efficiency")
     eff = {k: ef.number(k, "fraction") for k in ef.keys()}
     kinds = {lk.kind for lk in links} | {"nic", "attach"} | ({switch.link_kind} if switch else set())
@@ -194,7 +198,7 @@ def _node(f: Fields) -> NodeSpec:
     if switch is None:
         _check_connected(f, n, links)
     f.finish()
-    return NodeSpec(n, tuple(links), tuple(nics), eff, switch, shared_cores, skew)
+    return NodeSpec(n, tuple(links), tuple(nics), eff, switch, shared_cores, skew, stretch)
 
 
 def _switch(f: Fields) -> NodeSwitch:

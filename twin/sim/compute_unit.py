@@ -33,19 +33,21 @@ class NodeCores:
     fair share: the lockstep ranks of one class all finish with the last. With busy <= cores every rank
     has a core and nothing lags.
 
-    Communication the same way, apart: a calibrated latency and link bandwidth are what each rank's
-    transfers got with every rank of the node in a collective at once, so while `communicating` ranks move
-    data (a rank in two transfers at once counts once) a transfer runs at comm_factor() times that pace
+    Communication the same way: a calibrated latency and link bandwidth are what each rank's transfers got
+    with every rank of the node in a collective at once and none computing, so while `communicating` ranks
+    move data (a rank in two transfers at once counts once) a transfer runs at comm_factor() times that pace
     (gloo's threads wake, copy and reduce on the cores): on 2 cores and 4 ranks, a pipeline stage's
-    all-reduce while the other stage waits takes half its calibrated time. A change re-rates the transfers
-    in flight (`on_comm_change`: twin.sim.network.FlowNetwork.repace). Apart, since the calibration measured
-    no slowdown of compute under an all-reduce of every rank (compute runs niced: comm_compute_slowdown 0 on
-    the local files), so neither count enters the other's rate."""
+    all-reduce while the other stage waits takes half its calibrated time. While more ranks compute than
+    there are cores, gloo's threads also wait for the cores the compute holds: a transfer then takes
+    `comm_stretch` (node.comm_stretch_under_compute, which twin calibrate measures on an all-reduce with and
+    without every rank computing) times as long. A change of either count re-rates the transfers in flight
+    (`on_comm_change`: twin.sim.network.FlowNetwork.repace). Compute under communication keeps the device's
+    own comm_compute_slowdown (ComputeUnit.rate)."""
 
-    def __init__(self, cores: float, ranks: int, skew: float = 0.0) -> None:
+    def __init__(self, cores: float, ranks: int, skew: float = 0.0, comm_stretch: float = 1.0) -> None:
         self.cores, self.busy, self.communicating = cores, 0, 0
         self.calibrated_share = min(1.0, cores / ranks)
-        self.skew = skew
+        self.skew, self.comm_stretch = skew, comm_stretch
         self.units: list[ComputeUnit] = []
         self.on_comm_change: Callable[[], None] | None = None
 
@@ -55,16 +57,19 @@ class NodeCores:
         return share / (1.0 + self.skew) if self.busy > self.cores else share
 
     def comm_factor(self) -> float:
-        """A transfer's rate over the calibrated one, at the present number of ranks moving data."""
-        return min(1.0, self.cores / max(self.communicating, 1)) / self.calibrated_share
+        """A transfer's rate over the calibrated one, at the present numbers of ranks moving data and computing."""
+        share = min(1.0, self.cores / max(self.communicating, 1)) / self.calibrated_share
+        return share / self.comm_stretch if self.busy > self.cores else share
 
     def change(self, delta: int, source: "ComputeUnit") -> None:
-        before = self.factor()
+        before, comm_before = self.factor(), self.comm_factor()
         self.busy += delta
         if self.factor() != before:
             for unit in self.units:
                 if unit is not source:
                     unit.rate_changed()
+        if self.comm_factor() != comm_before and self.on_comm_change is not None:
+            self.on_comm_change()
 
 
 class ComputeUnit:

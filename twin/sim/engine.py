@@ -203,8 +203,8 @@ class Simulator:
         if node.shared_cores <= 0:
             return [ComputeUnit(env, slowdown) for _ in sym.representatives]
         node_of = self.fabric.node_of
-        cores: dict[int, NodeCores] = defaultdict(
-            lambda: NodeCores(node.shared_cores, node.gpus_per_node, node.timeslice_skew))
+        cores: dict[int, NodeCores] = defaultdict(lambda: NodeCores(
+            node.shared_cores, node.gpus_per_node, node.timeslice_skew, node.comm_stretch_under_compute))
         ranks_on: list[dict[int, int]] = [defaultdict(int) for _ in sym.representatives]
         for rank, cls in sym.class_of.items():
             ranks_on[cls][node_of(self.gpu_of[rank])] += 1

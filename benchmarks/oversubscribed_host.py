@@ -1,0 +1,82 @@
+"""What the oversubscribed host's two numbers change on fit_local's held-out plans: the same measurements, each way.
+
+    .venv/bin/python benchmarks/oversubscribed_host.py [--out out/fit_local]
+
+After `benchmarks/fit_local.py` (whose OUT folder this reads; nothing is
+measured here). A 2-core host running 4 ranks has two effects its
+calibration measures (docs/fit.md, "The oversubscribed host"): the last
+rank lags at a synchronisation (`node.timeslice_skew`) and a collective
+runs longer while every rank computes (`node.comm_stretch_under_compute`).
+The 4-rank calibration's own samples are fitted again with each effect on
+or off (off: `executor.calibrate.fit(oversubscribed=False)` leaves the lag
+inside the collectives' latency, and the number is written as 0 or 1),
+fit_local's 1-2 rank fit is carried to each file, and `twin validate --runs
+OUT/held-out-runs.json` predicts the held-out plans on all of them: a
+comparison of models on identical measurements, so the host's
+launch-to-launch noise does not enter it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from executor.calibrate import Sample, fit  # noqa: E402
+from executor.machinefile import write_machine  # noqa: E402
+from fit_local import twin_json  # noqa: E402
+
+VARIANTS = {"neither": (False, False), "the lag": (True, False), "the stretch": (False, True), "both": (True, True)}
+
+
+def write_variant(calibration_json: str, output: str, lag: bool, stretch: bool) -> dict:
+    """Write the calibration's machine file with the lag and the stretch each modelled or not; return the
+    calibration's own fit (what it measured)."""
+    doc = json.loads(Path(calibration_json).read_text())
+    samples = [Sample(**s) for s in doc["samples"]]
+    f = fit(samples, oversubscribed=lag)
+    f = dataclasses.replace(f, timeslice_skew=f.timeslice_skew if lag else 0.0,
+                            comm_stretch_under_compute=f.comm_stretch_under_compute if stretch else 1.0)
+    write_machine(output, f, samples, doc["host"], doc["dtype"], doc["date"])
+    return doc["fit"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="out/fit_local", help="benchmarks/fit_local.py's folder (default out/fit_local)")
+    args = ap.parse_args(argv)
+    o = args.out
+    results = Path(o, "results.json")
+    if not results.exists():
+        ap.error(f"--out {o}: no results.json; run benchmarks/fit_local.py (--out {o}) first")
+    carried = json.loads(results.read_text())["fit"]
+    files: dict[str, list[str]] = {}
+    for name, (lag, stretch) in VARIANTS.items():
+        path = os.path.join(o, f"local-4-{name.replace(' ', '-')}.toml")
+        measured = write_variant(os.path.join(o, "local-4.calibration.json"), path, lag, stretch)
+        files[name] = [path]
+        if carried is not None:
+            twin_json("fit", "--machine", path, "--from", os.path.join(o, "local-2-fitted.toml"), "--params",
+                      ",".join(p["path"] for p in carried["parameters"]), "-o", path.replace(".toml", "-fitted.toml"),
+                      "--json")
+            files[name].append(path.replace(".toml", "-fitted.toml"))
+    every = [path for paths in files.values() for path in paths]
+    table = twin_json("validate", "--runs", os.path.join(o, "held-out-runs.json"),
+                      *[a for path in every for a in ("--machine", path)], "--json")
+    print(f"held-out 4-rank plans of {o}; the 4-rank calibration measured a lag of {measured['timeslice_skew']:.3f} "
+          f"and a stretch of {measured['comm_stretch_under_compute']:.2f}")
+    columns = ("microbenchmarks", "fitted on 1-2 ranks")[:len(files["both"])]
+    print(f"{'modelled':<14}" + "".join(f"{c:>22}" for c in columns))
+    for name, paths in files.items():
+        print(f"{name:<14}" + "".join(f"{table['summary'][p]['mean_abs_pct']:>21.1f}%" for p in paths))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
