@@ -1,6 +1,6 @@
 """Fit on one and two ranks of this host, predict four: the executor closes `twin fit`'s loop (issue 13).
 
-    .venv/bin/python benchmarks/fit_local.py [--steps 7] [--launches 1] [--out out/fit_local] [--json]
+    .venv/bin/python benchmarks/fit_local.py [--steps 7] [--launches 1] [--out out/fit_local] [--reuse] [--json]
 
 1. `twin calibrate` (microbenchmarks only) at 2 and at 4 ranks:
    OUT/local-2.toml, OUT/local-4.toml;
@@ -17,6 +17,10 @@
    one table, the mean absolute step-time error of each (target <= 5% on plans
    not used in the fit; how far single launches of one plan scatter on this
    host: benchmarks/launch_noise.py).
+
+With --reuse nothing is measured: steps 1, 2 and 4 take OUT's saved
+calibrations (refitted by this code: executor.calibrate_host.refit_saved)
+and runs, and only the fit and the predictions run again.
 
 Nothing measured at 4 ranks enters the fit. On a 2-core host, 4 ranks share
 the cores two by two, which no per-device number can express exactly (see
@@ -40,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compare_local import BUSY_CORES, DEEP, PLANS, SMALL, model_of  # noqa: E402
-from executor.calibrate_host import calibrate_host  # noqa: E402
+from executor.calibrate_host import calibrate_host, refit_saved  # noqa: E402
 from executor.launch import WorkerOptions, other_load, wait_for_quiet  # noqa: E402
 from topologies.machine import load_machine  # noqa: E402
 from twin.build import build_step  # noqa: E402
@@ -159,23 +163,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=1,
                     help="launches of each held-out plan, the median one compared (default 1; the host's launch-to-"
                          "launch noise: benchmarks/launch_noise.py)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="measure nothing: fit OUT's saved calibrations and runs again with this code and predict the "
+                         "same held-out runs (seconds; what a change of the model does to the same measurements)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.launches < 1:
         ap.error(f"--launches {args.launches}: at least 1")
-    os.makedirs(args.out, exist_ok=True)
     start = time.perf_counter()
     files = {n: os.path.join(args.out, f"local-{n}.toml") for n in (2, 4)}
-    for n, path in files.items():
-        print(f"calibrating {n} ranks -> {path}", file=sys.stderr)
-        if args.quiet_wait > 0:
-            wait_for_quiet(max_wait_s=args.quiet_wait)
-        calibrate_host(n, path, os.path.join(args.out, f"calibrate-{n}"), WorkerOptions(steps=3, warmup=1))
-
-    calibration = (measure(ONE_RANK, 1, files[2], args.out, args.steps, args.quiet_wait)
-                   + measure([(m, p, b) for m, p, b in PLANS[2]], 2, files[2], args.out, args.steps, args.quiet_wait))
     runs = os.path.join(args.out, "calibration-runs.json")
-    Path(runs).write_text(json.dumps(calibration, indent=1))
+    held_path = os.path.join(args.out, "held-out-runs.json")
+    if args.reuse:
+        saved = [p.replace(".toml", ".calibration.json") for p in files.values()] + [runs, held_path]
+        missing = next((p for p in saved if not os.path.exists(p)), None)
+        if missing:
+            ap.error(f"--reuse: {missing} is missing; run fit_local.py --out {args.out} without --reuse first")
+        for path in files.values():
+            refit_saved(path.replace(".toml", ".calibration.json"), path)
+    else:
+        os.makedirs(args.out, exist_ok=True)
+        for n, path in files.items():
+            print(f"calibrating {n} ranks -> {path}", file=sys.stderr)
+            if args.quiet_wait > 0:
+                wait_for_quiet(max_wait_s=args.quiet_wait)
+            calibrate_host(n, path, os.path.join(args.out, f"calibrate-{n}"), WorkerOptions(steps=3, warmup=1))
+        calibration = (measure(ONE_RANK, 1, files[2], args.out, args.steps, args.quiet_wait)
+                       + measure([(m, p, b) for m, p, b in PLANS[2]], 2, files[2], args.out, args.steps,
+                                 args.quiet_wait))
+        Path(runs).write_text(json.dumps(calibration, indent=1))
     fitted = {n: os.path.join(args.out, f"local-{n}-fitted.toml") for n in (2, 4)}
     fit, left_out = fit_refusing_less(files[2], runs, PARAMS, fitted[2])
     if fit is not None:
@@ -184,11 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         fitted[4] = files[4]  # nothing to carry: the second column is the microbenchmarks' again
 
-    held = median_launches([measure([(m, p, b) for m, p, b in PLANS[4]], 4, files[4],
-                                    os.path.join(args.out, f"launch-{k + 1}"), args.steps, args.quiet_wait)
-                            for k in range(args.launches)])
-    held_path = os.path.join(args.out, "held-out-runs.json")
-    Path(held_path).write_text(json.dumps(held, indent=1))
+    if not args.reuse:
+        held = median_launches([measure([(m, p, b) for m, p, b in PLANS[4]], 4, files[4],
+                                        os.path.join(args.out, f"launch-{k + 1}"), args.steps, args.quiet_wait)
+                                for k in range(args.launches)])
+        Path(held_path).write_text(json.dumps(held, indent=1))
     machines = ("--machine", files[4]) + (("--machine", fitted[4]) if fit is not None else ())
     table = twin_json("validate", "--runs", held_path, *machines, "--json")
     doc = {"fit": fit, "left_out": left_out, "held_out": table, "wall_s": time.perf_counter() - start}

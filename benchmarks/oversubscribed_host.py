@@ -19,7 +19,6 @@ launch-to-launch noise does not enter it.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -28,23 +27,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from executor.calibrate import Sample, fit  # noqa: E402
-from executor.machinefile import write_machine  # noqa: E402
+from executor.calibrate_host import refit_saved  # noqa: E402
 from fit_local import twin_json  # noqa: E402
 
 VARIANTS = {"neither": (False, False), "the lag": (True, False), "the stretch": (False, True), "both": (True, True)}
-
-
-def write_variant(calibration_json: str, output: str, lag: bool, stretch: bool) -> dict:
-    """Write the calibration's machine file with the lag and the stretch each modelled or not; return the
-    calibration's own fit (what it measured)."""
-    doc = json.loads(Path(calibration_json).read_text())
-    samples = [Sample(**s) for s in doc["samples"]]
-    f = fit(samples, oversubscribed=lag)
-    f = dataclasses.replace(f, timeslice_skew=f.timeslice_skew if lag else 0.0,
-                            comm_stretch_under_compute=f.comm_stretch_under_compute if stretch else 1.0)
-    write_machine(output, f, samples, doc["host"], doc["dtype"], doc["date"])
-    return doc["fit"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     files: dict[str, list[str]] = {}
     for name, (lag, stretch) in VARIANTS.items():
         path = os.path.join(o, f"local-4-{name.replace(' ', '-')}.toml")
-        measured = write_variant(os.path.join(o, "local-4.calibration.json"), path, lag, stretch)
+        fitted = refit_saved(os.path.join(o, "local-4.calibration.json"), path, lag, stretch)  # "both" last
         files[name] = [path]
         if carried is not None:
             twin_json("fit", "--machine", path, "--from", os.path.join(o, "local-2-fitted.toml"), "--params",
@@ -69,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     every = [path for paths in files.values() for path in paths]
     table = twin_json("validate", "--runs", os.path.join(o, "held-out-runs.json"),
                       *[a for path in every for a in ("--machine", path)], "--json")
-    print(f"held-out 4-rank plans of {o}; the 4-rank calibration measured a lag of {measured['timeslice_skew']:.3f} "
-          f"and a stretch of {measured['comm_stretch_under_compute']:.2f}")
+    print(f"held-out 4-rank plans of {o}; the 4-rank calibration measured a lag of {fitted.timeslice_skew:.3f} "
+          f"and a stretch of {fitted.comm_stretch_under_compute:.2f}")
     columns = ("microbenchmarks", "fitted on 1-2 ranks")[:len(files["both"])]
     print(f"{'modelled':<14}" + "".join(f"{c:>22}" for c in columns))
     for name, paths in files.items():

@@ -7,9 +7,11 @@ caller, and the import graph has no cycle (tests/test_import_graph.py).
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import replace
 
-from executor.calibrate import REPEATS, Fit, calibration_schedule, collect, fit
+from executor.calibrate import REPEATS, Fit, Sample, calibration_schedule, collect, fit
 
 
 def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = REPEATS,
@@ -32,3 +34,21 @@ def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = R
     fitted = fit(samples, oversubscribed=nproc > host["logical_cpus"])
     doc = write_machine(output, fitted, samples, host, measured.dtype)
     return fitted, doc, measured
+
+
+def refit_saved(calibration_json: str, output: str, lag: bool = True, stretch: bool = True) -> Fit:
+    """Fit a saved calibration's samples (NAME.calibration.json) again with this code and write the machine
+    file, nothing measured: what a change of the fit does to the same measurements. `lag` or `stretch` False
+    writes that number of an oversubscribed host as if not measured (the lag then stays in the collectives'
+    latency): benchmarks/oversubscribed_host.py compares the four."""
+    from executor.machinefile import write_machine
+
+    with open(calibration_json) as f:
+        doc = json.load(f)
+    samples = [Sample(**s) for s in doc["samples"]]
+    host = doc["host"]
+    fitted = fit(samples, oversubscribed=lag and host["nproc"] > host["logical_cpus"])
+    fitted = replace(fitted, timeslice_skew=fitted.timeslice_skew if lag else 0.0,
+                     comm_stretch_under_compute=fitted.comm_stretch_under_compute if stretch else 1.0)
+    write_machine(output, fitted, samples, host, doc["dtype"], doc["date"])
+    return fitted

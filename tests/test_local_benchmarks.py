@@ -91,15 +91,17 @@ def test_fit_local_leaves_out_what_is_refused_and_goes_on_when_nothing_fits(monk
 
 
 def test_oversubscribed_host_writes_each_variant_of_the_calibration(tmp_path):
-    """benchmarks/oversubscribed_host.py's files: the same samples with the lag and the stretch each on or off
-    (the lag off stays inside the collectives' latency); and it refuses a folder fit_local.py has not filled."""
+    """benchmarks/oversubscribed_host.py's files (executor.calibrate_host.refit_saved, which fit_local.py --reuse
+    uses too): the same samples with the lag and the stretch each on or off (the lag off stays inside the
+    collectives' latency); and it refuses a folder fit_local.py has not filled."""
     import json
     from dataclasses import asdict
 
-    from oversubscribed_host import VARIANTS, main as oversubscribed_host, write_variant
+    from oversubscribed_host import VARIANTS, main as oversubscribed_host
     from test_executor_program import known_parameters, synthetic_samples
 
     from executor.calibrate import LEAD_GEMM, fit
+    from executor.calibrate_host import refit_saved
     from topologies.machine import load_machine
 
     samples = synthetic_samples(known_parameters(skew=0.25, sync_base=400e-6, stretch=3.5))
@@ -109,9 +111,10 @@ def test_oversubscribed_host_writes_each_variant_of_the_calibration(tmp_path):
                                        "host": {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4,
                                                 "hostname": "h"}, "dtype": "float32", "date": "2026-01-01"}))
     for name, (lag, stretch) in VARIANTS.items():
-        measured = write_variant(str(calibration), str(tmp_path / "v.toml"), lag, stretch)
+        fitted = refit_saved(str(calibration), str(tmp_path / "v.toml"), lag, stretch)
         machine = load_machine(str(tmp_path / "v.toml"))
-        assert (measured["timeslice_skew"], measured["comm_stretch_under_compute"]) == pytest.approx((0.25, 3.5))
+        assert (fitted.timeslice_skew, fitted.comm_stretch_under_compute) == pytest.approx(
+            (0.25 if lag else 0.0, 3.5 if stretch else 1.0))
         assert machine.node.timeslice_skew == pytest.approx(0.25 if lag else 0.0), name
         assert machine.node.comm_stretch_under_compute == pytest.approx(3.5 if stretch else 1.0), name
         base = machine.sources["collectives.base_latency_us.ring.simple"].value
@@ -119,3 +122,10 @@ def test_oversubscribed_host_writes_each_variant_of_the_calibration(tmp_path):
     with pytest.raises(SystemExit) as exit_:
         oversubscribed_host(["--out", str(tmp_path / "empty")])
     assert exit_.value.code == 2
+
+
+def test_fit_local_reuse_refuses_a_folder_without_measurements(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        fit_local.main(["--reuse", "--out", str(tmp_path / "none")])
+    assert exit_.value.code == 2 and "--reuse" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()  # nothing written where nothing was measured

@@ -114,6 +114,21 @@ def test_a_transfer_while_every_rank_computes_takes_the_stretch_longer(tmp_path,
         assert ends[0] == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize("computing, stretched", [(1, False), (2, True)])
+def test_the_stretch_applies_once_computing_ranks_hold_every_core(tmp_path, computing, stretched):
+    """Ranks 0 and 1 all-reduce while `computing` of ranks 0-3 run a GEMM on the 2 cores: one leaves a core to
+    gloo's threads, two hold both (the condition the calibration measured with one rank per core)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    machines = [quad_machine(tmp_path / d, slowdown=0.0, shared_cores=2, comm_stretch=s)
+                for d, s in (("a", 3), ("b", 1))]
+    second = [_gemm(1)] if computing == 2 else []
+    sched = schedule(4, {"x": ((0, 1), (2, 3))}, [((0,), [all_reduce(0, 1e8), _gemm(1)]),
+                                                  ((1,), [all_reduce(0, 1e8)] + second), ((2, 3), [])])
+    with_stretch, without = (simulate(sched, m, full=True).timelines[0].end_s[0] for m in machines)
+    assert with_stretch == pytest.approx(3 * without if stretched else without, rel=1e-9)
+
+
 def test_a_rank_in_two_transfers_at_once_counts_once(tmp_path):
     """Ranks 0 and 1 all-reduce on two streams at once while 2 and 3 idle: two ranks move data, not four, so
     both all-reduces run at twice the calibrated pace (as far as their shared link lets them)."""

@@ -136,7 +136,7 @@ class NodeSpec:
     # them unevenly); twin calibrate measures it. Compute then runs 1 / (1 + skew) of the fair share, so that
     # a phase ends when its last rank does (twin.sim.compute_unit.NodeCores).
     timeslice_skew: float = 0.0
-    # With shared cores: how many times longer a transfer takes while more ranks compute than there are cores
+    # With shared cores: how many times longer a transfer takes while computing ranks hold every core
     # (gloo's threads wait for cores the compute holds); twin calibrate measures it on a 64 MB all-reduce.
     comm_stretch_under_compute: float = 1.0
 

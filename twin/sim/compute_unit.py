@@ -37,10 +37,11 @@ class NodeCores:
     with every rank of the node in a collective at once and none computing, so while `communicating` ranks
     move data (a rank in two transfers at once counts once) a transfer runs at comm_factor() times that pace
     (gloo's threads wake, copy and reduce on the cores): on 2 cores and 4 ranks, a pipeline stage's
-    all-reduce while the other stage waits takes half its calibrated time. While more ranks compute than
-    there are cores, gloo's threads also wait for the cores the compute holds: a transfer then takes
-    `comm_stretch` (node.comm_stretch_under_compute, which twin calibrate measures on an all-reduce with and
-    without every rank computing) times as long. A change of either count re-rates the transfers in flight
+    all-reduce while the other stage waits takes half its calibrated time. While computing ranks hold every
+    core, gloo's threads also wait for cores: a transfer then takes `comm_stretch` times as long
+    (node.comm_stretch_under_compute, which twin calibrate measures on an all-reduce with and without every
+    rank computing: the condition busy >= cores, as with one rank per core, where time-slicing, busy > cores,
+    does not lag). A change of either count re-rates the transfers in flight
     (`on_comm_change`: twin.sim.network.FlowNetwork.repace). Compute under communication keeps the device's
     own comm_compute_slowdown (ComputeUnit.rate)."""
 
@@ -59,7 +60,7 @@ class NodeCores:
     def comm_factor(self) -> float:
         """A transfer's rate over the calibrated one, at the present numbers of ranks moving data and computing."""
         share = min(1.0, self.cores / max(self.communicating, 1)) / self.calibrated_share
-        return share / self.comm_stretch if self.busy > self.cores else share
+        return share / self.comm_stretch if self.busy >= self.cores else share
 
     def change(self, delta: int, source: "ComputeUnit") -> None:
         before, comm_before = self.factor(), self.comm_factor()
