@@ -195,7 +195,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"  a collective while every rank computes: x{f.comm_stretch_under_compute:.2f} its time alone")
     print(f"  time-slicing: the last rank lags {100 * f.timeslice_skew:.1f}% of the compute before a synchronisation"
           + (f" (taken out of each collective: {f.lead_skew_s * 1e6:.0f} us)" if f.lead_skew_s else
-             " (unused: no more ranks than cores)"))
+             " (unused: no more ranks than cores)" if f.timeslice_skew else ""))
     print(f"  collectives: {f.port_bw_bytes_per_s / 1e9:.3f} GB/s per rank, latency {f.base_latency_s * 1e6:.0f} us + "
           f"{f.hop_latency_s * 1e6:.0f} us per ring step; per kind "
           + ", ".join(f"{k} +{f.kind_latency_s.get(k, 0) * 1e6:.0f} us x{v:.2f} bandwidth" for k, v in f.kind_bw_fraction.items()))

@@ -5,8 +5,8 @@ time as a single SimPy timeout, at a rate that changes while communication
 runs (the device's comm-compute slowdown) and, on a host whose ranks share
 its cores, with how many of them compute (NodeCores); a change re-arms the
 running op with its remaining work at the new rate. On such a host the
-transfers' pace follows how many ranks move data the same way (NodeCores,
-twin.sim.network's paced flows).
+transfers' pace follows how many ranks move data the same way, and whether
+computing ranks hold every core (NodeCores, twin.sim.network's paced flows).
 """
 
 from __future__ import annotations
