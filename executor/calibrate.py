@@ -41,12 +41,12 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
 - comm_compute_slowdown = 1 - (GEMM time alone) / (GEMM time under an all-reduce);
 - comm_stretch_under_compute = (the all-reduce's time while every rank
   computes) / (its time alone), at least 1: on a host with more ranks than
-  cores gloo's threads then wait for cores (3.4 with 4 ranks on this
-  project's 2-core host, 1.2 with 2; docs/fit.md);
+  cores gloo's threads then wait for cores (2.6-3.4 with 4 ranks on this
+  project's 2-core host, 1.1-1.2 with 2; docs/fit.md);
 - timeslice_skew: the least-squares slope of the synchronising all-reduce's
   time over the GEMM's before it (3-32 ms of compute on a 2-core host with
   4 ranks): how far the last rank lags the mean, per second of compute,
-  where the OS shares too few cores unevenly (0.20-0.27 there; 0.01-0.04
+  where the OS shares too few cores unevenly (0.14-0.27 there; 0.01-0.05
   with one rank per core; docs/fit.md). On such a host each collective
   above has the lag of its lead GEMM taken out (`lead_skew_s`), since the
   simulator adds it to the compute before.
