@@ -18,7 +18,7 @@ small all-reduce over all ranks so the ranks enter it together:
 - overlap: a large all-reduce alone, a GEMM alone, then the same GEMM
   while the same all-reduce runs.
 
-Each op is repeated; its time is the median over repeats, steps and ranks.
+Each op is repeated; its time is the mean over repeats, steps and ranks (collect).
 
 The fit (`fit`) targets exactly the formulas of twin.sim.compute and
 twin.sim.collectives for a one-node machine whose "devices" are the ranks:

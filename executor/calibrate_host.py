@@ -31,7 +31,7 @@ def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = R
     measured = load_measured(out_dir, schedule)
     samples = collect(list(measured.steps), what)
     host = {**host_description(nproc), "compute_nice": getattr(opts, "compute_nice", 0)}
-    fitted = fit(samples, oversubscribed=nproc > host["logical_cpus"])
+    fitted = fit(samples, oversubscribed=_oversubscribed(host))
     doc = write_machine(output, fitted, samples, host, measured.dtype)
     return fitted, doc, measured
 
@@ -47,8 +47,13 @@ def refit_saved(calibration_json: str, output: str, lag: bool = True, stretch: b
         doc = json.load(f)
     samples = [Sample(**s) for s in doc["samples"]]
     host = doc["host"]
-    fitted = fit(samples, oversubscribed=lag and host["nproc"] > host["logical_cpus"])
+    fitted = fit(samples, oversubscribed=lag and _oversubscribed(host))
     fitted = replace(fitted, timeslice_skew=fitted.timeslice_skew if lag else 0.0,
                      comm_stretch_under_compute=fitted.comm_stretch_under_compute if stretch else 1.0)
     write_machine(output, fitted, samples, host, doc["dtype"], doc["date"])
     return fitted
+
+
+def _oversubscribed(host: dict) -> bool:
+    """More ranks than the host's logical CPUs: where the simulator applies the time-slicing lag."""
+    return host["nproc"] > host["logical_cpus"]

@@ -162,13 +162,14 @@ def test_shared_cores_must_be_positive(tmp_path):
         quad_machine(tmp_path, shared_cores=-1)
 
 
-@pytest.mark.parametrize("cores, field, value, says", [
+_FIELD_OF = {"timeslice_skew": "timeslice_skew", "comm_stretch": "comm_stretch_under_compute"}  # helper arg -> key
+
+
+@pytest.mark.parametrize("cores, argument, value, says", [
     (2, "timeslice_skew", -0.1, "must be >= 0"), (2, "timeslice_skew", 11, "above the physical limit"),
-    (0, "timeslice_skew", 0.2, "add node.shared_cores"), (2, "comm_stretch_under_compute", 0.5, "must be >= 1"),
-    (2, "comm_stretch_under_compute", 101, "above the physical limit"),
-    (0, "comm_stretch_under_compute", 2, "add node.shared_cores")])
-def test_the_oversubscribed_hosts_numbers_are_checked(tmp_path, cores, field, value, says):
+    (0, "timeslice_skew", 0.2, "add node.shared_cores"), (2, "comm_stretch", 0.5, "must be >= 1"),
+    (2, "comm_stretch", 101, "above the physical limit"), (0, "comm_stretch", 2, "add node.shared_cores")])
+def test_the_oversubscribed_hosts_numbers_are_checked(tmp_path, cores, argument, value, says):
     from topologies.errors import InputError
-    with pytest.raises(InputError, match=f"{field}.*{says}"):
-        quad_machine(tmp_path, shared_cores=cores, **{"timeslice_skew" if field == "timeslice_skew" else
-                                                      "comm_stretch": value})
+    with pytest.raises(InputError, match=f"{_FIELD_OF[argument]}.*{says}"):
+        quad_machine(tmp_path, shared_cores=cores, **{argument: value})

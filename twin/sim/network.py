@@ -99,7 +99,7 @@ class FlowNetwork:
 
     def repace(self) -> None:
         """Re-rate every paced flow whose pacer now says otherwise (twin.sim.compute_unit.NodeCores calls it when
-        the number of ranks moving data changes)."""
+        the number of ranks moving data changes, or computing ranks start or stop holding every core)."""
         now = self.env.now
         for flow in self.paced:
             pace = flow.pacer()
