@@ -1,8 +1,10 @@
 """Fit on one and two ranks of this host, predict four: the executor closes `twin fit`'s loop (issue 13).
 
-    .venv/bin/python benchmarks/fit_local.py [--steps 7] [--launches 1] [--out out/fit_local] [--reuse] [--json]
+    .venv/bin/python benchmarks/fit_local.py [--steps 7] [--launches 1] [--calibration-launches 3]
+                                             [--out out/fit_local] [--reuse] [--json]
 
-1. `twin calibrate` (microbenchmarks only) at 2 and at 4 ranks:
+1. `twin calibrate` (microbenchmarks only) at 2 and at 4 ranks, each the
+   median of --calibration-launches launches (`twin calibrate --launches`):
    OUT/local-2.toml, OUT/local-4.toml;
 2. calibration runs: ONE_RANK's plans at 1 rank and compare_local's 2-rank
    plans, each exported for local-2.toml and executed (`twin run --json`),
@@ -126,6 +128,20 @@ def measure(plans: list[tuple[str, str, int]], ranks: int, machine_path: str, ou
     return summaries
 
 
+def fit_and_carry(files: dict[int, str], runs: str) -> tuple[dict | None, list[str], dict[int, str]]:
+    """`twin fit` on the calibration runs with the 2-rank file (fit_refusing_less), then what it fitted carried
+    to the 4-rank file: (fit, left out, {2: fitted 2-rank file, 4: fitted 4-rank file}); where nothing could be
+    fitted the 4-rank "fitted" file is the microbenchmarks' own."""
+    fitted = {n: path.replace(".toml", "-fitted.toml") for n, path in files.items()}
+    fit, left_out = fit_refusing_less(files[2], runs, PARAMS, fitted[2])
+    if fit is not None:
+        carried = ",".join(p["path"] for p in fit["parameters"])
+        twin_json("fit", "--machine", files[4], "--from", fitted[2], "--params", carried, "-o", fitted[4], "--json")
+    else:
+        fitted[4] = files[4]  # nothing to carry: the second column is the microbenchmarks' again
+    return fit, left_out, fitted
+
+
 def print_fit(fit: dict | None, left_out: list[str]) -> None:
     """What the fit on 1-2 ranks learned, or that it learned nothing (every parameter on a bound)."""
     if fit is None:
@@ -163,13 +179,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=1,
                     help="launches of each held-out plan, the median one compared (default 1; the host's launch-to-"
                          "launch noise: benchmarks/launch_noise.py)")
+    ap.add_argument("--calibration-launches", type=int, default=3,
+                    help="launches of each calibration, the median of their microbenchmarks fitted (default 3; "
+                         "benchmarks/calibration_launches.py sets one beside the median on the same measurements)")
     ap.add_argument("--reuse", action="store_true",
                     help="measure nothing: fit OUT's saved calibrations and runs again with this code and predict the "
                          "same held-out runs (seconds; what a change of the model does to the same measurements)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if args.launches < 1:
-        ap.error(f"--launches {args.launches}: at least 1")
+    for flag, value in (("--launches", args.launches), ("--calibration-launches", args.calibration_launches)):
+        if value < 1:
+            ap.error(f"{flag} {value}: at least 1")
     start = time.perf_counter()
     files = {n: os.path.join(args.out, f"local-{n}.toml") for n in (2, 4)}
     runs = os.path.join(args.out, "calibration-runs.json")
@@ -187,18 +207,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"calibrating {n} ranks -> {path}", file=sys.stderr)
             if args.quiet_wait > 0:
                 wait_for_quiet(max_wait_s=args.quiet_wait)
-            calibrate_host(n, path, os.path.join(args.out, f"calibrate-{n}"), WorkerOptions(steps=3, warmup=1))
+            calibrate_host(n, path, os.path.join(args.out, f"calibrate-{n}"), WorkerOptions(steps=3, warmup=1),
+                           launches=args.calibration_launches)
         calibration = (measure(ONE_RANK, 1, files[2], args.out, args.steps, args.quiet_wait)
                        + measure([(m, p, b) for m, p, b in PLANS[2]], 2, files[2], args.out, args.steps,
                                  args.quiet_wait))
         Path(runs).write_text(json.dumps(calibration, indent=1))
-    fitted = {n: os.path.join(args.out, f"local-{n}-fitted.toml") for n in (2, 4)}
-    fit, left_out = fit_refusing_less(files[2], runs, PARAMS, fitted[2])
-    if fit is not None:
-        carried = ",".join(p["path"] for p in fit["parameters"])
-        twin_json("fit", "--machine", files[4], "--from", fitted[2], "--params", carried, "-o", fitted[4], "--json")
-    else:
-        fitted[4] = files[4]  # nothing to carry: the second column is the microbenchmarks' again
+    fit, left_out, fitted = fit_and_carry(files, runs)
 
     if not args.reuse:
         held = median_launches([measure([(m, p, b) for m, p, b in PLANS[4]], 4, files[4],

@@ -200,6 +200,33 @@ def collect(steps: list[list[tuple[np.ndarray, np.ndarray]]], what: dict[int, tu
     return out
 
 
+MEDIAN_SE_FACTOR = 1.2533  # sqrt(pi / 2): the median's standard error over the mean's, for normal scatter
+
+
+def combine_launches(launches: list[list[Sample]]) -> list[Sample]:
+    """One sample per microbenchmark from several launches of the calibration: the median of the launches'
+    means, so that one launch taken while the host was in an odd state (on this project's 2-core host one
+    4-rank calibration measured GEMMs 30% slower than the next two, minutes apart; docs/fit.md) does not
+    decide the file. Its standard error is the launches' scatter (MEDIAN_SE_FACTOR x their standard deviation
+    / sqrt(launches)), never below the mean within-launch error / sqrt(launches). A microbenchmark missing
+    from some launch (an older schedule) keeps the launches that have it. One launch comes back unchanged."""
+    if len(launches) == 1:
+        return list(launches[0])
+    by_key: dict[str, list[Sample]] = {}
+    for samples in launches:
+        for s in samples:
+            by_key.setdefault(json.dumps([s.kind, s.params], sort_keys=True), []).append(s)
+    out = []
+    for group in by_key.values():
+        times = np.array([s.time_s for s in group])
+        n = len(group)
+        within = float(np.sqrt(np.mean([s.sem_s ** 2 for s in group])) / np.sqrt(n))
+        between = MEDIAN_SE_FACTOR * float(np.std(times, ddof=1)) / np.sqrt(n) if n > 1 else 0.0
+        out.append(Sample(group[0].kind, group[0].params, float(np.median(times)), max(between, within),
+                          sum(s.count for s in group)))
+    return out
+
+
 # ---- fitting ------------------------------------------------------------------------
 
 

@@ -11,13 +11,15 @@ import json
 import os
 from dataclasses import replace
 
-from executor.calibrate import REPEATS, Fit, Sample, calibration_schedule, collect, fit
+from executor.calibrate import REPEATS, Fit, Sample, calibration_schedule, collect, combine_launches, fit
 
 
 def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = REPEATS,
-                   wall_limit_s: float = 900.0) -> tuple[Fit, dict, object]:
-    """Run the microbenchmarks on `nproc` local ranks (`opts`: executor.launch.WorkerOptions), fit, write
-    `output` and its calibration JSON. Returns (fit, the JSON document, the executor.measured.Measured run)."""
+                   wall_limit_s: float = 900.0, launches: int = 1) -> tuple[Fit, dict, object]:
+    """Run the microbenchmarks on `nproc` local ranks (`opts`: executor.launch.WorkerOptions) `launches` times,
+    fit the median of the launches (calibrate.combine_launches), write `output` and its calibration JSON (with
+    each launch's samples where there are several). Returns (fit, the JSON document, the last launch's
+    executor.measured.Measured run)."""
     from executor.launch import run_local
     from executor.machinefile import host_description, write_machine
     from executor.measured import load_measured
@@ -27,31 +29,50 @@ def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = R
     schedule, what = calibration_schedule(nproc, repeats)
     path = os.path.join(out_dir, "calibration-schedule.json")
     save_schedule(schedule, path)
-    run_local(schedule, path, nproc, out_dir, opts, wall_limit_s)
-    measured = load_measured(out_dir, schedule)
-    samples = collect(list(measured.steps), what)
+    per_launch = []
+    for launch_dir in launch_dirs(out_dir, launches):
+        run_local(schedule, path, nproc, launch_dir, opts, wall_limit_s)
+        measured = load_measured(launch_dir, schedule)
+        per_launch.append(collect(list(measured.steps), what))
+    samples = combine_launches(per_launch)
     host = {**host_description(nproc), "compute_nice": getattr(opts, "compute_nice", 0)}
     fitted = fit(samples, oversubscribed=_oversubscribed(host))
-    doc = write_machine(output, fitted, samples, host, measured.dtype)
+    doc = write_machine(output, fitted, samples, host, measured.dtype,
+                        launch_samples=per_launch if launches > 1 else None)
     return fitted, doc, measured
 
 
-def refit_saved(calibration_json: str, output: str, lag: bool = True, stretch: bool = True) -> Fit:
+def refit_saved(calibration_json: str, output: str, lag: bool = True, stretch: bool = True,
+                launches: list[int] | None = None) -> Fit:
     """Fit a saved calibration's samples (NAME.calibration.json) again with this code and write the machine
     file, nothing measured: what a change of the fit does to the same measurements. `lag` or `stretch` False
     writes that number of an oversubscribed host as if not measured (the lag then stays in the collectives'
-    latency): benchmarks/oversubscribed_host.py compares the four."""
+    latency): benchmarks/oversubscribed_host.py compares the four. Where the file kept each launch's samples,
+    they are combined again (those whose 0-based indices `launches` lists; None: all), so one launch can be set
+    beside the median of several on the same measurements (benchmarks/calibration_launches.py)."""
     from executor.machinefile import write_machine
 
     with open(calibration_json) as f:
         doc = json.load(f)
-    samples = [Sample(**s) for s in doc["samples"]]
+    kept = doc.get("launch_samples")
+    if kept:
+        chosen = range(len(kept)) if launches is None else launches
+        per_launch = [[Sample(**s) for s in kept[i]] for i in chosen]
+        samples = combine_launches(per_launch)
+    else:
+        per_launch, samples = None, [Sample(**s) for s in doc["samples"]]
     host = doc["host"]
     fitted = fit(samples, oversubscribed=lag and _oversubscribed(host))
     fitted = replace(fitted, timeslice_skew=fitted.timeslice_skew if lag else 0.0,
                      comm_stretch_under_compute=fitted.comm_stretch_under_compute if stretch else 1.0)
-    write_machine(output, fitted, samples, host, doc["dtype"], doc["date"])
+    write_machine(output, fitted, samples, host, doc["dtype"], doc["date"],
+                  launch_samples=per_launch if per_launch and len(per_launch) > 1 else None)
     return fitted
+
+
+def launch_dirs(out_dir: str, launches: int) -> list[str]:
+    """Where each launch of calibrate_host writes its ranks' files: OUT itself for one, OUT/launch-K for several."""
+    return [out_dir] if launches == 1 else [os.path.join(out_dir, f"launch-{k + 1}") for k in range(launches)]
 
 
 def _oversubscribed(host: dict) -> bool:

@@ -168,7 +168,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import time
 
     from executor.calibrate import calibration_schedule
-    from executor.calibrate_host import calibrate_host
+    from executor.calibrate_host import calibrate_host, launch_dirs
     if args.output is None:  # the default goes to out/, never into the repository
         os.makedirs(DEFAULT_DIR, exist_ok=True)
         args.output = os.path.join(DEFAULT_DIR, "local.toml")
@@ -177,11 +177,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_outputs({"--output": args.output, "its measurements": beside}, formats={"--output": ("toml",)})
     out = args.out or os.path.join(DEFAULT_DIR, "calibrate")
     n_ops = len(calibration_schedule(args.nproc, args.repeats)[0].programs[0].ops)
-    print(f"calibrating {args.nproc} ranks on this host: {n_ops} microbenchmark ops x {args.steps} step(s)...",
-          file=sys.stderr)
+    print(f"calibrating {args.nproc} ranks on this host: {n_ops} microbenchmark ops x {args.steps} step(s)"
+          + (f" x {args.launches} launches, the median fitted" if args.launches > 1 else "") + "...", file=sys.stderr)
     start = time.perf_counter()
     fitted, doc, measured = calibrate_host(args.nproc, args.output, out, _worker_options(args), args.repeats,
-                                           args.wall_timeout)
+                                           args.wall_timeout, args.launches)
     wall = time.perf_counter() - start
     if args.json:
         print(json.dumps({"machine_file": args.output, "fit": doc["fit"], "simulator_vs_measured": doc["simulator_vs_measured"]}, indent=2))
@@ -202,8 +202,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print("  the simulator on this file vs the microbenchmarks (median |error|):")
     for kind, row in doc["simulator_vs_measured"].items():
         print(f"    {kind:<16}{100 * row['median_abs_error']:6.1f}%  ({row['samples']} points)")
-    if _load_note(out):
-        print(_load_note(out))
+    for k, launch_dir in enumerate(launch_dirs(out, args.launches)):
+        if _load_note(launch_dir):
+            print(_load_note(launch_dir) + (f" (launch {k + 1})" if args.launches > 1 else ""))
     return 0
 
 
@@ -289,6 +290,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", help=f"machine file to write (default {DEFAULT_DIR}/local.toml)")
     p.add_argument("--repeats", type=count_flag(limits.Range(1, 1000, "repeats")), default=4,
                    help="repeats of each microbenchmark per step (default 4)")
+    p.add_argument("--launches", type=count_flag(limits.Range(1, 100, "launches")), default=1,
+                   help="launch the microbenchmarks this many times and fit the median of the launches' times, so one "
+                   "launch in an odd moment of a shared host does not decide the file (default 1)")
     p.add_argument("--json", action="store_true", help="print the fit as JSON")
     _add_exec_options(p, steps=3, warmup=1)
     p.set_defaults(func=cmd_calibrate)

@@ -192,8 +192,10 @@ def check_with_simulator(machine_path: str, samples: list[Sample], lead_skew_s: 
     return rows
 
 
-def write_machine(path: str, f: Fit, samples: list[Sample], host: dict, dtype: str, date: str | None = None) -> dict:
-    """Write the machine file and NAME.calibration.json beside it; return the JSON document."""
+def write_machine(path: str, f: Fit, samples: list[Sample], host: dict, dtype: str, date: str | None = None,
+                  launch_samples: list[list[Sample]] | None = None) -> dict:
+    """Write the machine file and NAME.calibration.json beside it; return the JSON document. `launch_samples`:
+    each launch's samples where `samples` combine several (kept so that they can be combined again)."""
     date = date or datetime.date.today().isoformat()
     name = os.path.basename(path).removesuffix(".toml")
     text = machine_toml(f, host, date, dtype, name)
@@ -208,6 +210,8 @@ def write_machine(path: str, f: Fit, samples: list[Sample], host: dict, dtype: s
         summary[kind] = {"samples": len(errs), "median_abs_error": float(np.median(errs)), "max_abs_error": float(max(errs))}
     doc = {"host": host, "date": date, "dtype": dtype, "fit": asdict(f), "simulator_vs_measured": summary,
            "samples": [asdict(s) for s in samples], "predictions": checks}
+    if launch_samples:
+        doc["launch_samples"] = [[asdict(s) for s in launch] for launch in launch_samples]
     with open(os.path.join(os.path.dirname(os.path.abspath(path)), f"{name}.calibration.json"), "w") as out:
         json.dump(doc, out, indent=1)
     return doc

@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import fields
+from dataclasses import fields, replace
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers import REPO, op_by_name
@@ -223,6 +225,53 @@ def test_calibration_measures_an_oversubscribed_hosts_lag_and_stretch(tmp_path):
     node = load_machine(str(path)).node
     assert (node.timeslice_skew, node.comm_stretch_under_compute) == pytest.approx((0.25, 3.5))
     assert cal.fit([s for s in samples if not s.kind.startswith("skew")]).timeslice_skew == 0.0  # not measured
+
+
+def test_several_calibration_launches_are_fitted_by_their_median(tmp_path):
+    """`twin calibrate --launches 3`: each microbenchmark's time is the median of the launches' means, so one
+    launch with every time 30% long (the host in an odd moment) changes nothing, and the median's error is the
+    launches' scatter; a microbenchmark one launch lacks keeps the others'; one launch is left as it is."""
+    from executor import calibrate as cal
+
+    truth = known_parameters()
+    base = synthetic_samples(truth)
+    slow = [replace(s, time_s=1.3 * s.time_s) for s in base]
+    fast = [replace(s, time_s=0.98 * s.time_s) for s in base]
+    combined = cal.combine_launches([base, slow, fast[:-1]])  # the last launch lacks the last microbenchmark
+    assert [s.time_s for s in combined[:-1]] == pytest.approx([s.time_s for s in base[:-1]])
+    assert combined[-1].time_s == pytest.approx((base[-1].time_s + slow[-1].time_s) / 2)
+    spread = np.std([1.0, 1.3, 0.98], ddof=1) / np.sqrt(3) * cal.MEDIAN_SE_FACTOR
+    assert combined[0].sem_s == pytest.approx(spread * base[0].time_s)
+    assert combined[0].count == 3 * base[0].count
+    assert cal.fit(combined).gemm_flop_per_s == pytest.approx(truth["rate"], rel=1e-3)
+    assert cal.combine_launches([slow]) == slow
+    agreeing = cal.combine_launches([base, base])  # no scatter between them: the within-launch error remains
+    assert agreeing[0].sem_s == pytest.approx(base[0].sem_s / np.sqrt(2))
+
+
+def test_a_saved_calibration_is_refitted_from_the_launches_asked_for(tmp_path):
+    """executor.calibrate_host.refit_saved on a file that kept each launch: any launch alone, or the median of
+    all, from the same saved measurements (benchmarks/calibration_launches.py's comparison)."""
+    from executor import calibrate as cal
+    from executor.calibrate_host import refit_saved
+    from executor.machinefile import write_machine
+
+    truth = known_parameters()
+    launches = [synthetic_samples(truth), [replace(s, time_s=2 * s.time_s) for s in synthetic_samples(truth)],
+                synthetic_samples(truth)]
+    host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
+    combined = cal.combine_launches(launches)
+    write_machine(str(tmp_path / "saved.toml"), cal.fit(combined), combined, host, "float32", "2026-01-01", launches)
+    saved = str(tmp_path / "saved.calibration.json")
+    assert len(json.loads(Path(saved).read_text())["launch_samples"]) == 3
+    rate = {name: refit_saved(saved, str(tmp_path / f"{name}.toml"), launches=which).gemm_flop_per_s
+            for name, which in (("first", [0]), ("second", [1]), ("all", None))}
+    assert rate["first"] == pytest.approx(truth["rate"], rel=1e-3)
+    assert rate["second"] == pytest.approx(truth["rate"] / 2, rel=1e-3)  # every time doubled: half the rate
+    assert rate["all"] == pytest.approx(truth["rate"], rel=1e-3)  # the median outvotes it
+    kept = json.loads((tmp_path / "all.calibration.json").read_text())
+    assert len(kept["launch_samples"]) == 3 and "launch_samples" not in json.loads(
+        (tmp_path / "first.calibration.json").read_text())
 
 
 def test_the_committed_local_machine_is_calibrated_and_exports_a_step():

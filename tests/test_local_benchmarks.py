@@ -129,3 +129,31 @@ def test_fit_local_reuse_refuses_a_folder_without_measurements(tmp_path, capsys)
         fit_local.main(["--reuse", "--out", str(tmp_path / "none")])
     assert exit_.value.code == 2 and "--reuse" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()  # nothing written where nothing was measured
+
+
+def test_calibration_launches_refuses_a_folder_whose_calibrations_kept_one_launch(tmp_path, capsys):
+    """benchmarks/calibration_launches.py compares launches fit_local.py kept: a folder of single launches (or
+    none) is refused with the command that fills it, exit 2, nothing written."""
+    import json
+
+    from calibration_launches import main as calibration_launches
+
+    with pytest.raises(SystemExit) as exit_:
+        calibration_launches(["--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "fit_local.py" in capsys.readouterr().err
+    for name in ("local-2.calibration.json", "local-4.calibration.json"):
+        (tmp_path / name).write_text(json.dumps({"samples": []}))
+    for name in ("calibration-runs.json", "held-out-runs.json"):
+        (tmp_path / name).write_text("[]")
+    with pytest.raises(SystemExit) as exit_:
+        calibration_launches(["--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "--calibration-launches 3" in capsys.readouterr().err
+    assert not (tmp_path / "launches").exists()
+
+
+@pytest.mark.parametrize("flag", ["--launches", "--calibration-launches"])
+def test_fit_local_refuses_fewer_than_one_launch(flag, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        fit_local.main([flag, "0", "--out", str(tmp_path / "none")])
+    assert exit_.value.code == 2 and flag in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
