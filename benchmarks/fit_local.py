@@ -208,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.quiet_wait > 0:
                 wait_for_quiet(max_wait_s=args.quiet_wait)
             calibrate_host(n, path, os.path.join(args.out, f"calibrate-{n}"), WorkerOptions(steps=3, warmup=1),
-                           launches=args.calibration_launches)
+                           launches=args.calibration_launches,
+                           on_launch=lambda k, s: print(f"  launch {k} of {args.calibration_launches} ({s:.0f} s)",
+                                                        file=sys.stderr))
         calibration = (measure(ONE_RANK, 1, files[2], args.out, args.steps, args.quiet_wait)
                        + measure([(m, p, b) for m, p, b in PLANS[2]], 2, files[2], args.out, args.steps,
                                  args.quiet_wait))

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from executor.calibrate import REPEATS, Fit, Sample, calibration_schedule, collect, combine_launches, fit
 
 
 def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = REPEATS,
-                   wall_limit_s: float = 900.0, launches: int = 1) -> tuple[Fit, dict, object]:
+                   wall_limit_s: float = 900.0, launches: int = 1,
+                   on_launch: Callable[[int, float], None] | None = None) -> tuple[Fit, dict, object]:
     """Run the microbenchmarks on `nproc` local ranks (`opts`: executor.launch.WorkerOptions) `launches` times,
     fit the median of the launches (calibrate.combine_launches), write `output` and its calibration JSON (with
-    each launch's samples where there are several). Returns (fit, the JSON document, the last launch's
-    executor.measured.Measured run)."""
+    each launch's samples where there are several). `on_launch(k, seconds)` is told when launch k (from 1)
+    has been measured. Returns (fit, the JSON document, the last launch's executor.measured.Measured run)."""
     from executor.launch import run_local
     from executor.machinefile import host_description, write_machine
     from executor.measured import load_measured
@@ -30,10 +33,13 @@ def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = R
     path = os.path.join(out_dir, "calibration-schedule.json")
     save_schedule(schedule, path)
     per_launch = []
-    for launch_dir in launch_dirs(out_dir, launches):
+    for k, launch_dir in enumerate(launch_dirs(out_dir, launches), start=1):
+        start = time.perf_counter()
         run_local(schedule, path, nproc, launch_dir, opts, wall_limit_s)
         measured = load_measured(launch_dir, schedule)
         per_launch.append(collect(list(measured.steps), what))
+        if on_launch is not None:
+            on_launch(k, time.perf_counter() - start)
     samples = combine_launches(per_launch)
     host = {**host_description(nproc), "compute_nice": getattr(opts, "compute_nice", 0)}
     fitted = fit(samples, oversubscribed=_oversubscribed(host))

@@ -231,13 +231,16 @@ def test_calibrate_writes_a_machine_the_simulator_loads(tmp_path):
     from executor.calibrate_host import calibrate_host
 
     path = tmp_path / "here.toml"
+    launched = []
     fitted, doc, _ = calibrate_host(2, str(path), str(tmp_path / "cal"), WorkerOptions(steps=1, warmup=0), repeats=1,
-                                    wall_limit_s=LIMIT_S)
+                                    wall_limit_s=LIMIT_S, launches=2, on_launch=lambda k, s: launched.append(k))
     machine = load_machine(str(path))
     assert machine.node.gpus_per_node == 2
     assert fitted.gemm_flop_per_s > 0 and fitted.port_bw_bytes_per_s > 0
     assert {"gemm", "elementwise", "attention", "all_reduce"} <= set(doc["simulator_vs_measured"])
-    assert (tmp_path / "here.calibration.json").exists()
+    saved = json.loads((tmp_path / "here.calibration.json").read_text())
+    assert launched == [1, 2] and len(saved["launch_samples"]) == 2  # each launch kept, the median fitted
+    assert {len(launch) for launch in saved["launch_samples"]} == {len(saved["samples"])}
 
 
 @pytest.mark.slow
