@@ -41,7 +41,7 @@ def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = R
         if on_launch is not None:
             on_launch(k, time.perf_counter() - start)
     samples = combine_launches(per_launch)
-    host = {**host_description(nproc), "compute_nice": getattr(opts, "compute_nice", 0)}
+    host = {**host_description(nproc), "compute_nice": getattr(opts, "compute_nice", 0), "launches": launches}
     fitted = fit(samples, oversubscribed=_oversubscribed(host))
     doc = write_machine(output, fitted, samples, host, measured.dtype,
                         launch_samples=per_launch if launches > 1 else None)
@@ -67,7 +67,7 @@ def refit_saved(calibration_json: str, output: str, lag: bool = True, stretch: b
         samples = combine_launches(per_launch)
     else:
         per_launch, samples = None, [Sample(**s) for s in doc["samples"]]
-    host = doc["host"]
+    host = {**doc["host"], "launches": len(per_launch) if per_launch else doc["host"].get("launches", 1)}
     fitted = fit(samples, oversubscribed=lag and _oversubscribed(host))
     fitted = replace(fitted, timeslice_skew=fitted.timeslice_skew if lag else 0.0,
                      comm_stretch_under_compute=fitted.comm_stretch_under_compute if stretch else 1.0)

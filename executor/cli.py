@@ -179,13 +179,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     n_ops = len(calibration_schedule(args.nproc, args.repeats)[0].programs[0].ops)
     print(f"calibrating {args.nproc} ranks on this host: {n_ops} microbenchmark ops x {args.steps} step(s)"
           + (f" x {args.launches} launches, the median fitted" if args.launches > 1 else "") + "...", file=sys.stderr)
-    start = time.perf_counter()
-    def launched(k: int, seconds: float) -> None:
-        if args.launches > 1:
-            print(f"  launch {k} of {args.launches} measured ({seconds:.0f} s)", file=sys.stderr)
 
+    def launched(k: int, seconds: float) -> None:
+        print(f"  launch {k} of {args.launches} measured ({seconds:.0f} s)", file=sys.stderr)
+
+    start = time.perf_counter()
     fitted, doc, measured = calibrate_host(args.nproc, args.output, out, _worker_options(args), args.repeats,
-                                           args.wall_timeout, args.launches, launched)
+                                           args.wall_timeout, args.launches, launched if args.launches > 1 else None)
     wall = time.perf_counter() - start
     if args.json:
         print(json.dumps({"machine_file": args.output, "fit": doc["fit"], "simulator_vs_measured": doc["simulator_vs_measured"]}, indent=2))

@@ -53,7 +53,8 @@ def _short_cpu(cpu: str) -> str:
 def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local") -> str:
     n = host["nproc"]
     where = (f"measured on {host['cpu']} ({host['logical_cpus']} logical CPUs, {host['memory_bytes'] / 1e9:.0f} GB), "
-             f"{n} gloo ranks, {dtype}, compute nice +{host.get('compute_nice', 0)}, by twin calibrate on {date}")
+             f"{n} gloo ranks, {dtype}, compute nice +{host.get('compute_nice', 0)}, by twin calibrate on {date}"
+             + (f", the median of {host['launches']} launches" if host.get("launches", 1) > 1 else ""))
 
     def num(value: float, what: str, digits: int = 6) -> str:
         shown = int(value) if float(value).is_integer() and abs(value) < 1e6 else float(f"{value:.{digits}g}")

@@ -272,6 +272,9 @@ def test_a_saved_calibration_is_refitted_from_the_launches_asked_for(tmp_path):
     kept = json.loads((tmp_path / "all.calibration.json").read_text())
     assert len(kept["launch_samples"]) == 3 and "launch_samples" not in json.loads(
         (tmp_path / "first.calibration.json").read_text())
+    # each number's source says what it is the median of, and a single launch says nothing of the kind
+    assert "the median of 3 launches" in (tmp_path / "all.toml").read_text()
+    assert "median" not in (tmp_path / "first.toml").read_text()
 
 
 def test_the_committed_local_machine_is_calibrated_and_exports_a_step():
