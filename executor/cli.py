@@ -188,7 +188,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                                            args.wall_timeout, args.launches, launched if args.launches > 1 else None)
     wall = time.perf_counter() - start
     if args.json:
-        print(json.dumps({"machine_file": args.output, "fit": doc["fit"], "simulator_vs_measured": doc["simulator_vs_measured"]}, indent=2))
+        print(json.dumps({"machine_file": args.output, "launches": args.launches, "fit": doc["fit"],
+                          "simulator_vs_measured": doc["simulator_vs_measured"]}, indent=2))
         return 0
     f = fitted
     print(f"wrote {args.output} ({measured.dtype}, {args.nproc} ranks, {wall:.0f} s) and the measurements beside it:")
