@@ -227,7 +227,7 @@ def test_calibration_measures_an_oversubscribed_hosts_lag_and_stretch(tmp_path):
     assert cal.fit([s for s in samples if not s.kind.startswith("skew")]).timeslice_skew == 0.0  # not measured
 
 
-def test_several_calibration_launches_are_fitted_by_their_median(tmp_path):
+def test_several_calibration_launches_are_fitted_by_their_median():
     """`twin calibrate --launches 3`: each microbenchmark's time is the median of the launches' means, so one
     launch with every time 30% long (the host in an odd moment) changes nothing, and the median's error is the
     launches' scatter; a microbenchmark one launch lacks keeps the others'; one launch is left as it is."""
