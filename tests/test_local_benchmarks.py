@@ -157,3 +157,28 @@ def test_fit_local_refuses_fewer_than_one_launch(flag, tmp_path, capsys):
         fit_local.main([flag, "0", "--out", str(tmp_path / "none")])
     assert exit_.value.code == 2 and flag in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
+
+
+def test_overlap_sizes_schedule_is_valid_and_its_summary_reads_the_timestamps(capsys):
+    """benchmarks/overlap_sizes.py: its schedule passes the IR's checks, and from made-up timestamps where every
+    all-reduce under GEMMs ends 3 ms after the last of them the summary says so, per size; one rank is refused."""
+    from overlap_sizes import SIZES, gemms_under, main as overlap_sizes, overlap_schedule, summarize
+
+    from twin.ir_validate import validate_schedule
+
+    schedule = overlap_schedule(4)
+    validate_schedule(schedule)
+    ops = schedule.programs[0].ops
+    ids = {op.name: op.id for op in ops}
+    start, end = np.arange(len(ops), dtype=float), np.arange(len(ops), dtype=float) + 0.5
+    for nbytes in SIZES:
+        last = ids[f"{nbytes}.gemm{gemms_under(nbytes)[0] - 1}.0"]
+        for rep in range(3):
+            end[ids[f"{nbytes}.during.{rep}"]] = end[ids[f"{nbytes}.gemm{gemms_under(nbytes)[0] - 1}.{rep}"]] + 0.003
+        assert end[ids[f"{nbytes}.during.0"]] == end[last] + 0.003
+    rows = summarize(schedule, [[(start, end)]] * 4)
+    assert [r["nbytes"] for r in rows] == SIZES
+    assert all(r["ends_after_last_gemm_s"] == pytest.approx(0.003) and r["alone_s"] == 0.5 for r in rows)
+    with pytest.raises(SystemExit) as exit_:
+        overlap_sizes(["--nproc", "1"])
+    assert exit_.value.code == 2 and "--nproc" in capsys.readouterr().err

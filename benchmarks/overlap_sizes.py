@@ -1,0 +1,129 @@
+"""How far an overlapped all-reduce gets while every rank computes, by size: the local loop's next lead (issue 13).
+
+    .venv/bin/python benchmarks/overlap_sizes.py [--nproc 4] [--out out/overlap_sizes] [--json]
+
+`twin calibrate` measures one overlapped collective, a 64 MB all-reduce of
+every rank under GEMMs, and writes its time over its time alone as
+`node.comm_stretch_under_compute`, by which the simulator slows a transfer's
+latency and phases while computing ranks hold every core. Steps overlap
+256 KB-1 MB collectives, and at 4 ranks on this project's 2-core host their
+overlap saved -2% to +2% where the twin credits 7-20% (docs/fit.md, "Overlap
+buys nothing"). This schedule (one program, every rank the same, executed
+once like a calibration) times an all-reduce of every rank of SIZES, three
+times each: alone, and issued before GEMMs that every rank runs (four
+256x512x512 for the small sizes, sixteen of calibrate's OVERLAP_GEMM for
+64 MB) and waited for after them. Per size: its time alone, its time under
+the GEMMs, the GEMMs' span, and when the all-reduce ended relative to the
+last GEMM's end: positive when it was still running after the compute,
+which a transfer that made progress during the compute would not be.
+Nothing is simulated or fitted; the host's other load is reported as in
+every executor run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from executor.calibrate import DTYPE, OVERLAP_GEMM, TINY_BYTES  # noqa: E402
+from twin.builders.program import ProgramWriter  # noqa: E402
+from twin.ir import Collective, Elementwise, Gemm, GroupAxis, Program, Schedule, StepInfo  # noqa: E402
+
+SIZES = [256 << 10, 1 << 20, 4 << 20, 64 << 20]
+SMALL_GEMM = (256, 512, 512)
+REPEATS = 3
+
+
+def gemms_under(nbytes: int) -> tuple[int, tuple[int, int, int]]:
+    """(how many, which shape) of GEMMs run while an all-reduce of `nbytes` is in flight."""
+    return (16, OVERLAP_GEMM) if nbytes >= 64 << 20 else (4, SMALL_GEMM)
+
+
+def overlap_schedule(nproc: int) -> Schedule:
+    """The microbenchmark schedule (module docstring); its ops are named size.kind.repeat."""
+    axis = f"g{nproc}"
+    w = ProgramWriter()
+
+    def sync(name: str) -> None:
+        op = w.collective(name, axis, Collective("all_reduce", axis, 4, DTYPE))
+        w.wait(op)
+        w.compute(f"{name}.done", Elementwise(TINY_BYTES))
+
+    for nbytes in SIZES:
+        count, shape = gemms_under(nbytes)
+        for rep in range(REPEATS):
+            sync(f"{nbytes}.sync-alone.{rep}")
+            alone = w.collective(f"{nbytes}.alone.{rep}", axis, Collective("all_reduce", axis, nbytes, DTYPE))
+            w.wait(alone)
+            w.compute(f"{nbytes}.alone.{rep}.done", Elementwise(TINY_BYTES))
+            sync(f"{nbytes}.sync-during.{rep}")
+            during = w.collective(f"{nbytes}.during.{rep}", axis, Collective("all_reduce", axis, nbytes, DTYPE))
+            for g in range(count):
+                w.compute(f"{nbytes}.gemm{g}.{rep}", Gemm(*shape, "NN", DTYPE))
+            w.wait(during)
+            w.compute(f"{nbytes}.during.{rep}.done", Elementwise(TINY_BYTES))
+    info = StepInfo(model="overlap sizes", plan=None, label=f"overlapped all-reduces on {nproc} ranks", global_batch=1,
+                    seq=1, flops_hardware=0.0, flops_model=0.0, memory_per_gpu_bytes=0.0)
+    return Schedule(nproc, (GroupAxis(axis, (tuple(range(nproc)),)),), (Program(tuple(range(nproc)), tuple(w.ops)),),
+                    info)
+
+
+def summarize(schedule: Schedule, steps: list[list[tuple[np.ndarray, np.ndarray]]]) -> list[dict]:
+    """Per size, means over repeats, steps and ranks (`steps[r][s]`: rank r's (start, end) arrays of step s)."""
+    ids = {op.name: op.id for op in schedule.programs[0].ops}
+    rows = []
+    for nbytes in SIZES:
+        count = gemms_under(nbytes)[0]
+        alone, during, span, after = [], [], [], []
+        for rank_steps in steps:
+            for start, end in rank_steps:
+                for rep in range(REPEATS):
+                    a, d = ids[f"{nbytes}.alone.{rep}"], ids[f"{nbytes}.during.{rep}"]
+                    first, last = ids[f"{nbytes}.gemm0.{rep}"], ids[f"{nbytes}.gemm{count - 1}.{rep}"]
+                    alone.append(end[a] - start[a])
+                    during.append(end[d] - start[d])
+                    span.append(end[last] - start[first])
+                    after.append(end[d] - end[last])
+        rows.append({"nbytes": nbytes, "alone_s": float(np.mean(alone)), "during_s": float(np.mean(during)),
+                     "gemm_span_s": float(np.mean(span)), "ends_after_last_gemm_s": float(np.mean(after))})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nproc", type=int, default=4, help="ranks on this host (default 4; at least 2)")
+    ap.add_argument("--out", default="out/overlap_sizes", help="the ranks' files (default out/overlap_sizes)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = ap.parse_args(argv)
+    if not 2 <= args.nproc <= 64:
+        ap.error(f"--nproc {args.nproc}: give 2..64 ranks (an all-reduce needs two)")
+    from executor.launch import WorkerOptions, run_local
+    from executor.measured import load_measured
+    from twin.ir_io import save_schedule
+
+    schedule = overlap_schedule(args.nproc)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "overlap-sizes.json")
+    save_schedule(schedule, path)
+    run_local(schedule, path, args.nproc, args.out, WorkerOptions(steps=3, warmup=1), 900.0)
+    rows = summarize(schedule, list(load_measured(args.out, schedule).steps))
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"an all-reduce of every rank of {args.nproc}, alone and under every rank's GEMMs (means, ms)")
+    print(f"{'size':>8}{'alone':>9}{'under GEMMs':>13}{'ratio':>7}{'GEMM span':>11}{'ends after the last GEMM':>26}")
+    for r in rows:
+        print(f"{r['nbytes'] >> 10:>5} KB{1e3 * r['alone_s']:>9.2f}{1e3 * r['during_s']:>13.2f}"
+              f"{r['during_s'] / r['alone_s']:>7.2f}{1e3 * r['gemm_span_s']:>11.2f}{1e3 * r['ends_after_last_gemm_s']:>+26.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
