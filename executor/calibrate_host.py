@@ -1,6 +1,7 @@
 """Calibrate this host: run the microbenchmarks with the executor, fit them, write the machine file.
 
-The orchestration apart from executor.calibrate (the microbenchmark schedule and the fit, pure functions)
+The orchestration apart from executor.calibrate (the microbenchmark schedule and the fit, pure functions),
+executor.calibration_samples (timestamps and launches into samples)
 and executor.machinefile (the file it writes, which needs the fit's types): so neither imports the other's
 caller, and the import graph has no cycle (tests/test_import_graph.py).
 """
@@ -13,16 +14,17 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from executor.calibrate import REPEATS, Fit, Sample, calibration_schedule, collect, combine_launches, fit
+from executor.calibrate import REPEATS, Fit, calibration_schedule, fit
+from executor.calibration_samples import Sample, collect, combine_launches
 
 
 def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = REPEATS,
                    wall_limit_s: float = 900.0, launches: int = 1,
                    on_launch: Callable[[int, float], None] | None = None) -> tuple[Fit, dict, object]:
     """Run the microbenchmarks on `nproc` local ranks (`opts`: executor.launch.WorkerOptions) `launches` times,
-    fit the median of the launches (calibrate.combine_launches), write `output` and its calibration JSON (with
-    each launch's samples where there are several). `on_launch(k, seconds)` is told when launch k (from 1)
-    has been measured. Returns (fit, the JSON document, the last launch's executor.measured.Measured run)."""
+    fit the median of the launches (calibration_samples.combine_launches), write `output` and its calibration
+    JSON (with each launch's samples where there are several). `on_launch(k, seconds)` is told when launch k
+    (from 1) has been measured. Returns (fit, the JSON document, the last launch's executor.measured.Measured run)."""
     from executor.launch import run_local
     from executor.machinefile import host_description, write_machine
     from executor.measured import load_measured

@@ -23,7 +23,8 @@ from dataclasses import asdict
 
 import numpy as np
 
-from executor.calibrate import DTYPE, GEMM_SHAPES, Fit, Sample
+from executor.calibrate import DTYPE, GEMM_SHAPES, Fit
+from executor.calibration_samples import Sample
 from twin.ir import Attention, Elementwise, Gemm
 
 

@@ -109,6 +109,7 @@ def test_compile_rejects_a_rank_outside_the_schedule():
 def synthetic_samples(truth: dict, nproc: int = 4):
     """Microbenchmark times made with twin.sim's own formulas from known parameters."""
     from executor import calibrate as cal
+    from executor.calibration_samples import Sample
     from twin.sim.compute import REFERENCE_GEMM_DIM as D
 
     def eff(m, n, k):
@@ -128,14 +129,14 @@ def synthetic_samples(truth: dict, nproc: int = 4):
     out = []
     for (m, n, k), lay in [(s, lay) for s in cal.GEMM_SHAPES for lay in ("NN", "NT", "TN")]:
         t = gemm_s(m, n, k, lay)
-        out.append(cal.Sample("gemm", {"m": m, "n": n, "k": k, "layout": lay}, t, 0.01 * t, 10))
+        out.append(Sample("gemm", {"m": m, "n": n, "k": k, "layout": lay}, t, 0.01 * t, 10))
     for b in cal.ELEMENTWISE_BYTES:
         t = o + b / truth["bw"]
-        out.append(cal.Sample("elementwise", {"nbytes": b}, t, 0.01 * t, 10))
+        out.append(Sample("elementwise", {"nbytes": b}, t, 0.01 * t, 10))
     for (b, h, s, d) in cal.ATTENTION_SHAPES:
         for bwd in (False, True):
             t = Attention(b, s, h, d, bwd, True).flops / (truth["rate"] * truth["attention"]) + o + truth["attention_over"]
-            out.append(cal.Sample("attention", {"batch": b, "heads": h, "seq": s, "head_dim": d, "backward": bwd}, t, 0.01 * t, 10))
+            out.append(Sample("attention", {"batch": b, "heads": h, "seq": s, "head_dim": d, "backward": bwd}, t, 0.01 * t, 10))
     for size in cal.group_sizes(nproc):
         for kind in cal.COLLECTIVE_KINDS:
             for nbytes in cal.COLLECTIVE_BYTES:
@@ -145,18 +146,18 @@ def synthetic_samples(truth: dict, nproc: int = 4):
                 t = (truth["base"] + truth["kind_latency"][kind] + steps * truth["hop"]
                      + traffic / (truth["port"] * truth["kind_fraction"][kind]))
                 t += truth.get("skew", 0.0) * gemm_s(*cal.LEAD_GEMM)  # the last rank's lag behind the lead GEMM
-                out.append(cal.Sample("collective", {"kind": kind, "group_size": size, "nbytes": nbytes}, t, 0.01 * t, 10))
+                out.append(Sample("collective", {"kind": kind, "group_size": size, "nbytes": nbytes}, t, 0.01 * t, 10))
     if "skew" in truth:
         for m, n, k in cal.SKEW_LEADS:
             lead = gemm_s(m, n, k)
-            out.append(cal.Sample("skew_lead", {"m": m, "n": n, "k": k}, lead, 0.01 * lead, 10))
+            out.append(Sample("skew_lead", {"m": m, "n": n, "k": k}, lead, 0.01 * lead, 10))
             sync = truth["sync_base"] + truth["skew"] * lead
-            out.append(cal.Sample("skew_sync", {"m": m, "n": n, "k": k}, sync, 0.01 * sync, 10))
-    out.append(cal.Sample("overlap_alone", {}, 1.0, 0.0, 3))
-    out.append(cal.Sample("overlap_during", {}, 1.25, 0.0, 3))
+            out.append(Sample("skew_sync", {"m": m, "n": n, "k": k}, sync, 0.01 * sync, 10))
+    out.append(Sample("overlap_alone", {}, 1.0, 0.0, 3))
+    out.append(Sample("overlap_during", {}, 1.25, 0.0, 3))
     if "stretch" in truth:  # the large all-reduce alone, and while every rank computes
-        out.append(cal.Sample("overlap_comm_alone", {"nbytes": cal.OVERLAP_BYTES, "group_size": nproc}, 0.08, 0.0, 3))
-        out.append(cal.Sample("overlap_comm", {"nbytes": cal.OVERLAP_BYTES, "group_size": nproc}, 0.08 * truth["stretch"],
+        out.append(Sample("overlap_comm_alone", {"nbytes": cal.OVERLAP_BYTES, "group_size": nproc}, 0.08, 0.0, 3))
+        out.append(Sample("overlap_comm", {"nbytes": cal.OVERLAP_BYTES, "group_size": nproc}, 0.08 * truth["stretch"],
                               0.0, 3))
     return out
 
@@ -232,20 +233,21 @@ def test_several_calibration_launches_are_fitted_by_their_median():
     launch with every time 30% long (the host in an odd moment) changes nothing, and the median's error is the
     launches' scatter; a microbenchmark one launch lacks keeps the others'; one launch is left as it is."""
     from executor import calibrate as cal
+    from executor import calibration_samples as samples
 
     truth = known_parameters()
     base = synthetic_samples(truth)
     slow = [replace(s, time_s=1.3 * s.time_s) for s in base]
     fast = [replace(s, time_s=0.98 * s.time_s) for s in base]
-    combined = cal.combine_launches([base, slow, fast[:-1]])  # the last launch lacks the last microbenchmark
+    combined = samples.combine_launches([base, slow, fast[:-1]])  # the last launch lacks the last microbenchmark
     assert [s.time_s for s in combined[:-1]] == pytest.approx([s.time_s for s in base[:-1]])
     assert combined[-1].time_s == pytest.approx((base[-1].time_s + slow[-1].time_s) / 2)
-    spread = np.std([1.0, 1.3, 0.98], ddof=1) / np.sqrt(3) * cal.MEDIAN_SE_FACTOR
+    spread = np.std([1.0, 1.3, 0.98], ddof=1) / np.sqrt(3) * samples.MEDIAN_SE_FACTOR
     assert combined[0].sem_s == pytest.approx(spread * base[0].time_s)
     assert combined[0].count == 3 * base[0].count
     assert cal.fit(combined).gemm_flop_per_s == pytest.approx(truth["rate"], rel=1e-3)
-    assert cal.combine_launches([slow]) == slow
-    agreeing = cal.combine_launches([base, base])  # no scatter between them: the within-launch error remains
+    assert samples.combine_launches([slow]) == slow
+    agreeing = samples.combine_launches([base, base])  # no scatter between them: the within-launch error remains
     assert agreeing[0].sem_s == pytest.approx(base[0].sem_s / np.sqrt(2))
 
 
@@ -253,6 +255,7 @@ def test_a_saved_calibration_is_refitted_from_the_launches_asked_for(tmp_path):
     """executor.calibrate_host.refit_saved on a file that kept each launch: any launch alone, or the median of
     all, from the same saved measurements (benchmarks/calibration_launches.py's comparison)."""
     from executor import calibrate as cal
+    from executor import calibration_samples as samples
     from executor.calibrate_host import refit_saved
     from executor.machinefile import write_machine
 
@@ -260,7 +263,7 @@ def test_a_saved_calibration_is_refitted_from_the_launches_asked_for(tmp_path):
     launches = [synthetic_samples(truth), [replace(s, time_s=2 * s.time_s) for s in synthetic_samples(truth)],
                 synthetic_samples(truth)]
     host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
-    combined = cal.combine_launches(launches)
+    combined = samples.combine_launches(launches)
     write_machine(str(tmp_path / "saved.toml"), cal.fit(combined), combined, host, "float32", "2026-01-01", launches)
     saved = str(tmp_path / "saved.calibration.json")
     assert len(json.loads(Path(saved).read_text())["launch_samples"]) == 3
