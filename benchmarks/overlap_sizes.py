@@ -1,4 +1,4 @@
-"""How far an overlapped all-reduce gets while every rank computes, by size: the local loop's next lead (issue 13).
+"""How far an overlapped all-reduce gets while every rank computes, and two at once, by size (issue 13).
 
     .venv/bin/python benchmarks/overlap_sizes.py [--nproc 4] [--out out/overlap_sizes] [--json]
 
@@ -16,6 +16,13 @@ times each: alone, and issued before GEMMs that every rank runs (four
 the GEMMs, the GEMMs' span, and when the all-reduce ended relative to the
 last GEMM's end: positive when it was still running after the compute,
 which a transfer that made progress during the compute would not be.
+
+A second table: two all-reduces of every rank on two groups of pairs
+(x: 0-1, 2-3, ...; z: rank i with i + nproc / 2) of PAIR_SIZES, one after
+the other and both issued at once, waited for together: whether a rank's
+collectives on two streams (a plan's tensor-parallel x and z groups) go
+faster at once, as the simulator once assumed (a rank in two transfers
+counted once), or share the rank's progress (what it assumes now).
 Nothing is simulated or fitted; the host's other load is reported as in
 every executor run.
 """
@@ -37,6 +44,7 @@ from twin.builders.program import ProgramWriter  # noqa: E402
 from twin.ir import Collective, Elementwise, Gemm, GroupAxis, Program, Schedule, StepInfo  # noqa: E402
 
 SIZES = [256 << 10, 1 << 20, 4 << 20, 64 << 20]
+PAIR_SIZES = [4 << 10, 256 << 10, 1 << 20]
 SMALL_GEMM = (256, 512, 512)
 REPEATS = 3
 
@@ -69,10 +77,22 @@ def overlap_schedule(nproc: int) -> Schedule:
                 w.compute(f"{nbytes}.gemm{g}.{rep}", Gemm(*shape, "NN", DTYPE))
             w.wait(during)
             w.compute(f"{nbytes}.during.{rep}.done", Elementwise(TINY_BYTES))
+    for nbytes in PAIR_SIZES:
+        for rep in range(REPEATS):
+            sync(f"{nbytes}.sync-apart.{rep}")
+            for group in ("x", "z"):
+                w.wait(w.collective(f"{nbytes}.apart-{group}.{rep}", group, Collective("all_reduce", group, nbytes, DTYPE)))
+                w.compute(f"{nbytes}.apart-{group}.{rep}.done", Elementwise(TINY_BYTES))
+            sync(f"{nbytes}.sync-together.{rep}")
+            w.wait(*(w.collective(f"{nbytes}.together-{group}.{rep}", group, Collective("all_reduce", group, nbytes, DTYPE))
+                     for group in ("x", "z")))
+            w.compute(f"{nbytes}.together.{rep}.done", Elementwise(TINY_BYTES))
     info = StepInfo(model="overlap sizes", plan=None, label=f"overlapped all-reduces on {nproc} ranks", global_batch=1,
                     seq=1, flops_hardware=0.0, flops_model=0.0, memory_per_gpu_bytes=0.0)
-    return Schedule(nproc, (GroupAxis(axis, (tuple(range(nproc)),)),), (Program(tuple(range(nproc)), tuple(w.ops)),),
-                    info)
+    half = nproc // 2
+    pairs = {"x": tuple((i, i + 1) for i in range(0, nproc, 2)), "z": tuple((i, i + half) for i in range(half))}
+    return Schedule(nproc, (GroupAxis(axis, (tuple(range(nproc)),)), *(GroupAxis(g, p) for g, p in pairs.items())),
+                    (Program(tuple(range(nproc)), tuple(w.ops)),), info)
 
 
 def summarize(schedule: Schedule, steps: list[list[tuple[np.ndarray, np.ndarray]]]) -> list[dict]:
@@ -96,14 +116,33 @@ def summarize(schedule: Schedule, steps: list[list[tuple[np.ndarray, np.ndarray]
     return rows
 
 
+def summarize_pairs(schedule: Schedule, steps: list[list[tuple[np.ndarray, np.ndarray]]]) -> list[dict]:
+    """Per PAIR_SIZES size, the two all-reduces' time from the first's start to the later end, one after the
+    other and at once (means over repeats, steps and ranks)."""
+    ids = {op.name: op.id for op in schedule.programs[0].ops}
+    rows = []
+    for nbytes in PAIR_SIZES:
+        apart, together = [], []
+        for rank_steps in steps:
+            for start, end in rank_steps:
+                for rep in range(REPEATS):
+                    x, z = (ids[f"{nbytes}.apart-{g}.{rep}"] for g in ("x", "z"))
+                    apart.append(end[z] - start[x])
+                    x, z = (ids[f"{nbytes}.together-{g}.{rep}"] for g in ("x", "z"))
+                    together.append(max(end[x], end[z]) - min(start[x], start[z]))
+        rows.append({"nbytes": nbytes, "one_after_the_other_s": float(np.mean(apart)),
+                     "at_once_s": float(np.mean(together))})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nproc", type=int, default=4, help="ranks on this host (default 4; at least 2)")
     ap.add_argument("--out", default="out/overlap_sizes", help="the ranks' files (default out/overlap_sizes)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
-    if not 2 <= args.nproc <= 64:
-        ap.error(f"--nproc {args.nproc}: give 2..64 ranks (an all-reduce needs two)")
+    if not 2 <= args.nproc <= 64 or args.nproc % 2:
+        ap.error(f"--nproc {args.nproc}: give an even 2..64 ranks (the second table pairs them)")
     from executor.launch import WorkerOptions, run_local
     from executor.measured import load_measured
     from twin.ir_io import save_schedule
@@ -113,15 +152,21 @@ def main(argv: list[str] | None = None) -> int:
     path = os.path.join(args.out, "overlap-sizes.json")
     save_schedule(schedule, path)
     run_local(schedule, path, args.nproc, args.out, WorkerOptions(steps=3, warmup=1), 900.0)
-    rows = summarize(schedule, list(load_measured(args.out, schedule).steps))
+    steps = list(load_measured(args.out, schedule).steps)
+    rows, pairs = summarize(schedule, steps), summarize_pairs(schedule, steps)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"under_gemms": rows, "two_groups": pairs}, indent=1))
         return 0
     print(f"an all-reduce of every rank of {args.nproc}, alone and under every rank's GEMMs (means, ms)")
     print(f"{'size':>8}{'alone':>9}{'under GEMMs':>13}{'ratio':>7}{'GEMM span':>11}{'ends after the last GEMM':>26}")
     for r in rows:
         print(f"{r['nbytes'] >> 10:>5} KB{1e3 * r['alone_s']:>9.2f}{1e3 * r['during_s']:>13.2f}"
               f"{r['during_s'] / r['alone_s']:>7.2f}{1e3 * r['gemm_span_s']:>11.2f}{1e3 * r['ends_after_last_gemm_s']:>+26.2f}")
+    print("\ntwo all-reduces of every rank on two groups of pairs (x, z; means, ms)")
+    print(f"{'size':>8}{'one after the other':>21}{'at once':>10}{'ratio':>7}")
+    for r in pairs:
+        print(f"{r['nbytes'] >> 10:>5} KB{1e3 * r['one_after_the_other_s']:>21.2f}{1e3 * r['at_once_s']:>10.2f}"
+              f"{r['at_once_s'] / r['one_after_the_other_s']:>7.2f}")
     return 0
 
 

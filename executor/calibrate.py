@@ -16,7 +16,9 @@ small all-reduce over all ranks so the ranks enter it together:
 - time-slicing: GEMMs of SKEW_LEADS' sizes, each followed by a 4-byte
   all-reduce of every rank (a synchronisation);
 - overlap: a large all-reduce alone, a GEMM alone, then the same GEMM
-  while the same all-reduce runs.
+  while the same all-reduce runs;
+- latency under compute: a small all-reduce of every rank alone, then
+  issued before LATENCY_GEMMS that every rank runs and waited for after.
 
 Each op is repeated; its time is the mean over repeats, steps and ranks
 (executor.calibration_samples.collect).
@@ -44,6 +46,11 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   computes) / (its time alone), at least 1: on a host with more ranks than
   cores gloo's threads then wait for cores (2.6-3.4 with 4 ranks on this
   project's 2-core host, 1.1-1.2 with 2; docs/fit.md);
+- comm_latency_pace_under_compute: how much of the small all-reduce's time
+  alone went by while the GEMMs over it ran, per second of them: 0 where it ended its time alone after them (4 ranks on this project's
+  2-core host: its threads barely run while their ranks compute;
+  benchmarks/overlap_sizes.py), its time alone over its time where it
+  ended inside them;
 - timeslice_skew: the least-squares slope of the synchronising all-reduce's
   time over the GEMM's before it (3-32 ms of compute on a 2-core host with
   4 ranks): how far the last rank lags the mean, per second of compute,
@@ -52,6 +59,7 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   above has the lag of its lead GEMM taken out (`lead_skew_s`), since the
   simulator adds it to the compute before.
 
+The last four are ratios of two microbenchmarks each (executor.calibrate_sharing).
 executor.machinefile writes the machine file (each number "measured on
 <host> by twin calibrate on <date>") and, beside it, NAME.calibration.json
 with every measurement, the fitted value and what the simulator's own models
@@ -66,6 +74,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from executor.calibrate_sharing import comm_compute_slowdown, comm_stretch, fit_skew, latency_pace
 from executor.calibration_samples import Sample
 from twin.builders.program import ProgramWriter
 from twin.ir import Attention, Collective, Elementwise, Gemm, GroupAxis, Program, Schedule, StepInfo
@@ -82,6 +91,8 @@ REPEATS = 4
 OVERLAP_GEMM = (512, 1024, 1024)
 OVERLAP_BYTES = 64 << 20
 TINY_BYTES = 64  # the compute op that makes the host wait for a collective
+LATENCY_BYTES = 4 << 10  # an all-reduce that is nearly all latency
+LATENCY_GEMMS = (4, (256, 512, 512))  # (how many, which shape) run while it is in flight
 LEAD_GEMM = (512, 512, 512)  # the compute op before each collective: ranks arrive with a step's skew
 SKEW_LEADS = [LEAD_GEMM, (1024, 512, 512), (1024, 1024, 512), (1024, 1024, 1024)]  # 1:2:4:8 in work
 DTYPE = "bf16"
@@ -157,6 +168,22 @@ def calibration_schedule(nproc: int, repeats: int = REPEATS) -> tuple[Schedule, 
             what[op] = ("overlap_during", {"m": m, "n": n, "k": k})
         w.wait(big)
         w.compute("overlap.done", Elementwise(TINY_BYTES))
+        count, (m, n, k) = LATENCY_GEMMS
+        params = {"nbytes": LATENCY_BYTES, "group_size": nproc}
+        for rep in range(repeats):
+            sync(f"sync.latency.alone.r{rep}")
+            alone = w.collective(f"latency.alone.r{rep}", everyone, Collective("all_reduce", everyone, LATENCY_BYTES,
+                                                                                DTYPE))
+            w.wait(alone)
+            w.compute(f"latency.alone.r{rep}.done", Elementwise(TINY_BYTES))
+            sync(f"sync.latency.r{rep}")
+            during = w.collective(f"latency.r{rep}", everyone, Collective("all_reduce", everyone, LATENCY_BYTES, DTYPE))
+            for g in range(count):
+                op = w.compute(f"latency.gemm{g}.r{rep}", Gemm(m, n, k, "NN", DTYPE))
+                what[op] = ("latency_gemm", {"m": m, "n": n, "k": k})
+            w.wait(during)
+            w.compute(f"latency.r{rep}.done", Elementwise(TINY_BYTES))
+            what[alone], what[during] = ("latency_comm_alone", params), ("latency_comm", {**params, "gemms": count})
     groups = tuple(GroupAxis(f"g{s}", tuple(tuple(range(i, i + s)) for i in range(0, nproc, s))) for s in sizes)
     info = StepInfo(model="calibration", plan=None, label=f"microbenchmarks on {nproc} ranks", global_batch=1, seq=1,
                     flops_hardware=0.0, flops_model=0.0, memory_per_gpu_bytes=0.0)
@@ -187,6 +214,7 @@ class Fit:
     timeslice_skew: float = 0.0  # the last rank's lag at a synchronisation per second of compute before it
     lead_skew_s: float = 0.0  # taken out of each collective sample: that lag behind LEAD_GEMM (oversubscribed)
     comm_stretch_under_compute: float = 1.0  # a collective's time while every rank computes / alone
+    comm_latency_pace_under_compute: float | None = None  # a small collective's pace under its ranks' GEMMs; None: not measured
 
 
 TILES = (1, 8, 16, 32, 64, 128, 256)
@@ -302,33 +330,14 @@ def fit(samples: list[Sample], oversubscribed: bool = False) -> Fit:
         raise ValueError("calibration: the element-wise times leave no room for any bandwidth; measurements look broken")
     _, o, bw, rate, (tm, tn, kh), layouts, a_eff, a_over, errors = best
 
-    skew, lead_s = _fit_skew(by.get("skew_lead", []), by.get("skew_sync", []))
+    skew, lead_s = fit_skew(by.get("skew_lead", []), by.get("skew_sync", []), LEAD_GEMM)
     lead_skew = skew * lead_s if oversubscribed else 0.0
     # (a sample shorter than the lag is noise: it keeps a twentieth of itself)
     collectives = [replace(s, time_s=max(s.time_s - lead_skew, 0.05 * s.time_s)) for s in by.get("collective", [])]
     port_bw, base, hop, kind_latency, kind_fraction = _fit_collectives(collectives, errors)
-    alone = [s.time_s for s in by.get("overlap_alone", [])]
-    during = [s.time_s for s in by.get("overlap_during", [])]
-    slowdown = float(np.clip(1 - np.mean(alone) / np.mean(during), 0.0, 0.9)) if alone and during else 0.0
-    comm_alone = [s.time_s for s in by.get("overlap_comm_alone", [])]
-    comm_during = [s.time_s for s in by.get("overlap_comm", [])]
-    stretch = 1.0
-    if comm_alone and comm_during:
-        stretch = float(np.clip(np.mean(comm_during) / np.mean(comm_alone), 1.0, 20.0))
-    return Fit(float(o), float(bw), float(rate), tm, tn, float(kh), layouts, a_eff, slowdown, float(port_bw),
-               float(base), float(hop), errors, a_over, kind_latency, kind_fraction, skew, lead_skew, stretch)
-
-
-def _fit_skew(leads: list[Sample], syncs: list[Sample]) -> tuple[float, float]:
-    """(the slope of the synchronising all-reduce's time over its lead GEMM's, LEAD_GEMM's time): 0 and 0
-    without the measurements (one rank, or an older schedule), and never below 0."""
-    lead_of = {(s.params["m"], s.params["n"], s.params["k"]): s.time_s for s in leads}
-    pairs = [(lead_of[key], s.time_s) for s in syncs if (key := (s.params["m"], s.params["n"], s.params["k"])) in lead_of]
-    if len(pairs) < 2:
-        return 0.0, 0.0
-    lead, sync = np.array(pairs).T
-    slope = float(np.polyfit(lead, sync, 1)[0]) if np.ptp(lead) > 0 else 0.0
-    return max(slope, 0.0), lead_of.get(LEAD_GEMM, 0.0)
+    return Fit(float(o), float(bw), float(rate), tm, tn, float(kh), layouts, a_eff, comm_compute_slowdown(by),
+               float(port_bw), float(base), float(hop), errors, a_over, kind_latency, kind_fraction, skew, lead_skew,
+               comm_stretch(by), latency_pace(by))
 
 
 def _fit_collectives(cm: list[Sample], errors: dict) -> tuple[float, float, float, dict, dict]:

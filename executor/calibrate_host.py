@@ -51,11 +51,12 @@ def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = R
 
 
 def refit_saved(calibration_json: str, output: str, lag: bool = True, stretch: bool = True,
-                launches: list[int] | None = None) -> Fit:
+                launches: list[int] | None = None, latency: bool = True) -> Fit:
     """Fit a saved calibration's samples (NAME.calibration.json) again with this code and write the machine
-    file, nothing measured: what a change of the fit does to the same measurements. `lag` or `stretch` False
-    writes that number of an oversubscribed host as if not measured (the lag then stays in the collectives'
-    latency): benchmarks/oversubscribed_host.py compares the four. Where the file kept each launch's samples,
+    file, nothing measured: what a change of the fit does to the same measurements. `lag`, `stretch` or
+    `latency` False writes that number of an oversubscribed host as if not measured (the lag then stays in the
+    collectives' latency; a latency unmeasured is stretched as the bytes are): benchmarks/oversubscribed_host.py
+    compares them. Where the file kept each launch's samples,
     they are combined again (those whose 0-based indices `launches` lists; None: all), so one launch can be set
     beside the median of several on the same measurements (benchmarks/calibration_launches.py)."""
     from executor.machinefile import write_machine
@@ -72,7 +73,8 @@ def refit_saved(calibration_json: str, output: str, lag: bool = True, stretch: b
     host = {**doc["host"], "launches": len(per_launch) if per_launch else doc["host"].get("launches", 1)}
     fitted = fit(samples, oversubscribed=lag and _oversubscribed(host))
     fitted = replace(fitted, timeslice_skew=fitted.timeslice_skew if lag else 0.0,
-                     comm_stretch_under_compute=fitted.comm_stretch_under_compute if stretch else 1.0)
+                     comm_stretch_under_compute=fitted.comm_stretch_under_compute if stretch else 1.0,
+                     comm_latency_pace_under_compute=fitted.comm_latency_pace_under_compute if latency else None)
     write_machine(output, fitted, samples, host, doc["dtype"], doc["date"],
                   launch_samples=per_launch if per_launch and len(per_launch) > 1 else None)
     return fitted

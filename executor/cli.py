@@ -197,7 +197,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           f"layouts NN {f.layout_efficiency['NN']:.2f} NT {f.layout_efficiency['NT']:.2f} TN {f.layout_efficiency['TN']:.2f})")
     print(f"  copy {f.hbm_bw_bytes_per_s / 1e9:.2f} GB/s, kernel overhead {f.kernel_overhead_s * 1e6:.1f} us, "
           f"attention efficiency {f.attention_efficiency:.2f} + {f.attention_overhead_s * 1e6:.0f} us per call, comm/compute slowdown {f.comm_compute_slowdown:.2f}")
-    print(f"  a collective while every rank computes: x{f.comm_stretch_under_compute:.2f} its time alone")
+    print(f"  a collective while every rank computes: x{f.comm_stretch_under_compute:.2f} its time alone"
+          + (f"; a small one's latency at {f.comm_latency_pace_under_compute:.2f} of its pace alone"
+             if f.comm_latency_pace_under_compute is not None else ""))
     print(f"  time-slicing: the last rank lags {100 * f.timeslice_skew:.1f}% of the compute before a synchronisation"
           + (f" (taken out of each collective: {f.lead_skew_s * 1e6:.0f} us)" if f.lead_skew_s else
              " (unused: no more ranks than cores)" if f.timeslice_skew else ""))

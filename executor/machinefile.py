@@ -102,6 +102,8 @@ def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local")
         f"gpus_per_node = {num(n, 'the number of ranks calibrated')}",
         f"shared_cores = {num(host['logical_cpus'], 'logical CPUs (os.cpu_count) the ranks share: the rates above are those of every rank computing at once')}",
         f"comm_stretch_under_compute = {num(f.comm_stretch_under_compute, 'a 64 MB all-reduce of every rank while every rank runs GEMMs / the same all-reduce alone (at least 1): the collectives above run this many times longer while computing ranks hold every core')}",
+        *([f"comm_latency_pace_under_compute = {num(f.comm_latency_pace_under_compute, 'of a 4 KB all-reduce of every rank issued before every rank runs GEMMs and waited for after: its time alone that went by during the GEMMs per second of them (0: it waited for them to end); the simulator moves a transfer bytes first and lets its latency go at this pace while its ranks compute and computing ranks hold every core')}"]
+          if f.comm_latency_pace_under_compute is not None else []),
         f"timeslice_skew = {num(f.timeslice_skew, 'slope of a 4-byte all-reduce of every rank over the GEMM before it (4 sizes): the last rank lags the mean by this per second of compute when more ranks compute than there are cores; the collectives above have that lag behind their lead GEMM taken out')}",
         "",
         "# gloo over loopback: every rank has one port of the measured bandwidth to a switch vertex.",

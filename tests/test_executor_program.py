@@ -159,6 +159,11 @@ def synthetic_samples(truth: dict, nproc: int = 4):
         out.append(Sample("overlap_comm_alone", {"nbytes": cal.OVERLAP_BYTES, "group_size": nproc}, 0.08, 0.0, 3))
         out.append(Sample("overlap_comm", {"nbytes": cal.OVERLAP_BYTES, "group_size": nproc}, 0.08 * truth["stretch"],
                               0.0, 3))
+    if "latency_pace" in truth:  # a 4 ms all-reduce over four 2 ms GEMMs, ending its rest alone after them
+        count, (m, n, k) = cal.LATENCY_GEMMS
+        params = {"nbytes": cal.LATENCY_BYTES, "group_size": nproc}
+        out += [Sample("latency_comm_alone", params, 4e-3), Sample("latency_gemm", {"m": m, "n": n, "k": k}, 2e-3),
+                Sample("latency_comm", {**params, "gemms": count}, count * 2e-3 + 4e-3 - truth["latency_pace"] * count * 2e-3)]
     return out
 
 
@@ -298,7 +303,7 @@ def test_calibration_schedule_is_a_valid_schedule():
     validate_schedule(s)
     kinds = {k for k, _ in what.values()}
     assert {"gemm", "elementwise", "attention", "collective", "overlap_alone", "overlap_during", "overlap_comm",
-            "overlap_comm_alone", "skew_lead", "skew_sync"} <= kinds
+            "overlap_comm_alone", "skew_lead", "skew_sync", "latency_comm_alone", "latency_comm", "latency_gemm"} <= kinds
     per_kind = [sum(k == kind for k, _ in what.values()) for kind in ("skew_lead", "skew_sync")]
     assert per_kind == [4, 4]  # a lead GEMM and its synchronisation per SKEW_LEADS size, once each (repeats=1)
     layouts = {p["layout"] for k, p in what.values() if k == "gemm"}

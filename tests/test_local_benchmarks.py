@@ -92,8 +92,8 @@ def test_fit_local_leaves_out_what_is_refused_and_goes_on_when_nothing_fits(monk
 
 def test_oversubscribed_host_writes_each_variant_of_the_calibration(tmp_path):
     """benchmarks/oversubscribed_host.py's files (executor.calibrate_host.refit_saved, which fit_local.py --reuse
-    uses too): the same samples with the lag and the stretch each on or off (the lag off stays inside the
-    collectives' latency); and it refuses a folder fit_local.py has not filled."""
+    uses too): the same samples with the lag, the stretch and the latency's pace each on or off (the lag off
+    stays inside the collectives' latency); and it refuses a folder fit_local.py has not filled."""
     import json
     from dataclasses import asdict
 
@@ -104,19 +104,20 @@ def test_oversubscribed_host_writes_each_variant_of_the_calibration(tmp_path):
     from executor.calibrate_host import refit_saved
     from topologies.machine import load_machine
 
-    samples = synthetic_samples(known_parameters(skew=0.25, sync_base=400e-6, stretch=3.5))
+    samples = synthetic_samples(known_parameters(skew=0.25, sync_base=400e-6, stretch=3.5, latency_pace=0.125))
     lead_s = next(s.time_s for s in samples if s.kind == "skew_lead" and s.params == dict(zip("mnk", LEAD_GEMM)))
     calibration = tmp_path / "local-4.calibration.json"
     calibration.write_text(json.dumps({"samples": [asdict(s) for s in samples], "fit": asdict(fit(samples, True)),
                                        "host": {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4,
                                                 "hostname": "h"}, "dtype": "float32", "date": "2026-01-01"}))
-    for name, (lag, stretch) in VARIANTS.items():
-        fitted = refit_saved(str(calibration), str(tmp_path / "v.toml"), lag, stretch)
+    for name, (lag, stretch, latency) in VARIANTS.items():
+        fitted = refit_saved(str(calibration), str(tmp_path / "v.toml"), lag, stretch, latency=latency)
         machine = load_machine(str(tmp_path / "v.toml"))
         assert (fitted.timeslice_skew, fitted.comm_stretch_under_compute) == pytest.approx(
             (0.25 if lag else 0.0, 3.5 if stretch else 1.0))
         assert machine.node.timeslice_skew == pytest.approx(0.25 if lag else 0.0), name
         assert machine.node.comm_stretch_under_compute == pytest.approx(3.5 if stretch else 1.0), name
+        assert machine.node.comm_latency_pace_under_compute == pytest.approx(0.125 if latency else None), name
         base = machine.sources["collectives.base_latency_us.ring.simple"].value
         assert base == pytest.approx(1e6 * (100e-6 + (0.0 if lag else 0.25 * lead_s)), rel=1e-3), name
     with pytest.raises(SystemExit) as exit_:
@@ -161,8 +162,11 @@ def test_fit_local_refuses_fewer_than_one_launch(flag, tmp_path, capsys):
 
 def test_overlap_sizes_schedule_is_valid_and_its_summary_reads_the_timestamps(capsys):
     """benchmarks/overlap_sizes.py: its schedule passes the IR's checks, and from made-up timestamps where every
-    all-reduce under GEMMs ends 3 ms after the last of them the summary says so, per size; one rank is refused."""
-    from overlap_sizes import SIZES, gemms_under, main as overlap_sizes, overlap_schedule, summarize
+    all-reduce under GEMMs ends 3 ms after the last of them the summary says so, per size, and two all-reduces
+    one after the other span from the first's start to the second's end; one rank, or an odd number, is
+    refused."""
+    from overlap_sizes import (PAIR_SIZES, SIZES, gemms_under, main as overlap_sizes, overlap_schedule, summarize,
+                               summarize_pairs)
 
     from twin.ir_validate import validate_schedule
 
@@ -179,6 +183,11 @@ def test_overlap_sizes_schedule_is_valid_and_its_summary_reads_the_timestamps(ca
     rows = summarize(schedule, [[(start, end)]] * 4)
     assert [r["nbytes"] for r in rows] == SIZES
     assert all(r["ends_after_last_gemm_s"] == pytest.approx(0.003) and r["alone_s"] == 0.5 for r in rows)
-    with pytest.raises(SystemExit) as exit_:
-        overlap_sizes(["--nproc", "1"])
-    assert exit_.value.code == 2 and "--nproc" in capsys.readouterr().err
+    pairs = summarize_pairs(schedule, [[(start, end)]] * 4)
+    apart = [ids[f"{PAIR_SIZES[0]}.apart-{g}.0"] for g in ("x", "z")]
+    assert pairs[0]["one_after_the_other_s"] == pytest.approx(apart[1] + 0.5 - apart[0])
+    assert all(r["at_once_s"] == pytest.approx(1.5) for r in pairs)  # issued one op apart, each half an op long
+    for nproc in ("1", "3"):
+        with pytest.raises(SystemExit) as exit_:
+            overlap_sizes(["--nproc", nproc])
+        assert exit_.value.code == 2 and "--nproc" in capsys.readouterr().err

@@ -129,17 +129,67 @@ def test_the_stretch_applies_once_computing_ranks_hold_every_core(tmp_path, comp
     assert with_stretch == pytest.approx(3 * without if stretched else without, rel=1e-9)
 
 
-def test_a_rank_in_two_transfers_at_once_counts_once(tmp_path):
-    """Ranks 0 and 1 all-reduce on two streams at once while 2 and 3 idle: two ranks move data, not four, so
-    both all-reduces run at twice the calibrated pace (as far as their shared link lets them)."""
+def _latency_and_bytes_alone(tmp_path, nbytes: float) -> tuple[float, float]:
+    """(latency, bytes) of an all-reduce of ranks 0 and 1 while nobody computes, on the shared 2-core quad."""
+    (tmp_path / "plain").mkdir()
+    plain = quad_machine(tmp_path / "plain", slowdown=0.0, shared_cores=2)
+    once, twice = (simulate(schedule(4, {"x": ((0, 1), (2, 3))}, [((0, 1), [all_reduce(0, b)]), ((2, 3), [])]), plain,
+                            full=True).timelines[0].end_s[0] for b in (nbytes, 2 * nbytes))
+    return 2 * once - twice, twice - once  # latency + bytes, latency + twice the bytes
+
+
+@pytest.mark.parametrize("pace", [0.0, 2e-6, 0.25])  # stalls; part before the GEMMs end, part after; inside
+def test_a_transfers_latency_waits_while_its_own_ranks_compute(tmp_path, pace):
+    """Ranks 0 and 1 issue an all-reduce, then all four compute a GEMM (node.comm_stretch_under_compute 3,
+    node.comm_latency_pace_under_compute `pace`): its bytes move first, at a third of their pace alone; its
+    latency then at `pace` of its pace alone until the GEMMs end, and at the pace alone after: at pace 0 it
+    starts when the GEMMs end."""
+    nbytes = 1e8
+    latency, moving = _latency_and_bytes_alone(tmp_path, nbytes)
+    machine = quad_machine(tmp_path, slowdown=0.0, shared_cores=2, comm_stretch=3, latency_pace=pace)
+    sched = schedule(4, {"x": ((0, 1), (2, 3))}, [((0, 1), [all_reduce(0, nbytes), _gemm(1)]), ((2, 3), [_gemm(0)])])
+    t_gemm = _gemm_alone_s()
+    assert 3 * moving < t_gemm  # the bytes are done inside the GEMMs
+    latency_done_at_gemm_end = (t_gemm - 3 * moving) * pace  # seconds of its time alone
+    expected = (3 * moving + latency / pace if latency_done_at_gemm_end >= latency
+                else t_gemm + latency - latency_done_at_gemm_end)
+    assert (0 < latency_done_at_gemm_end < latency) == (0 < pace < 1e-5)  # the three cases are those meant
+    for full in (False, True):
+        ends = simulate(sched, machine, full=full).timelines[0].end_s
+        assert ends[1] == pytest.approx(t_gemm, rel=1e-9)
+        assert ends[0] == pytest.approx(expected, rel=1e-9)
+
+
+def test_ranks_that_wait_while_others_compute_see_only_the_stretch(tmp_path):
+    """Ranks 0 and 1 all-reduce and wait while 2 and 3 compute on both cores: the latency's pace under
+    compute is for a transfer whose own ranks compute, so this one ends as without it (bytes then latency
+    at one pace take as long as latency then bytes)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    machines = [quad_machine(tmp_path / d, slowdown=0.0, shared_cores=2, comm_stretch=3, latency_pace=p)
+                for d, p in (("a", 0.0), ("b", None))]
+    sched = schedule(4, {"x": ((0, 1), (2, 3))}, [((0, 1), [all_reduce(0, 1e8)]), ((2, 3), [_gemm(0)])])
+    for full in (False, True):
+        stalled, stretched = (simulate(sched, m, full=full).timelines[0].end_s[0] for m in machines)
+        assert stalled == pytest.approx(stretched, rel=1e-9)
+        assert stalled < _gemm_alone_s()  # it ended while 2 and 3 computed
+
+
+@pytest.mark.parametrize("pairs, factor", [(1, 1.0), (2, 0.5)])
+def test_a_ranks_transfers_at_once_share_its_pace(tmp_path, pairs, factor):
+    """Two all-reduces on two streams at once, by ranks 0 and 1 while 2 and 3 idle (`pairs` 1) or by all four:
+    every transfer of a rank counts, so one pair's two run at the calibrated pace (two ranks in two transfers
+    on two cores: what four ranks in one had), and all four ranks' two at half of it, as long as one after the
+    other (benchmarks/overlap_sizes.py measured that on this project's 2-core host)."""
     nbytes = 2e9
     shared, alone = _shared_and_alone(tmp_path)
-    sched = schedule(4, {"x": ((0, 1), (2, 3)), "y": ((0, 1), (2, 3))},
-                     [((0, 1), [all_reduce(0, nbytes), all_reduce(1, nbytes, group="y", stream="comm:y")]),
-                      ((2, 3), [])])
+    busy = [((0, 1, 2, 3), [all_reduce(0, nbytes), all_reduce(1, nbytes, group="y", stream="comm:y")])]
+    if pairs == 1:
+        busy = [((0, 1), busy[0][1]), ((2, 3), [])]
+    sched = schedule(4, {"x": ((0, 1), (2, 3)), "y": ((0, 1), (2, 3))}, busy)
     for full in (False, True):
         t_shared = simulate(sched, shared, full=full).step_time_s
-        assert t_shared == pytest.approx(simulate(sched, alone, full=full).step_time_s / 2, rel=1e-9)
+        assert t_shared == pytest.approx(simulate(sched, alone, full=full).step_time_s / factor, rel=1e-9)
 
 
 def test_a_pipeline_gains_from_idle_stages_and_lockstep_data_parallelism_does_not(tmp_path):
@@ -162,13 +212,16 @@ def test_shared_cores_must_be_positive(tmp_path):
         quad_machine(tmp_path, shared_cores=-1)
 
 
-_FIELD_OF = {"timeslice_skew": "timeslice_skew", "comm_stretch": "comm_stretch_under_compute"}  # helper arg -> key
+_FIELD_OF = {"timeslice_skew": "timeslice_skew", "comm_stretch": "comm_stretch_under_compute",
+             "latency_pace": "comm_latency_pace_under_compute"}  # helper arg -> key
 
 
 @pytest.mark.parametrize("cores, argument, value, says", [
     (2, "timeslice_skew", -0.1, "must be >= 0"), (2, "timeslice_skew", 11, "above the physical limit"),
     (0, "timeslice_skew", 0.2, "add node.shared_cores"), (2, "comm_stretch", 0.5, "must be >= 1"),
-    (2, "comm_stretch", 101, "above the physical limit"), (0, "comm_stretch", 2, "add node.shared_cores")])
+    (2, "comm_stretch", 101, "above the physical limit"), (0, "comm_stretch", 2, "add node.shared_cores"),
+    (2, "latency_pace", -0.1, r"in \[0, 1\]"), (2, "latency_pace", 1.5, r"in \[0, 1\]"),
+    (0, "latency_pace", 0.0, "add node.shared_cores")])
 def test_the_oversubscribed_hosts_numbers_are_checked(tmp_path, cores, argument, value, says):
     from topologies.errors import InputError
     with pytest.raises(InputError, match=f"{_FIELD_OF[argument]}.*{says}"):

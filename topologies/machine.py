@@ -185,7 +185,10 @@ def _node(f: Fields) -> NodeSpec:
     stretch = f.number("comm_stretch_under_compute") if f.has("comm_stretch_under_compute") else 1.0
     if stretch < 1:
         f.fail("comm_stretch_under_compute", f"must be >= 1 (a time over the time alone), got {stretch:g}")
-    for key, value, alone in (("timeslice_skew", skew, 0.0), ("comm_stretch_under_compute", stretch, 1.0)):
+    latency_pace = (f.number("comm_latency_pace_under_compute", "share") if f.has("comm_latency_pace_under_compute")
+                    else None)
+    for key, value, alone in (("timeslice_skew", skew, 0.0), ("comm_stretch_under_compute", stretch, 1.0),
+                              ("comm_latency_pace_under_compute", latency_pace, None)):
         if value != alone and not shared_cores:
             f.fail(key, "applies only to ranks that share cores; add node.shared_cores or remove it")
     ef = f.table("link_efficiency")
@@ -198,7 +201,7 @@ def _node(f: Fields) -> NodeSpec:
     if switch is None:
         _check_connected(f, n, links)
     f.finish()
-    return NodeSpec(n, tuple(links), tuple(nics), eff, switch, shared_cores, skew, stretch)
+    return NodeSpec(n, tuple(links), tuple(nics), eff, switch, shared_cores, skew, stretch, latency_pace)
 
 
 def _switch(f: Fields) -> NodeSwitch:

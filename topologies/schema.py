@@ -43,6 +43,7 @@ _RANGES = {
     "positive": (lambda x: x > 0, "> 0"),
     "nonneg": (lambda x: x >= 0, ">= 0"),
     "fraction": (lambda x: 0 < x <= 1, "in (0, 1]"),
+    "share": (lambda x: 0 <= x <= 1, "in [0, 1]"),
 }
 
 # Upper bounds by unit, far above any machine built (a GPU of 2 PF/s, 200 GB of HBM at 8 TB/s, links of

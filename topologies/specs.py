@@ -139,6 +139,11 @@ class NodeSpec:
     # With shared cores: how many times longer a transfer takes while computing ranks hold every core
     # (gloo's threads wait for cores the compute holds); twin calibrate measures it on a 64 MB all-reduce.
     comm_stretch_under_compute: float = 1.0
+    # With shared cores: the pace, over its pace alone, of a transfer's latency while its own ranks compute and
+    # computing ranks hold every core (0: it waits for them to stop); twin calibrate measures it on a small
+    # all-reduce issued before GEMMs. None (not measured): the latency is stretched as the bytes are. Set, the
+    # simulator moves a transfer's bytes first and its latency after (twin.sim.engine; docs/fit.md).
+    comm_latency_pace_under_compute: float | None = None
 
     @property
     def network_link_efficiency(self) -> float:

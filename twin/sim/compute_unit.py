@@ -34,21 +34,29 @@ class NodeCores:
     has a core and nothing lags.
 
     Communication the same way: a calibrated latency and link bandwidth are what each rank's transfers got
-    with every rank of the node in a collective at once and none computing, so while `communicating` ranks
-    move data (a rank in two transfers at once counts once) a transfer runs at comm_factor() times that pace
-    (gloo's threads wake, copy and reduce on the cores): on 2 cores and 4 ranks, a pipeline stage's
-    all-reduce while the other stage waits takes half its calibrated time. While computing ranks hold every
+    with every rank of the node in one collective at once and none computing, so while ranks are in
+    `communicating` transfers (a rank in two at once counts twice) a transfer runs at comm_factor() times
+    that pace (gloo's threads wake, copy and reduce on the cores): on 2 cores and 4 ranks, a pipeline stage's
+    all-reduce while the other stage waits takes half its calibrated time, and two all-reduces of every rank
+    on two groups at once take as long as one after the other, as measured (benchmarks/overlap_sizes.py). While computing ranks hold every
     core, gloo's threads also wait for cores: a transfer then takes `comm_stretch` times as long
     (node.comm_stretch_under_compute, which twin calibrate measures on an all-reduce with and without every
     rank computing: the condition busy >= cores, as with one rank per core, where time-slicing, busy > cores,
     does not lag). A change of either count re-rates the transfers in flight
     (`on_comm_change`: twin.sim.network.FlowNetwork.repace). Compute under communication keeps the device's
-    own comm_compute_slowdown (ComputeUnit.rate)."""
+    own comm_compute_slowdown (ComputeUnit.rate).
 
-    def __init__(self, cores: float, ranks: int, skew: float = 0.0, comm_stretch: float = 1.0) -> None:
+    A transfer's latency, where `latency_pace` is measured (node.comm_latency_pace_under_compute), goes at
+    that pace instead while its own ranks compute and computing ranks hold every core: gloo's small
+    collectives barely move while their ranks run GEMMs, and run once they stop (benchmarks/overlap_sizes.py),
+    while ranks that wait for a collective as others compute see only the stretch. Every start and end of
+    compute then re-rates the transfers in flight, whether or not the counts' factors change."""
+
+    def __init__(self, cores: float, ranks: int, skew: float = 0.0, comm_stretch: float = 1.0,
+                 latency_pace: float | None = None) -> None:
         self.cores, self.busy, self.communicating = cores, 0, 0
         self.calibrated_share = min(1.0, cores / ranks)
-        self.skew, self.comm_stretch = skew, comm_stretch
+        self.skew, self.comm_stretch, self.latency_pace = skew, comm_stretch, latency_pace
         self.units: list[ComputeUnit] = []
         self.on_comm_change: Callable[[], None] | None = None
 
@@ -62,6 +70,12 @@ class NodeCores:
         share = min(1.0, self.cores / max(self.communicating, 1)) / self.calibrated_share
         return share / self.comm_stretch if self.busy >= self.cores else share
 
+    def latency_factor(self, computing: bool) -> float:
+        """A transfer's latency pace over the calibrated one for a member rank that is (or is not) computing."""
+        if self.latency_pace is None or not computing or self.busy < self.cores:
+            return self.comm_factor()
+        return min(1.0, self.cores / max(self.communicating, 1)) / self.calibrated_share * self.latency_pace
+
     def change(self, delta: int, source: "ComputeUnit") -> None:
         before, comm_before = self.factor(), self.comm_factor()
         self.busy += delta
@@ -69,7 +83,7 @@ class NodeCores:
             for unit in self.units:
                 if unit is not source:
                     unit.rate_changed()
-        if self.comm_factor() != comm_before and self.on_comm_change is not None:
+        if (self.comm_factor() != comm_before or self.latency_pace is not None) and self.on_comm_change is not None:
             self.on_comm_change()
 
 
@@ -90,6 +104,7 @@ class ComputeUnit:
         self.env, self.slowdown = env, slowdown
         self.home, self.shares = home, shares
         self.comm_active = 0
+        self.computing = False  # in run(): what a transfer's latency pace asks of its ranks
         self._running: simpy.Process | None = None
 
     def rate(self) -> float:
@@ -99,6 +114,7 @@ class ComputeUnit:
     def run(self, work_s: float):
         """Generator: `yield from unit.run(seconds)` inside the compute stream's process. Returns the pieces it
         ran at one rate, (start time, rate, work done before it), which place the ends of fused ops."""
+        self.computing = True
         for cores, ranks in self.shares:
             cores.change(+ranks, self)
         remaining, pieces = work_s, []
@@ -109,6 +125,7 @@ class ComputeUnit:
             try:
                 yield self.env.timeout(max(remaining, 0.0) / rate)
                 self._running = None
+                self.computing = False
                 for cores, ranks in self.shares:
                     cores.change(-ranks, self)
                 return pieces
@@ -136,20 +153,22 @@ class ComputeUnit:
 
     def comm_changed(self, delta: int) -> None:
         before = self.rate()
-        was_communicating = self.comm_active > 0
         self.comm_active += delta
-        if (self.comm_active > 0) != was_communicating:  # a rank in two transfers at once is one rank moving data
-            for cores, ranks in self.shares:
-                cores.communicating += ranks if self.comm_active > 0 else -ranks
-            for cores, _ in self.shares:
-                if cores.on_comm_change is not None:
-                    cores.on_comm_change()
+        for cores, ranks in self.shares:  # every transfer of a rank counts: they share its progress
+            cores.communicating += delta * ranks
+        for cores, _ in self.shares:
+            if cores.on_comm_change is not None:
+                cores.on_comm_change()
         if self.rate() != before:
             self.rate_changed()
 
     def comm_factor(self) -> float:
         """A transfer's pace over the calibrated one on this rank's node (NodeCores.comm_factor)."""
         return self.home.comm_factor()
+
+    def latency_factor(self) -> float:
+        """A transfer's latency pace over the calibrated one on this rank's node (NodeCores.latency_factor)."""
+        return self.home.latency_factor(self.computing)
 
     def rate_changed(self) -> None:
         """Re-arm the running op (if any) at the present rate."""

@@ -120,6 +120,7 @@ class Simulator:
         network = FlowNetwork(env, flow_types.n_classes)
         units = self._compute_units(env)
         shared = self.machine.node.shared_cores > 0
+        latency_last = shared and self.machine.node.comm_latency_pace_under_compute is not None
         for unit in units:
             for cores, _ in unit.shares:
                 cores.on_comm_change = network.repace
@@ -150,16 +151,20 @@ class Simulator:
                 yield rv.done
 
         def transfer(members, type_id, nbytes, done):
-            """A collective or point-to-point transfer: latency, then its phases as flows."""
+            """A collective or point-to-point transfer: latency, then its phases as flows; on a host whose ranks
+            share cores, at the pace their cores allow, re-rated as it changes, and where the latency's pace
+            under compute is measured, the bytes first: they move while the ranks compute, the latency waits
+            (twin.sim.compute_unit.NodeCores)."""
             for c in members:
                 units[c].comm_changed(+1)
             latency, phases = flow_types.cost(type_id)
-            # on a host whose ranks share cores, at the pace their cores allow, re-rated as it changes
             pacer = (lambda: min(units[c].comm_factor() for c in members)) if shared else None
-            if latency > 0:
+            if latency > 0 and not latency_last:
                 yield network.delay(latency, pacer) if shared else env.timeout(latency)
             for index, loads, s_per_byte in phases:
                 yield network.start(index, loads, nbytes * s_per_byte, pacer)
+            if latency > 0 and latency_last:
+                yield network.delay(latency, lambda: min(units[c].latency_factor() for c in members))
             for c in members:
                 units[c].comm_changed(-1)
             if done is not None:
@@ -204,7 +209,8 @@ class Simulator:
             return [ComputeUnit(env, slowdown) for _ in sym.representatives]
         node_of = self.fabric.node_of
         cores: dict[int, NodeCores] = defaultdict(lambda: NodeCores(
-            node.shared_cores, node.gpus_per_node, node.timeslice_skew, node.comm_stretch_under_compute))
+            node.shared_cores, node.gpus_per_node, node.timeslice_skew, node.comm_stretch_under_compute,
+            node.comm_latency_pace_under_compute))
         ranks_on: list[dict[int, int]] = [defaultdict(int) for _ in sym.representatives]
         for rank, cls in sym.class_of.items():
             ranks_on[cls][node_of(self.gpu_of[rank])] += 1

@@ -84,7 +84,8 @@ class FlowNetwork:
 
     def delay(self, work_s: float, pacer: Callable[[], float]) -> simpy.Event:
         """A wait of `work_s` seconds at the pace `pacer()` gives it, which may change while it runs (repace): a
-        transfer's latency on a CPU host whose ranks share cores. A flow on no link: nothing shares it."""
+        transfer's latency on a CPU host whose ranks share cores. A flow on no link: nothing shares it. At pace 0
+        it stalls until a repace gives it one."""
         done = self.env.event()
         if work_s <= 0:
             done.succeed()
@@ -118,6 +119,9 @@ class FlowNetwork:
             self.paced[flow] = None
 
     def _push(self, flow: Flow, now: float) -> None:
+        """Schedule the flow's end at its present rate; a stalled flow (pace 0) has none until repace."""
+        if flow.pace <= 0:
+            return
         self._tiebreak += 1
         heapq.heappush(self._heap, (now + flow.work_s / (flow.speed * flow.pace), flow.generation, self._tiebreak, flow))
 
