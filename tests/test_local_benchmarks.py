@@ -191,3 +191,23 @@ def test_overlap_sizes_schedule_is_valid_and_its_summary_reads_the_timestamps(ca
         with pytest.raises(SystemExit) as exit_:
             overlap_sizes(["--nproc", nproc])
         assert exit_.value.code == 2 and "--nproc" in capsys.readouterr().err
+
+
+def test_overlap_savings_pairs_each_plan_with_its_overlap_off_twin(tmp_path, capsys):
+    """benchmarks/overlap_savings.py: from validate rows in PLANS order (each plan, then it without overlap) the
+    saving 1 - on / off, measured and per machine file; a missing file or another rank count is refused."""
+    from overlap_savings import PLANS, main as overlap_savings, savings
+
+    rows = []
+    for i, _ in enumerate(PLANS):
+        rows += [{"measured_s": 0.9, "predicted_s": {"a": 0.8, "b": 1.0 + i}},
+                 {"measured_s": 1.0, "predicted_s": {"a": 1.0, "b": 1.0 + i}}]
+    out = savings(rows, ["a", "b"])
+    assert [(r["model"], r["plan"]) for r in out] == [(m, p) for m, p, _ in PLANS]
+    assert all(r["measured_saving"] == pytest.approx(0.1) for r in out)
+    assert all(r["predicted_saving"] == pytest.approx({"a": 0.2, "b": 0.0}) for r in out)
+    for argv, says in ((["--machine", str(tmp_path / "none.toml")], "no such file"),
+                       (["--machine", "topologies/local.toml", "--nproc", "2"], "--nproc 2")):
+        with pytest.raises(SystemExit) as exit_:
+            overlap_savings(argv)
+        assert exit_.value.code == 2 and says in capsys.readouterr().err
