@@ -81,11 +81,12 @@ def overlap_schedule(nproc: int) -> Schedule:
         for rep in range(REPEATS):
             sync(f"{nbytes}.sync-apart.{rep}")
             for group in ("x", "z"):
-                w.wait(w.collective(f"{nbytes}.apart-{group}.{rep}", group, Collective("all_reduce", group, nbytes, DTYPE)))
+                work = Collective("all_reduce", group, nbytes, DTYPE)
+                w.wait(w.collective(f"{nbytes}.apart-{group}.{rep}", group, work))
                 w.compute(f"{nbytes}.apart-{group}.{rep}.done", Elementwise(TINY_BYTES))
             sync(f"{nbytes}.sync-together.{rep}")
-            w.wait(*(w.collective(f"{nbytes}.together-{group}.{rep}", group, Collective("all_reduce", group, nbytes, DTYPE))
-                     for group in ("x", "z")))
+            w.wait(*(w.collective(f"{nbytes}.together-{g}.{rep}", g, Collective("all_reduce", g, nbytes, DTYPE))
+                     for g in ("x", "z")))
             w.compute(f"{nbytes}.together.{rep}.done", Elementwise(TINY_BYTES))
     info = StepInfo(model="overlap sizes", plan=None, label=f"overlapped all-reduces on {nproc} ranks", global_batch=1,
                     seq=1, flops_hardware=0.0, flops_model=0.0, memory_per_gpu_bytes=0.0)

@@ -47,10 +47,11 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   cores gloo's threads then wait for cores (2.6-3.4 with 4 ranks on this
   project's 2-core host, 1.1-1.2 with 2; docs/fit.md);
 - comm_latency_pace_under_compute: how much of the small all-reduce's time
-  alone went by while the GEMMs over it ran, per second of them: 0 where it ended its time alone after them (4 ranks on this project's
-  2-core host: its threads barely run while their ranks compute;
-  benchmarks/overlap_sizes.py), its time alone over its time where it
-  ended inside them;
+  alone went by while the GEMMs over it ran, per second of them: 0 where
+  it ended its time alone after them (4 ranks on this project's 2-core
+  host: its threads barely run while their ranks compute;
+  benchmarks/overlap_sizes.py), 0.5 or so with 2 ranks, where it ended
+  inside them (its time alone over its time);
 - timeslice_skew: the least-squares slope of the synchronising all-reduce's
   time over the GEMM's before it (3-32 ms of compute on a 2-core host with
   4 ranks): how far the last rank lags the mean, per second of compute,

@@ -38,8 +38,9 @@ class NodeCores:
     `communicating` transfers (a rank in two at once counts twice) a transfer runs at comm_factor() times
     that pace (gloo's threads wake, copy and reduce on the cores): on 2 cores and 4 ranks, a pipeline stage's
     all-reduce while the other stage waits takes half its calibrated time, and two all-reduces of every rank
-    on two groups at once take as long as one after the other, as measured (benchmarks/overlap_sizes.py). While computing ranks hold every
-    core, gloo's threads also wait for cores: a transfer then takes `comm_stretch` times as long
+    on two groups at once take as long as one after the other, as measured (benchmarks/overlap_sizes.py).
+    While computing ranks hold every core, gloo's threads also wait for cores: a transfer then takes
+    `comm_stretch` times as long
     (node.comm_stretch_under_compute, which twin calibrate measures on an all-reduce with and without every
     rank computing: the condition busy >= cores, as with one rank per core, where time-slicing, busy > cores,
     does not lag). A change of either count re-rates the transfers in flight
