@@ -7,7 +7,7 @@ import pytest
 
 from executor.calibrate_sharing import latency_pace
 from executor.calibration_samples import Sample
-from test_executor_program import known_parameters, synthetic_samples
+from test_calibration_fit import known_parameters, synthetic_samples
 from topologies.machine import load_machine
 
 

@@ -98,7 +98,7 @@ def test_oversubscribed_host_writes_each_variant_of_the_calibration(tmp_path):
     from dataclasses import asdict
 
     from oversubscribed_host import VARIANTS, main as oversubscribed_host
-    from test_executor_program import known_parameters, synthetic_samples
+    from test_calibration_fit import known_parameters, synthetic_samples
 
     from executor.calibrate import LEAD_GEMM, fit
     from executor.calibrate_host import refit_saved

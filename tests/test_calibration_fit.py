@@ -1,0 +1,225 @@
+"""`twin calibrate`'s fit on synthetic microbenchmarks made with the simulator's own formulas: it recovers
+the parameters they were made from, the oversubscribed host's numbers among them, and the written machine file
+reproduces every microbenchmark; several launches combine by their median; the schedule is a valid one."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from topologies import load_machine
+from twin.build import build_step
+from twin.ir import Attention
+from twin.model import get_model
+from twin.plan import parse_plan
+
+# ---- calibration fit -------------------------------------------------------------------------------
+
+
+def synthetic_samples(truth: dict, nproc: int = 4):
+    """Microbenchmark times made with twin.sim's own formulas from known parameters."""
+    from executor import calibrate as cal
+    from executor.calibration_samples import Sample
+    from twin.sim.compute import REFERENCE_GEMM_DIM as D
+
+    def eff(m, n, k):
+        tm, tn, kh = truth["tile_m"], truth["tile_n"], truth["k_half"]
+
+        def raw(m, n, k):
+            return (m * n) / (-(-m // tm) * tm * -(-n // tn) * tn) * (k / (k + kh))
+
+        return raw(m, n, k) / raw(D, D, D)
+
+    o = truth["overhead"]
+
+    def gemm_s(m, n, k, lay="NN"):
+        mem = 2 * (m * k + k * n + m * n) / truth["bw"]
+        return max(2 * m * n * k / (truth["rate"] * eff(m, n, k) * truth["layouts"][lay]), mem) + o
+
+    out = []
+    for (m, n, k), lay in [(s, lay) for s in cal.GEMM_SHAPES for lay in ("NN", "NT", "TN")]:
+        t = gemm_s(m, n, k, lay)
+        out.append(Sample("gemm", {"m": m, "n": n, "k": k, "layout": lay}, t, 0.01 * t, 10))
+    for b in cal.ELEMENTWISE_BYTES:
+        t = o + b / truth["bw"]
+        out.append(Sample("elementwise", {"nbytes": b}, t, 0.01 * t, 10))
+    for (b, h, s, d) in cal.ATTENTION_SHAPES:
+        for bwd in (False, True):
+            t = Attention(b, s, h, d, bwd, True).flops / (truth["rate"] * truth["attention"]) + o + truth["attention_over"]
+            out.append(Sample("attention", {"batch": b, "heads": h, "seq": s, "head_dim": d, "backward": bwd}, t, 0.01 * t, 10))
+    for size in cal.group_sizes(nproc):
+        for kind in cal.COLLECTIVE_KINDS:
+            for nbytes in cal.COLLECTIVE_BYTES:
+                ar = kind == "all_reduce"
+                steps = 2 * (size - 1) if ar else size - 1
+                traffic = (2 if ar else 1) * (size - 1) / size * nbytes
+                t = (truth["base"] + truth["kind_latency"][kind] + steps * truth["hop"]
+                     + traffic / (truth["port"] * truth["kind_fraction"][kind]))
+                t += truth.get("skew", 0.0) * gemm_s(*cal.LEAD_GEMM)  # the last rank's lag behind the lead GEMM
+                out.append(Sample("collective", {"kind": kind, "group_size": size, "nbytes": nbytes}, t, 0.01 * t, 10))
+    if "skew" in truth:
+        for m, n, k in cal.SKEW_LEADS:
+            lead = gemm_s(m, n, k)
+            out.append(Sample("skew_lead", {"m": m, "n": n, "k": k}, lead, 0.01 * lead, 10))
+            sync = truth["sync_base"] + truth["skew"] * lead
+            out.append(Sample("skew_sync", {"m": m, "n": n, "k": k}, sync, 0.01 * sync, 10))
+    out.append(Sample("overlap_alone", {}, 1.0, 0.0, 3))
+    out.append(Sample("overlap_during", {}, 1.25, 0.0, 3))
+    if "stretch" in truth:  # the large all-reduce alone, and while every rank computes
+        out.append(Sample("overlap_comm_alone", {"nbytes": cal.OVERLAP_BYTES, "group_size": nproc}, 0.08, 0.0, 3))
+        out.append(Sample("overlap_comm", {"nbytes": cal.OVERLAP_BYTES, "group_size": nproc}, 0.08 * truth["stretch"],
+                              0.0, 3))
+    if "latency_pace" in truth:  # a 4 ms all-reduce over four 2 ms GEMMs, ending its rest alone after them
+        count, (m, n, k) = cal.LATENCY_GEMMS
+        params = {"nbytes": cal.LATENCY_BYTES, "group_size": nproc}
+        out += [Sample("latency_comm_alone", params, 4e-3), Sample("latency_gemm", {"m": m, "n": n, "k": k}, 2e-3),
+                Sample("latency_comm", {**params, "gemms": count}, count * 2e-3 + 4e-3 - truth["latency_pace"] * count * 2e-3)]
+    return out
+
+
+def known_parameters(**more) -> dict:
+    from executor import calibrate as cal
+    return {"overhead": float(cal.OVERHEADS_S[20]), "bw": 10e9, "rate": 100e9, "tile_m": 32, "tile_n": 64,
+            "k_half": 64.0, "layouts": {"NN": 1.0, "NT": 0.9, "TN": 0.8}, "attention": 0.5, "attention_over": 300e-6,
+            "base": 100e-6, "hop": 50e-6, "port": 1e9,
+            "kind_latency": {"all_reduce": 0.0, "all_gather": 20e-6, "reduce_scatter": 400e-6},
+            "kind_fraction": {"all_reduce": 1.0, "all_gather": 0.8, "reduce_scatter": 0.5}, **more}
+
+
+def test_calibration_fit_recovers_known_parameters_and_the_simulator_agrees(tmp_path):
+    from executor import calibrate as cal
+    from executor.machinefile import write_machine
+
+    truth = known_parameters()
+    samples = synthetic_samples(truth)
+    f = cal.fit(samples)
+    assert f.kernel_overhead_s == pytest.approx(truth["overhead"], rel=1e-6)
+    assert f.hbm_bw_bytes_per_s == pytest.approx(truth["bw"], rel=1e-3)
+    assert f.gemm_flop_per_s == pytest.approx(truth["rate"], rel=1e-3)
+    assert f.gemm_k_half == 64.0  # tiles are identified only as far as the shapes quantize: checked below
+    assert f.layout_efficiency == pytest.approx(truth["layouts"], rel=1e-3)
+    assert (f.attention_efficiency, f.attention_overhead_s) == pytest.approx((0.5, 300e-6), rel=1e-3)
+    assert (f.base_latency_s, f.hop_latency_s, f.port_bw_bytes_per_s) == pytest.approx((100e-6, 50e-6, 1e9), rel=1e-3)
+    assert f.kind_latency_s == pytest.approx(truth["kind_latency"], abs=1e-9)
+    assert f.kind_bw_fraction == pytest.approx(truth["kind_fraction"], rel=1e-3)
+    assert f.comm_compute_slowdown == pytest.approx(0.2)
+    assert (f.timeslice_skew, f.comm_stretch_under_compute) == (0.0, 1.0)  # neither measured: nothing changes
+    path = tmp_path / "mine.toml"
+    host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
+    doc = write_machine(str(path), f, samples, host, "float32", date="2026-01-01")
+    # the written file, read back by the simulator's own models, reproduces every microbenchmark
+    assert max(abs(p["error"]) for p in doc["predictions"]) < 0.01
+    machine = load_machine(str(path))
+    assert machine.node.gpus_per_node == 4 and machine.node.switch.kind == "loopback"
+    assert all(s.source or s.estimate for s in machine.sources.values())
+    assert json.loads((tmp_path / "mine.calibration.json").read_text())["date"] == "2026-01-01"
+
+
+def test_calibration_measures_an_oversubscribed_hosts_lag_and_stretch(tmp_path):
+    """With more ranks than cores the last rank reaches a synchronisation late by a fraction of the compute
+    before it; every collective microbenchmark has that lag behind its lead GEMM. Oversubscribed, the fit
+    measures the fraction and takes the lag out of the collectives (the simulator adds it to the compute);
+    one rank per core, the lag stays in the collectives' latency and the simulator never applies it. The
+    large all-reduce's time with every rank computing over its time alone is the stretch."""
+    from executor import calibrate as cal
+    from executor.machinefile import write_machine
+
+    truth = known_parameters(skew=0.25, sync_base=400e-6, stretch=3.5)
+    samples = synthetic_samples(truth)
+    lead_s = next(s.time_s for s in samples if s.kind == "skew_lead" and s.params == dict(zip("mnk", cal.LEAD_GEMM)))
+    f = cal.fit(samples, oversubscribed=True)
+    assert (f.timeslice_skew, f.lead_skew_s) == pytest.approx((0.25, 0.25 * lead_s), rel=1e-6)
+    assert f.comm_stretch_under_compute == pytest.approx(3.5)
+    assert (f.base_latency_s, f.hop_latency_s, f.port_bw_bytes_per_s) == pytest.approx((100e-6, 50e-6, 1e9), rel=1e-3)
+    one_per_core = cal.fit(samples, oversubscribed=False)
+    assert (one_per_core.timeslice_skew, one_per_core.lead_skew_s) == pytest.approx((0.25, 0.0))
+    assert one_per_core.base_latency_s == pytest.approx(100e-6 + 0.25 * lead_s, rel=1e-3)
+    path = tmp_path / "mine.toml"
+    host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
+    doc = write_machine(str(path), f, samples, host, "float32", date="2026-01-01")
+    assert max(abs(p["error"]) for p in doc["predictions"]) < 0.01  # the audit puts the lag back
+    node = load_machine(str(path)).node
+    assert (node.timeslice_skew, node.comm_stretch_under_compute) == pytest.approx((0.25, 3.5))
+    assert cal.fit([s for s in samples if not s.kind.startswith("skew")]).timeslice_skew == 0.0  # not measured
+
+
+def test_several_calibration_launches_are_fitted_by_their_median():
+    """`twin calibrate --launches 3`: each microbenchmark's time is the median of the launches' means, so one
+    launch with every time 30% long (the host in an odd moment) changes nothing, and the median's error is the
+    launches' scatter; a microbenchmark one launch lacks keeps the others'; one launch is left as it is."""
+    from executor import calibrate as cal
+    from executor import calibration_samples as samples
+
+    truth = known_parameters()
+    base = synthetic_samples(truth)
+    slow = [replace(s, time_s=1.3 * s.time_s) for s in base]
+    fast = [replace(s, time_s=0.98 * s.time_s) for s in base]
+    combined = samples.combine_launches([base, slow, fast[:-1]])  # the last launch lacks the last microbenchmark
+    assert [s.time_s for s in combined[:-1]] == pytest.approx([s.time_s for s in base[:-1]])
+    assert combined[-1].time_s == pytest.approx((base[-1].time_s + slow[-1].time_s) / 2)
+    spread = np.std([1.0, 1.3, 0.98], ddof=1) / np.sqrt(3) * samples.MEDIAN_SE_FACTOR
+    assert combined[0].sem_s == pytest.approx(spread * base[0].time_s)
+    assert combined[0].count == 3 * base[0].count
+    assert cal.fit(combined).gemm_flop_per_s == pytest.approx(truth["rate"], rel=1e-3)
+    assert samples.combine_launches([slow]) == slow
+    agreeing = samples.combine_launches([base, base])  # no scatter between them: the within-launch error remains
+    assert agreeing[0].sem_s == pytest.approx(base[0].sem_s / np.sqrt(2))
+
+
+def test_a_saved_calibration_is_refitted_from_the_launches_asked_for(tmp_path):
+    """executor.calibrate_host.refit_saved on a file that kept each launch: any launch alone, or the median of
+    all, from the same saved measurements (benchmarks/calibration_launches.py's comparison)."""
+    from executor import calibrate as cal
+    from executor import calibration_samples as samples
+    from executor.calibrate_host import refit_saved
+    from executor.machinefile import write_machine
+
+    truth = known_parameters()
+    launches = [synthetic_samples(truth), [replace(s, time_s=2 * s.time_s) for s in synthetic_samples(truth)],
+                synthetic_samples(truth)]
+    host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
+    combined = samples.combine_launches(launches)
+    write_machine(str(tmp_path / "saved.toml"), cal.fit(combined), combined, host, "float32", "2026-01-01", launches)
+    saved = str(tmp_path / "saved.calibration.json")
+    assert len(json.loads(Path(saved).read_text())["launch_samples"]) == 3
+    rate = {name: refit_saved(saved, str(tmp_path / f"{name}.toml"), launches=which).gemm_flop_per_s
+            for name, which in (("first", [0]), ("second", [1]), ("all", None))}
+    assert rate["first"] == pytest.approx(truth["rate"], rel=1e-3)
+    assert rate["second"] == pytest.approx(truth["rate"] / 2, rel=1e-3)  # every time doubled: half the rate
+    assert rate["all"] == pytest.approx(truth["rate"], rel=1e-3)  # the median outvotes it
+    kept = json.loads((tmp_path / "all.calibration.json").read_text())
+    assert len(kept["launch_samples"]) == 3 and "launch_samples" not in json.loads(
+        (tmp_path / "first.calibration.json").read_text())
+    # each number's source says what it is the median of, and a single launch says nothing of the kind
+    assert "the median of 3 launches" in (tmp_path / "all.toml").read_text()
+    assert "median" not in (tmp_path / "first.toml").read_text()
+
+
+def test_the_committed_local_machine_is_calibrated_and_exports_a_step():
+    machine = load_machine("local")
+    assert machine.max_gpus >= 4
+    measured = [s for s in machine.sources.values() if s.source]
+    assert measured and all("by twin calibrate on" in s.source for s in measured)
+    assert all(s.source or s.estimate for s in machine.sources.values())
+    built = build_step(get_model("tiny"), parse_plan("gx=2,gy=1,gz=2,gdata=1,global_batch=8"), machine, 4)
+    assert built.schedule.world_size == 4
+
+
+def test_calibration_schedule_is_a_valid_schedule():
+    from executor.calibrate import calibration_schedule
+    from twin.ir_validate import validate_schedule
+
+    s, what = calibration_schedule(4, repeats=1)
+    validate_schedule(s)
+    kinds = {k for k, _ in what.values()}
+    assert {"gemm", "elementwise", "attention", "collective", "overlap_alone", "overlap_during", "overlap_comm",
+            "overlap_comm_alone", "skew_lead", "skew_sync", "latency_comm_alone", "latency_comm", "latency_gemm"} <= kinds
+    per_kind = [sum(k == kind for k, _ in what.values()) for kind in ("skew_lead", "skew_sync")]
+    assert per_kind == [4, 4]  # a lead GEMM and its synchronisation per SKEW_LEADS size, once each (repeats=1)
+    layouts = {p["layout"] for k, p in what.values() if k == "gemm"}
+    assert layouts == {"NN", "NT", "TN"}
+    assert {p["group_size"] for k, p in what.values() if k == "collective"} == {2, 4}
