@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         fit, left_out, fitted = fit_and_carry(files, os.path.join(o, "calibration-runs.json"))
         rows.append({"variant": name, "gemm_fit_rms_log_error": {n: f.rms_log_error["gemm"] for n, f in fits.items()},
                      "gemm_tile": {n: f"{f.gemm_tile_m}x{f.gemm_tile_n}" for n, f in fits.items()},
+                     "gemm_gflop_per_s": {n: f.gemm_flop_per_s / 1e9 for n, f in fits.items()},
                      "base_latency_ms": {n: 1e3 * f.base_latency_s for n, f in fits.items()},
                      "machines": (files[4], fitted[4]), "fitted": fit is not None, "left_out": left_out})
     every = sorted({m for row in rows for m in row["machines"]})
@@ -72,15 +73,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     print(f"held-out 4-rank plans of {o} ({len(table['rows'])}), each calibration fitted from the launches named")
-    print("(GEMM fit: the calibration's RMS log error on its own GEMM microbenchmarks and the tile it chose; "
-          "latency: the collectives' base latency; then the held-out error)")
-    print(f"{'calibration':<16}{'GEMM fit 2 | 4 ranks':>32}{'latency ms 2 | 4':>20}{'microbenchmarks':>18}"
+    print("(GEMM fit: the calibration's RMS relative error on its own GEMM microbenchmarks, the tile it chose and "
+          "its rate in GF/s; latency: the collectives' base latency; then the held-out error)")
+    print(f"{'calibration':<16}{'GEMM fit 2 | 4 ranks':>44}{'latency ms 2 | 4':>20}{'microbenchmarks':>18}"
           f"{'fitted on 1-2 ranks':>22}")
     for row in rows:
-        g, t, b = row["gemm_fit_rms_log_error"], row["gemm_tile"], row["base_latency_ms"]
+        g, t, b, r = row["gemm_fit_rms_log_error"], row["gemm_tile"], row["base_latency_ms"], row["gemm_gflop_per_s"]
         micro, fitted = row["held_out_mean_abs_pct"]
-        print(f"{row['variant']:<16}{g[2]:>8.3f} {t[2]:>7} | {g[4]:.3f} {t[4]:>7}{b[2]:>12.2f} | {b[4]:>5.2f}"
-              f"{micro:>17.1f}%{fitted:>21.1f}%" + ("" if row["fitted"] else "  (nothing fitted)"))
+        print(f"{row['variant']:<16}{g[2]:>8.3f} {t[2]:>7} {r[2]:>5.1f} | {g[4]:.3f} {t[4]:>7} {r[4]:>5.1f}"
+              f"{b[2]:>12.2f} | {b[4]:>5.2f}{micro:>17.1f}%{fitted:>21.1f}%" + ("" if row["fitted"] else "  (nothing fitted)"))
     alone = [row["held_out_mean_abs_pct"] for row in rows[:-1]]
     median = rows[-1]["held_out_mean_abs_pct"]
     for col, label in enumerate(("microbenchmarks", "fitted on 1-2 ranks")):

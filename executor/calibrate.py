@@ -28,8 +28,14 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
 
 - kernel_overhead_s, GEMM rate R, tile sizes, k_half (compute_units = 1: one
   process is one stream of kernels, no waves) by a grid search minimising the
-  RMS log error of element-wise, GEMM and attention times together; the
-  element-wise bandwidth (hbm_bw, efficiency 1) by weighted least squares;
+  RMS relative error of element-wise, GEMM and attention times together,
+  every time weighted alike (`_relative`): not by its standard error, which
+  with more ranks than cores comes from a few launches' scatter and is too
+  noisy to decide a discrete choice of tiles by (on this project's 2-core
+  host, weighted so, 4-rank launches of one calibration chose tiles from 1x1
+  to 32x32, and two calibrations' GEMM rates were 21% apart where the
+  measured GEMM times were within 4%; docs/fit.md); the element-wise
+  bandwidth (hbm_bw, efficiency 1) by least squares;
   layout efficiencies as each layout's fitted rate over the best one's;
   attention_efficiency as the median attention rate over R;
 - attention: a fixed time per call plus flops at attention_efficiency x R
@@ -242,6 +248,13 @@ def _arrays(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
     return t, 1.0 / sigma ** 2
 
 
+def _relative(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
+    """(mean times, weights 1 / t^2): least squares on these is least squares on relative errors, each
+    microbenchmark counting alike whatever its measured scatter (the compute fit's weighting)."""
+    t = np.array([s.time_s for s in samples])
+    return t, 1.0 / t ** 2
+
+
 def _chi2(pred: np.ndarray, t: np.ndarray, w: np.ndarray) -> float:
     return float(np.sum(w * (pred - t) ** 2))
 
@@ -287,14 +300,14 @@ def fit(samples: list[Sample], oversubscribed: bool = False) -> Fit:
     ew, gm, at = by.get("elementwise", []), by.get("gemm", []), by.get("attention", [])
     if not ew or not gm:
         raise ValueError("calibration needs element-wise and GEMM measurements")
-    ew_t, ew_w = _arrays(ew)
+    ew_t, ew_w = _relative(ew)
     ew_b = np.array([s.params["nbytes"] for s in ew], float)
-    g_t, g_w = _arrays(gm)
+    g_t, g_w = _relative(gm)
     g_m, g_n, g_k = (np.array([s.params[d] for s in gm], float) for d in "mnk")
     g_f = 2 * g_m * g_n * g_k
     g_bytes = 2 * (g_m * g_k + g_k * g_n + g_m * g_n)  # twin.sim.compute counts 2-byte operands
     g_lay = np.array([s.params["layout"] for s in gm])
-    a_t, a_w = _arrays(at)
+    a_t, a_w = _relative(at)
     a_f = np.array([Attention(s.params["batch"], s.params["seq"], s.params["heads"], s.params["head_dim"],
                               s.params["backward"], True).flops for s in at])
     effs = {(tm, tn, kh): _shape_eff(g_m, g_n, g_k, tm, tn, kh) for tm, tn, kh in itertools.product(TILES, TILES, K_HALVES)}

@@ -31,7 +31,7 @@ def collect(steps: list[list[tuple[np.ndarray, np.ndarray]]], what: dict[int, tu
     the median: with more ranks than cores an op is now and then descheduled
     for a time slice, and a step pays those slices on average, so the expected
     time is what a step-time prediction needs; the standard error says how far
-    to trust it (the fit weighs by it). Overlap GEMMs count only when they ran
+    to trust it (the collective fit weighs by it). Overlap GEMMs count only when they ran
     entirely inside the large all-reduce.
     """
     big = next((i for i, (k, _) in what.items() if k == "overlap_comm"), None)
