@@ -18,6 +18,30 @@ REPO = Path(__file__).resolve().parents[1]
 SMALL_SPEC = "layers=2,hidden=512,heads=8,seq=128,vocab=1024"
 
 
+# ---- Megatron's softmax on the attention scores ------------------------------
+# Written from Megatron-DeepSpeed c08e2cc2 (megatron/model/fused_softmax.py, is_kernel_available and
+# forward_torch_softmax; csrc scaled_masked_softmax.h, get_batch_per_block), not from the builder: the fused causal
+# kernel needs 16-bit scores, 16 < seq <= 4096, seq % 4 == 0 and mbs x local heads a multiple of the rows one
+# 128-thread block takes (warps of 32 threads, one row each, two where seq <= 128). Otherwise torch's softmax in
+# fp32 with query-key layer scaling: cast, scale, masked_fill_, softmax, cast back, and the five backwards in
+# reverse. (role, bytes per score element read + written)
+FUSED_SOFTMAX = [("softmax", 2 + 2)]
+FUSED_SOFTMAX_BACKWARD = [("softmax_bwd", 2 + 2 + 2)]
+TORCH_SOFTMAX = [("softmax_to_fp32", 2 + 4), ("softmax_scale", 4 + 4), ("softmax_mask", 4 + 4), ("softmax", 4 + 4),
+                 ("softmax_to_16bit", 4 + 2)]
+TORCH_SOFTMAX_BACKWARD = [("softmax_to_16bit_bwd", 2 + 4), ("softmax_bwd", 4 + 4 + 4), ("softmax_mask_bwd", 4 + 4),
+                          ("softmax_scale_bwd", 4 + 4), ("softmax_to_fp32_bwd", 4 + 2)]
+
+
+def megatron_softmax(seq: int, attention_batches: int, backward: bool) -> list[tuple[str, int]]:
+    """The softmax kernels of one layer's unfused attention, one direction, on 16-bit scores."""
+    rows_per_block = 2 * 128 // 32 if seq <= 128 else 128 // 32
+    fused = 16 < seq <= 4096 and seq % 4 == 0 and attention_batches % rows_per_block == 0
+    if fused:
+        return FUSED_SOFTMAX_BACKWARD if backward else FUSED_SOFTMAX
+    return TORCH_SOFTMAX_BACKWARD if backward else TORCH_SOFTMAX
+
+
 # ---- hand-made machines ------------------------------------------------------
 
 _DEVICE = """

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import SMALL_SPEC
+from helpers import SMALL_SPEC, megatron_softmax
 from test_builder import GA, H, LAYERS, MBS, SEQ, VOCAB, build
 from twin.build import build_step
 from twin.ir import Attention, Elementwise, Gemm
@@ -58,7 +58,19 @@ FLASH_BACKWARD = [
     ("k_grad", ("heads", 2 + 2)),
     ("v_grad", ("heads", 2 + 2)),
 ]
-ATTENTION_PLANS = ["gx=2,gy=2,gz=2,gdata=2", "gx=8,gy=1,gz=1,gdata=2", "gx=1,gy=4,gz=1,gdata=2"]
+ATTENTION_PLANS = [  # MBS x HEADS/gx = 8, 2 and 16 score matrices: gx=8's are too few for Megatron's fused softmax
+    "gx=2,gy=2,gz=2,gdata=2", "gx=8,gy=1,gz=1,gdata=2", "gx=1,gy=4,gz=1,gdata=2"]
+
+
+def unfused(phase: str, gx: int, mbs: int = MBS) -> list:
+    """UNFUSED_FORWARD (phase "fwd" or "rc") or UNFUSED_BACKWARD with the softmax Megatron runs on mbs x HEADS/gx
+    score matrices of SEQ x SEQ."""
+    backward = phase == "bwd"
+    softmax = [(role, ("scores", nbytes)) for role, nbytes in megatron_softmax(SEQ, mbs * HEADS // gx, backward)]
+    out = []
+    for role, want in UNFUSED_BACKWARD if backward else UNFUSED_FORWARD:
+        out += softmax if role in ("softmax", "softmax_bwd") else [(role, want)]
+    return out
 
 
 def attention_ops(program, mb: int, phase: str, layer: int) -> list:
@@ -84,7 +96,7 @@ def assert_attention_kernels(ops: list, expected: list, gx: int) -> None:
             assert op.work.nbytes == pytest.approx(nbytes * elements[what], rel=1e-12), role
 
 
-def as_unfused(tags: list) -> list:
+def as_unfused(tags: list, gx: int) -> list:
     """A flash schedule's op tags with each layer pass's attention kernels replaced by the unfused ones, in place."""
     out: list = []
     previous = None
@@ -95,8 +107,7 @@ def as_unfused(tags: list) -> list:
             continue
         key = (tag.micro_batch, tag.phase, tag.layer)
         if key != previous:  # the first of this layer's pass's attention kernels
-            unfused = UNFUSED_BACKWARD if tag.phase == "bwd" else UNFUSED_FORWARD
-            out += [replace(tag, role=role) for role, _ in unfused]
+            out += [replace(tag, role=role) for role, _ in unfused(tag.phase, gx)]
         previous = key
     return out
 
@@ -107,17 +118,19 @@ def test_unfused_attention_replaces_the_flash_kernels_by_megatrons_core_attentio
     """Per layer, flash forward: 3 q/k/v copies, the cu_seqlens arange, the kernel, the context copy; backward: the
     output-gradient copy, the kernel, 3 q/k/v gradient copies. Unfused forward: 2 batched GEMMs + softmax + dropout
     + the context copy; backward: 4 batched GEMMs, 2 element-wise kernels on the scores, 2 scalings, 3 q/k/v
-    gradient copies. Full recompute reruns the forward; nothing else changes."""
+    gradient copies; where the fused softmax cannot run (gx=8 here), torch's five kernels each way in its place.
+    Full recompute reruns the forward; nothing else changes."""
     flash = build(frontier, plan_text, f"recompute={recompute}")
-    unfused = build(frontier, plan_text, f"attention=unfused,recompute={recompute}")
-    assert unfused.plan.attention == "unfused"
-    assert not [op for op in unfused.program.ops if isinstance(op.work, Attention)]
-    assert [op.tag for op in unfused.program.ops] == as_unfused([op.tag for op in flash.program.ops])
+    unfused_step = build(frontier, plan_text, f"attention=unfused,recompute={recompute}")
+    assert unfused_step.plan.attention == "unfused"
+    assert not [op for op in unfused_step.program.ops if isinstance(op.work, Attention)]
+    gx = unfused_step.gx
+    assert [op.tag for op in unfused_step.program.ops] == as_unfused([op.tag for op in flash.program.ops], gx)
     for mb, layer in itertools.product(range(GA), range(LAYERS)):
-        assert_attention_kernels(attention_ops(unfused.program, mb, "fwd", layer), UNFUSED_FORWARD, unfused.gx)
-        assert_attention_kernels(attention_ops(unfused.program, mb, "bwd", layer), UNFUSED_BACKWARD, unfused.gx)
-        rc = attention_ops(unfused.program, mb, "rc", layer)
-        assert_attention_kernels(rc, UNFUSED_FORWARD if recompute == "full" else [], unfused.gx)
+        assert_attention_kernels(attention_ops(unfused_step.program, mb, "fwd", layer), unfused("fwd", gx), gx)
+        assert_attention_kernels(attention_ops(unfused_step.program, mb, "bwd", layer), unfused("bwd", gx), gx)
+        rc = attention_ops(unfused_step.program, mb, "rc", layer)
+        assert_attention_kernels(rc, unfused("rc", gx) if recompute == "full" else [], gx)
         assert_attention_kernels(attention_ops(flash.program, mb, "fwd", layer), FLASH_FORWARD, flash.gx)
         assert_attention_kernels(attention_ops(flash.program, mb, "bwd", layer), FLASH_BACKWARD, flash.gx)
 
@@ -141,7 +154,8 @@ def test_selective_recompute_with_unfused_attention_reruns_only_the_core_attenti
     none = build(frontier, plan_text, "attention=unfused,recompute=none")
     assert [(op.tag, op.stream, op.work) for op in selective.program.ops] == _selective_expected(none.program)
     for mb, layer in itertools.product(range(GA), range(LAYERS)):
-        assert_attention_kernels(attention_ops(selective.program, mb, "rc", layer), UNFUSED_FORWARD, selective.gx)
+        assert_attention_kernels(attention_ops(selective.program, mb, "rc", layer), unfused("rc", selective.gx),
+                                 selective.gx)
 
 
 @pytest.mark.parametrize("text, gpus", [("tp=2,pp=2,mbs=1,ga=4", 4), ("tp=2,pp=2,vpp=2,sp=1,mbs=1,ga=4", 4)])
@@ -154,7 +168,9 @@ def test_selective_recompute_with_unfused_attention_in_a_pipeline(frontier, text
     assert len(selective.programs) == len(none.programs) == 2
     for sel, base in zip(selective.programs, none.programs):
         assert [(op.tag, op.stream, op.work) for op in sel.ops] == _selective_expected(base)
-        assert len(sel.ops) == len(base.ops) + 5 * 4 * 4 // 2  # 5 kernels x 4 micro-batches x 2 layers a stage
+        # the core attention's forward kernels (1 x 8/2 = 4 score matrices: torch's softmax) x 4 micro-batches x 2
+        # layers a stage
+        assert len(sel.ops) == len(base.ops) + len(unfused("rc", gx=2, mbs=1)) * 4 * 4 // 2
 
 
 @pytest.mark.parametrize("plan_text", ATTENTION_PLANS)

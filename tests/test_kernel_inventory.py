@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import SMALL_SPEC
+from helpers import SMALL_SPEC, megatron_softmax
 from twin.build import build_step
 from twin.errors import TwinError
 from twin.builders.tags import ACCUMULATE_ROLES
@@ -38,7 +38,8 @@ def layer_inventory(h: int, gx: int, mbs: int, attention: str, persistent_ln: bo
     twin.builders.tags; a GEMM or attention kernel has elements None. `acc`: bytes per element of main_grad.add_(grad) (fp32 main_grad in bf16: 4 + 2 + 4)."""
     f, T = 4 * h, mbs * SEQ
     res, heads, ffn, qkv_out = T * h, T * h / gx, T * f / gx, T * 3 * h / gx
-    scores = mbs * HEADS // gx * SEQ * SEQ
+    batch = mbs * HEADS // gx  # score matrices
+    scores = batch * SEQ * SEQ
     gemm = None
     fwd = [("ln1.fwd", res, 4), ("qkv.gemm", gemm, 0), ("qkv.bias", qkv_out, 4)]
     if attention == "flash":
@@ -46,7 +47,8 @@ def layer_inventory(h: int, gx: int, mbs: int, attention: str, persistent_ln: bo
                 ("attn.seqlens", mbs + 1, 4), ("attn.fwd", gemm, 0)]
         fwd += [("attn.context_copy", heads, 4)] if mbs > 1 else []
     else:
-        fwd += [("attn.scores", gemm, 0), ("attn.softmax", scores, 4), ("attn.dropout", scores, 5),
+        softmax = [(f"attn.{role}", scores, nbytes) for role, nbytes in megatron_softmax(SEQ, batch, False)]
+        fwd += [("attn.scores", gemm, 0), *softmax, ("attn.dropout", scores, 5),
                 ("attn.context", gemm, 0), ("attn.context_copy", heads, 4)]
     fwd += [("attn_out.gemm", gemm, 0), ("resid1.fwd", res, 7), ("ln2.fwd", res, 4), ("mlp_up.gemm", gemm, 0),
             ("gelu.fwd", ffn, 4), ("mlp_down.gemm", gemm, 0), ("mlp_down.bias", res, 4), ("resid2.fwd", res, 7)]
@@ -74,8 +76,9 @@ def layer_inventory(h: int, gx: int, mbs: int, attention: str, persistent_ln: bo
         bwd += ([("attn.bwd_copy", heads, 4)] if mbs > 1 else []) + [("attn.bwd", gemm, 0)]
         bwd += grads if mbs > 1 else [("attn.qkv_grad", 3 * heads, 4)]
     else:
+        softmax = [(f"attn.{role}", scores, nbytes) for role, nbytes in megatron_softmax(SEQ, batch, True)]
         bwd += [("attn.context_dV", gemm, 0), ("attn.context_dP", gemm, 0), ("attn.dropout_bwd", scores, 5),
-                ("attn.softmax_bwd", scores, 6), ("attn.scores_dQ", gemm, 0), ("attn.scores_dQ_scale", heads, 4),
+                *softmax, ("attn.scores_dQ", gemm, 0), ("attn.scores_dQ_scale", heads, 4),
                 ("attn.scores_dK", gemm, 0), ("attn.scores_dK_scale", heads, 4)] + grads
     bwd += [("qkv.dI", gemm, 0), ("qkv.dW", gemm, 0), ("qkv.dbias", qkv_out, 2),
             ("qkv.acc_weight", h * 3 * h / gx, acc), ("qkv.acc_bias", 3 * h / gx, acc)]
@@ -100,7 +103,9 @@ def assert_inventory(got: list, want: list) -> None:
 
 
 # Kernels per layer and micro-batch (forward; backward with its accumulations), counted by hand from the lists
-# above: the report's inventory table.
+# above: the report's inventory table, where Megatron's fused softmax runs (at tp=2 and mbs=1 its 4 score matrices
+# of 128 x 128 are too few: torch's softmax then adds 4 kernels each way).
+TORCH_SOFTMAX_EXTRA = 4
 COUNTS = [  # (model, plan, attention, mbs, forward, backward)
     (WIDE, "flash", 1, 16, 35),
     (WIDE, "flash", 2, 17, 38),
@@ -116,7 +121,8 @@ def test_layer_kernels_per_pass(frontier, model, attention, mbs, n_fwd, n_bwd, g
     b = build(frontier, model, f"tp={gx},dp=2,mbs={mbs},attention={attention},recompute=full", 2 * 2 * mbs)
     program = b.schedule.programs[0]
     fwd, bwd = layer_inventory(model.hidden, gx, mbs, attention, persistent_ln=model.hidden == 1024)
-    assert (len(fwd), len(bwd)) == (n_fwd, n_bwd)
+    extra = TORCH_SOFTMAX_EXTRA if attention == "unfused" and mbs * HEADS // gx % 8 else 0
+    assert (len(fwd), len(bwd)) == (n_fwd + extra, n_bwd + extra)
     for mb in range(b.plan.ga):
         for layer in range(LAYERS):
             assert_inventory(layer_ops(program, mb, "fwd", layer), fwd)

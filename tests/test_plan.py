@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import SMALL_SPEC
+from helpers import FUSED_SOFTMAX, SMALL_SPEC, megatron_softmax
 from twin.errors import TwinError
 from twin.memory import (
     RUNTIME_RESERVE_FRACTION,
@@ -230,8 +230,11 @@ KORTHIKANTI_CASES = [(128, 1, 512, 8, 1), (256, 2, 1024, 16, 2), (512, 3, 768, 1
 def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, t: int, sp: bool, recompute: str, attention: str) -> float:
     """Activation bytes one layer keeps for its backward, Korthikanti et al. (arXiv 2205.05198) Table 2, with flash
     attention storing no s x s scores: TP s b h (10 + 24/t + 5 a s/(h t)), TP + sp s b h (34/t + 5 a s/(h t)),
-    selective recompute drops the 5 a s/(h t) term, full recompute keeps the layer input (split over t with sp)."""
-    scores = 5 * a * s / (h * t) if attention == "unfused" else 0.0
+    selective recompute drops the 5 a s/(h t) term, full recompute keeps the layer input (split over t with sp).
+    Where Megatron cannot run its fused softmax (b a/t = 9 score matrices in one case) torch's softmax keeps its
+    fp32 output: 7 a s/(h t) (4 + 2 + 1 bytes a score)."""
+    fused = megatron_softmax(s, b * a // t, backward=False) == FUSED_SOFTMAX
+    scores = (5 if fused else 7) * a * s / (h * t) if attention == "unfused" else 0.0
     linears = 34 / t if sp else 10 + 24 / t
     if recompute == "full":
         return s * b * h * 2 / (t if sp else 1)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from twin.builders.megatron_kernels import fused_softmax_available
 from twin.errors import TwinError
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan, divisors, validate_pipeline_micro_batches, with_micro_batch
@@ -97,11 +98,17 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) ->
 
 
 def score_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) -> float:
-    """What unfused attention keeps of its s x s scores for one layer (Korthikanti's 5as/h term); none with flash."""
+    """What unfused attention keeps of its s x s scores for one layer (Korthikanti's 5as/h term); none with flash.
+    Where Megatron cannot run its fused softmax (twin.builders.megatron_kernels) torch's softmax keeps its fp32
+    output for its backward in place of the fused kernel's 16-bit one."""
     if plan.attention == "flash":
         return 0.0
-    elements = tokens * model.seq * model.heads / plan.gx  # mbs sequences x local heads x seq x seq
-    return elements * (2 * model.dtype_bytes + SCORE_MASK_BYTES)
+    local_heads = model.heads / plan.gx
+    elements = tokens * model.seq * local_heads  # mbs sequences x local heads x seq x seq
+    batches = round(tokens / model.seq * local_heads)
+    fused = fused_softmax_available(model.seq, batches, model.dtype_bytes)
+    probabilities = model.dtype_bytes if fused else 4
+    return elements * (probabilities + model.dtype_bytes + SCORE_MASK_BYTES)
 
 
 def layer_input_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) -> float:

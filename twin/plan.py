@@ -19,8 +19,9 @@ parsing, validation, `describe`, the mesh and the search all read.
 `attention` is the attention kernel the run uses: "flash" (one fused
 FlashAttention kernel per direction, what AxoNN and the Frontier paper ran:
 the default) or "unfused" (Megatron-LM's "core attention" before
-FlashAttention: batched GEMMs around a fused softmax and a dropout, which
-also stores the s x s scores for backward). Selective recompute (Korthikanti
+FlashAttention: batched GEMMs around a fused softmax, or torch's where
+Megatron cannot fuse it, and a dropout, which also stores the s x s scores
+for backward). Selective recompute (Korthikanti
 et al., arXiv 2205.05198) recomputes exactly that core attention, so it only
 differs from `recompute=none` with unfused attention.
 

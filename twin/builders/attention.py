@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from twin.builders.megatron_kernels import (
     ATTENTION_DROPOUT_BACKWARD_BYTES, ATTENTION_DROPOUT_BYTES, COPY_BYTES, DROPOUT_FLOPS, FLASH_COPIED,
-    FUSED_SOFTMAX_MAX_SEQ, MASK_FILL_BYTES, SEQLENS_BYTES, SOFTMAX_BACKWARD_BYTES, SOFTMAX_BYTES, SOFTMAX_FLOPS,
+    SEQLENS_BYTES, SOFTMAX_BACKWARD_BYTES, SOFTMAX_BYTES, SOFTMAX_FLOPS, fused_softmax_available, torch_softmax_kernels,
 )
 from twin.builders.ring_attention import RingAttentionWriter
 from twin.builders.tags import Pass
@@ -39,11 +39,7 @@ class AttentionWriter(RingAttentionWriter):
             return
         s, d = self.model.seq, self.model.head_dim
         self.batched_gemm(*self.kernel(at, "attn", "scores", layer), s, s, d, "NT")  # Q K^T
-        if s <= FUSED_SOFTMAX_MAX_SEQ:
-            self.score_elementwise(*self.kernel(at, "attn", "softmax", layer), SOFTMAX_BYTES, SOFTMAX_FLOPS)
-        else:
-            self.score_elementwise(*self.kernel(at, "attn", "mask", layer), MASK_FILL_BYTES, 1)
-            self.score_elementwise(*self.kernel(at, "attn", "softmax", layer), SOFTMAX_BYTES, SOFTMAX_FLOPS)
+        self.softmax(at, layer, backward=False)
         self.score_elementwise(*self.kernel(at, "attn", "dropout", layer), ATTENTION_DROPOUT_BYTES, DROPOUT_FLOPS)
         self.batched_gemm(*self.kernel(at, "attn", "context", layer), s, d, s, "NN")  # probs V
         self.elementwise(*self.kernel(at, "attn", "context_copy", layer), heads, COPY_BYTES, 0)
@@ -71,14 +67,22 @@ class AttentionWriter(RingAttentionWriter):
         self.batched_gemm(*self.kernel(at, "attn", "context_dP", layer), s, s, d, "NT")  # dO V^T
         self.score_elementwise(*self.kernel(at, "attn", "dropout_bwd", layer), ATTENTION_DROPOUT_BACKWARD_BYTES,
                                DROPOUT_FLOPS)
-        self.score_elementwise(*self.kernel(at, "attn", "softmax_bwd", layer), SOFTMAX_BACKWARD_BYTES, SOFTMAX_FLOPS)
-        if s > FUSED_SOFTMAX_MAX_SEQ:
-            self.score_elementwise(*self.kernel(at, "attn", "mask_bwd", layer), MASK_FILL_BYTES, 1)
+        self.softmax(at, layer, backward=True)
         self.batched_gemm(*self.kernel(at, "attn", "scores_dQ", layer), s, d, s, "NN")  # dS K
         self.elementwise(*self.kernel(at, "attn", "scores_dQ_scale", layer), heads, COPY_BYTES, 1)
         self.batched_gemm(*self.kernel(at, "attn", "scores_dK", layer), s, d, s, "TN")  # dS^T Q
         self.elementwise(*self.kernel(at, "attn", "scores_dK_scale", layer), heads, COPY_BYTES, 1)
         self.qkv_gradient_copies(at, layer)
+
+    def softmax(self, at: Pass, layer: int, backward: bool) -> None:
+        """FusedScaleMaskSoftmax, one direction: the fused kernel where Megatron can run it on these scores, else
+        torch's five kernels (twin.builders.megatron_kernels: at tp=8 of 16 heads and mbs=1 every layer has them)."""
+        if fused_softmax_available(self.model.seq, self.attention_heads(), self.b):
+            role, nbytes = ("softmax_bwd", SOFTMAX_BACKWARD_BYTES) if backward else ("softmax", SOFTMAX_BYTES)
+            self.score_elementwise(*self.kernel(at, "attn", role, layer), nbytes, SOFTMAX_FLOPS)
+            return
+        for role, nbytes, flops in torch_softmax_kernels(backward, self.b):
+            self.score_elementwise(*self.kernel(at, "attn", role, layer), nbytes, flops)
 
     def qkv_gradient_copies(self, at: Pass, layer: int) -> None:
         """torch.cat of strided q, k, v gradients into the QKV output's gradient: one copy each."""

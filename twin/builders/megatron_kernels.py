@@ -92,10 +92,34 @@ ATTENTION_DROPOUT_BYTES = 2 + 2 + 1  # read the probabilities, write the dropped
 ATTENTION_DROPOUT_BACKWARD_BYTES = 2 + 1 + 2  # read the gradient and the mask, write the gradient
 SOFTMAX_FLOPS = 5  # per element: scale, mask, max, exp, normalise (forward); y (dy - sum y dy) (backward)
 DROPOUT_FLOPS = 2  # per element: compare with the random draw, scale
-# fused_softmax.py FusedScaleMaskSoftmax.is_kernel_available: the fused kernel takes 16 < s <= 4096; beyond it
-# forward_torch_softmax masks in place (masked_fill_) and runs torch's softmax: two kernels each way.
-FUSED_SOFTMAX_MAX_SEQ = 4096
-MASK_FILL_BYTES = 2 + 2  # masked_fill_ (forward) or grad.masked_fill (backward): read and write the scores
+# fused_softmax.py FusedScaleMaskSoftmax.is_kernel_available: the fused kernel takes 16-bit scores with
+# 16 < s <= 4096, s a multiple of 4, and attn_batches = mbs x local heads a multiple of the kernel's rows per
+# thread block (scaled_masked_softmax.h get_batch_per_block: 128 threads in warps of 32, one row per warp where
+# s > 128, two where s <= 128: 4 or 8). Otherwise forward_torch_softmax runs, and with query-key layer scaling
+# (Megatron-DeepSpeed's default: --no-query-key-layer-scaling turns it off) it softmaxes in fp32 with the layer
+# number as scale: float(), * scale, masked_fill_ of the broadcast [1, 1, s, s] mask (cached, not counted),
+# torch's softmax, half(); autograd runs the five backwards in reverse. Bytes per score element read + written.
+FUSED_SOFTMAX_MIN_SEQ, FUSED_SOFTMAX_MAX_SEQ = 16, 4096
+TORCH_SOFTMAX_FORWARD = (("softmax_to_fp32", 2 + 4, 0), ("softmax_scale", 4 + 4, 1), ("softmax_mask", 4 + 4, 1),
+                         ("softmax", 4 + 4, 3), ("softmax_to_16bit", 4 + 2, 0))
+TORCH_SOFTMAX_BACKWARD = (("softmax_to_16bit_bwd", 2 + 4, 0), ("softmax_bwd", 4 + 4 + 4, 3),
+                          ("softmax_mask_bwd", 4 + 4, 1), ("softmax_scale_bwd", 4 + 4, 1),
+                          ("softmax_to_fp32_bwd", 4 + 2, 0))
+TORCH_SOFTMAX_CASTS = ("softmax_to_fp32", "softmax_to_16bit", "softmax_to_16bit_bwd", "softmax_to_fp32_bwd")
+
+
+def fused_softmax_available(seq: int, attention_batches: int, dtype_bytes: int) -> bool:
+    """Whether Megatron's FusedScaleMaskSoftmax runs its fused causal kernel on these scores (constants above)."""
+    if dtype_bytes != 2 or not FUSED_SOFTMAX_MIN_SEQ < seq <= FUSED_SOFTMAX_MAX_SEQ or seq % 4:
+        return False
+    rows_per_block = 8 if seq <= 128 else 4
+    return attention_batches % rows_per_block == 0
+
+
+def torch_softmax_kernels(backward: bool, dtype_bytes: int) -> tuple[tuple[str, float, float], ...]:
+    """forward_torch_softmax's kernels (role, bytes and flops per score element): no casts on fp32 scores."""
+    kernels = TORCH_SOFTMAX_BACKWARD if backward else TORCH_SOFTMAX_FORWARD
+    return tuple(k for k in kernels if dtype_bytes == 2 or k[0] not in TORCH_SOFTMAX_CASTS)
 # The context's permute(2, 0, 1, 3).contiguous() is one copy of the tokens x h/gx context (COPY_BYTES); its
 # backward is a view. torch.baddbmm's backward multiplies each of dQ and dK by alpha = 1/sqrt(d) (one kernel each,
 # COPY_BYTES); the q, k, v gradients reach the split's backward strided, so torch.cat copies each (3 kernels).

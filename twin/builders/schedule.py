@@ -121,7 +121,9 @@ norm's backward kernels: 2 persistent, 3 apex's):
                         cu_seqlens arange, the kernel, c context copy
     attention, unfused: Q K^T, softmax, dropout, probs V, the context's
                         permute + contiguous copy (selective recompute
-                        reruns these 5)
+                        reruns these 5; where Megatron cannot fuse the
+                        softmax, torch's 5 kernels replace it, each way:
+                        megatron_kernels.fused_softmax_available)
   backward: 29 + 2 LN + attention's (35 flash at mbs = 1, 44 unfused)
     dropout-add bwd | mlp_down: dbias, bias acc, dI, dW, weight acc |
     bias-GeLU bwd | mlp_up: dbias, bias acc, dI, dW, weight acc |
