@@ -120,6 +120,8 @@ def torch_softmax_kernels(backward: bool, dtype_bytes: int) -> tuple[tuple[str, 
     """forward_torch_softmax's kernels (role, bytes and flops per score element): no casts on fp32 scores."""
     kernels = TORCH_SOFTMAX_BACKWARD if backward else TORCH_SOFTMAX_FORWARD
     return tuple(k for k in kernels if dtype_bytes == 2 or k[0] not in TORCH_SOFTMAX_CASTS)
+
+
 # The context's permute(2, 0, 1, 3).contiguous() is one copy of the tokens x h/gx context (COPY_BYTES); its
 # backward is a view. torch.baddbmm's backward multiplies each of dQ and dK by alpha = 1/sqrt(d) (one kernel each,
 # COPY_BYTES); the q, k, v gradients reach the split's backward strided, so torch.cat copies each (3 kernels).
