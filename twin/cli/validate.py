@@ -25,9 +25,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     if args.runs:
         return validate_runs(args)
-    if args.machine or args.assume:
-        raise TwinError("--machine and --assume go with --runs; the published rows use the package's machine files "
-                        "(--machine-file NAME=PATH replaces one)")
+    if args.machine or args.assume or args.by:
+        raise TwinError("--machine, --assume and --by go with --runs; the published rows use the package's machine "
+                        "files (--machine-file NAME=PATH replaces one)")
 
     sections = tuple(comma_words(args.sections.upper()))
     for s in sections:
@@ -135,10 +135,12 @@ def validate_runs(args: argparse.Namespace) -> int:
     """Every run of --runs predicted on each --machine: per-row errors, their mean, and the order within each label."""
     from topologies.machine import load_machine
     from twin.fit.solve import simulate_runs
+    from twin.run_groups import format_groups, group_errors, parse_group_fields
     from twin.runs import load_runs
 
     if not args.machine:
         raise TwinError("--runs needs --machine (repeatable: each machine becomes a column)")
+    fields = parse_group_fields(args.by) if args.by else ()
     runs = load_runs(args.runs, args.assume or "")
     measured = np.array([r.step_time_s for r in runs])
     columns = {}
@@ -160,6 +162,8 @@ def validate_runs(args: argparse.Namespace) -> int:
         "summary": {n: {**error_stats(c / measured - 1), "spearman_by_label": {
             label: finite(spearman(measured[sel], c[sel])) for label in labels
             if (sel := np.array([r.label == label for r in runs])).sum() > 2}} for n, c in columns.items()}}
+    if fields:
+        doc["by"] = {"fields": list(fields), "groups": group_errors(runs, columns, fields)}
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
@@ -174,6 +178,8 @@ def validate_runs(args: argparse.Namespace) -> int:
                           for k, v in s["spearman_by_label"].items())
         print(f"\n{n}: mean |error| {s['mean_abs_pct']:.1f}%, mean {s['mean_pct']:+.1f}%, max {s['max_abs_pct']:.1f}%"
               f" over {count_noun(len(runs), 'run')}; Spearman (measured vs predicted order) by label: {order}")
+    if fields:
+        print("\n" + "\n".join(format_groups(doc["by"]["groups"], fields, names)))
     for note in notes:
         print(note)
     return 0
@@ -208,6 +214,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--machine", action="append", default=[], help="with --runs: a machine (name or .toml, e.g. a "
                    "`twin fit` output); repeat it to compare machines side by side")
     p.add_argument("--assume", help="with --runs: plan and model fields the CSV does not say, e.g. attention=unfused")
+    p.add_argument("--by", metavar="FIELDS", help="with --runs: also the mean and mean |error| of each group of runs "
+                   "sharing these fields' values, e.g. --by tp,mbs (fields: label, gpus, tp, pp, dp, mbs, hidden, "
+                   "layers, heads, seq): where a machine file's error sits")
     p.add_argument("--jobs", type=count_flag(limits.JOBS),
                    help="processes for the searches (default and most: every core)")
     p.add_argument("--progress", action="store_true", help="report each task on stderr even when not a terminal")
