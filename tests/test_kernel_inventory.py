@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import SMALL_SPEC, megatron_softmax
+from helpers import FUSED_SOFTMAX, SMALL_SPEC, megatron_softmax
 from twin.build import build_step
 from twin.errors import TwinError
 from twin.builders.tags import ACCUMULATE_ROLES
@@ -121,7 +121,8 @@ def test_layer_kernels_per_pass(frontier, model, attention, mbs, n_fwd, n_bwd, g
     b = build(frontier, model, f"tp={gx},dp=2,mbs={mbs},attention={attention},recompute=full", 2 * 2 * mbs)
     program = b.schedule.programs[0]
     fwd, bwd = layer_inventory(model.hidden, gx, mbs, attention, persistent_ln=model.hidden == 1024)
-    extra = TORCH_SOFTMAX_EXTRA if attention == "unfused" and mbs * HEADS // gx % 8 else 0
+    fused = megatron_softmax(SEQ, mbs * HEADS // gx, backward=False) == FUSED_SOFTMAX
+    extra = 0 if attention == "flash" or fused else TORCH_SOFTMAX_EXTRA
     assert (len(fwd), len(bwd)) == (n_fwd + extra, n_bwd + extra)
     for mb in range(b.plan.ga):
         for layer in range(LAYERS):
