@@ -1,9 +1,11 @@
-"""The benchmarks' own logic (fit_local.py, launch_noise.py, step_intercepts.py), without executing or simulating."""
+"""The benchmarks' own logic (fit_local.py, launch_noise.py, step_intercepts.py, rank_drift.py), without executing or
+simulating."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,8 +16,12 @@ import fit_local  # noqa: E402
 from fit_local import median_launches  # noqa: E402
 from helpers import SMALL_SPEC  # noqa: E402
 from launch_noise import main as launch_noise  # noqa: E402
+from rank_drift import collective_end_spread_s, others_computing  # noqa: E402
+from rank_drift import main as rank_drift  # noqa: E402
 from step_intercepts import _parameters_per_gpu, intercepts  # noqa: E402
+from test_sim import all_reduce, schedule  # noqa: E402
 
+from twin.ir import Elementwise, Gemm, Op  # noqa: E402
 from twin.model import parse_model_spec  # noqa: E402
 from twin.plan import ParallelPlan  # noqa: E402
 from twin.runs import MeasuredRun  # noqa: E402
@@ -211,3 +217,46 @@ def test_overlap_savings_pairs_each_plan_with_its_overlap_off_twin(tmp_path, cap
         with pytest.raises(SystemExit) as exit_:
             overlap_savings(argv)
         assert exit_.value.code == 2 and says in capsys.readouterr().err
+
+
+def _drift_schedule():
+    """4 ranks, one program: a GEMM, an element-wise op, an all-reduce in each pair (axis x), one of all four (w)."""
+    ops = [Op(0, "gemm", "compute", Gemm(64, 64, 64)), Op(1, "add", "compute", Elementwise(1e6), (0,)),
+           all_reduce(2, 1e6, deps=(1,)), all_reduce(3, 1e6, group="w", stream="comm:w", deps=(2,))]
+    return schedule(4, {"x": ((0, 1), (2, 3)), "w": ((0, 1, 2, 3),)}, [((0, 1, 2, 3), ops)])
+
+
+def _timeline(*spans):
+    return np.array([s for s, _ in spans], float), np.array([e for _, e in spans], float)
+
+
+def test_rank_drift_counts_the_other_ranks_computing_while_rank_0_runs_its_gemms():
+    """Rank 0's GEMM runs from 0 to 1 s. Rank 1's GEMM runs beside it all along (1), rank 2's element-wise op a
+    quarter of it (0.25), rank 3 only communicates then (0): 1.25 other ranks on average; all in step, 3."""
+    sched = _drift_schedule()
+    per_rank = [_timeline((0, 1), (1, 1.5), (1.5, 2), (2, 2.5)),
+                _timeline((0, 1), (1, 1.5), (1.5, 2), (2, 2.5)),
+                _timeline((3, 4), (0.5, 0.75), (4, 5), (5, 6)),
+                _timeline((5, 6), (6, 7), (0, 1), (7, 8))]
+    assert others_computing(sched, per_rank) == pytest.approx(1.25)
+    assert others_computing(sched, [per_rank[0]] * 4) == pytest.approx(3.0)
+
+
+def test_rank_drift_spreads_each_collectives_end_over_its_own_members():
+    """Step 1: the pairs' all-reduce ends 0.1 s apart in (0, 1), 0.4 s in (2, 3); the all-reduce of all four
+    0.2 s. Step 2: together. The mean over the six (instance, step) ends: 0.7 / 6."""
+    sched = _drift_schedule()
+
+    def step(pair_ends, all_ends):
+        return [(np.zeros(4), np.array([0.5, 1.0, pair_ends[r], all_ends[r]])) for r in range(4)]
+
+    steps = [step([2.0, 2.1, 2.0, 2.4], [3.0, 3.0, 3.2, 3.1]), step([2.0] * 4, [3.0] * 4)]
+    measured = SimpleNamespace(steps=tuple(tuple(s[r] for s in steps) for r in range(4)))
+    assert collective_end_spread_s(sched, measured) == pytest.approx(0.7 / 6)
+
+
+def test_rank_drift_refuses_a_folder_without_held_out_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        rank_drift(["--out", str(tmp_path)])
+    assert stop.value.code == 2
+    assert "held-out-runs.json is missing" in capsys.readouterr().err

@@ -1,0 +1,160 @@
+"""Do the ranks of a 4-rank run on this host compute in step? fit_local's held-out plans, read from its folder.
+
+    .venv/bin/python benchmarks/rank_drift.py [--out out/fit_local] [--out ...] [--json]
+
+After `benchmarks/fit_local.py --out OUT`; measures nothing. The twin
+simulates ranks that run one program as one (twin.sim.symmetry): they
+compute, and wait, together. Where the ranks share the host's cores
+(node.shared_cores: 4 ranks on 2 cores here) that is also what sets their
+compute rate: while all four compute, each runs at the rate `twin
+calibrate` measured with all four computing at once (NodeCores). This
+reads the per-rank timings saved for each held-out plan (the launch its
+summary names: fit_local's median launch) and prints, per plan:
+
+- how far apart the ranks leave a collective: the spread (latest minus
+  earliest) of its members' end times, the mean over the collectives of
+  the measured steps;
+- while rank 0 runs a GEMM, how many of the other ranks compute too
+  (element-wise, GEMM or attention), measured and as the twin simulates
+  every rank (`simulate(full=True)`): 3 where all four keep in step;
+- rank 0's GEMM rate, measured and the twin's (its simulated GEMM time on
+  the critical rank), each over the machine file's calibrated rate;
+- the step's error, predicted (the machine file, as fit_local's first
+  column) over measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from executor.measured import Measured, load_measured  # noqa: E402
+from topologies.machine import load_machine  # noqa: E402
+from twin.ir import Collective, Gemm, Schedule, op_class  # noqa: E402
+from twin.ir_io import load_schedule  # noqa: E402
+from twin.sim.engine import SimRun, simulate  # noqa: E402
+
+COMPUTE = {"gemm", "elementwise", "attention"}
+
+
+def collective_end_spread_s(schedule: Schedule, measured: Measured) -> float:
+    """Mean over the collectives of every measured step of (latest - earliest) end among one instance's members,
+    where they all run one program (their op ids then name the same call). NaN without such a collective."""
+    program_of = schedule.program_of()
+    spreads = []
+    for index, program in enumerate(schedule.programs):
+        axes = {axis.name: [m for m in axis.instances if all(program_of[r] == index for r in m)]
+                for axis in schedule.groups}
+        ops = [op for op in program.ops if isinstance(op.work, Collective)]
+        for step in zip(*measured.steps):  # per step: (start, end) per rank
+            for op in ops:
+                for members in axes.get(op.work.group, ()):
+                    ends = [step[r][1][op.id] for r in members]
+                    spreads.append(max(ends) - min(ends))
+    return float(np.mean(spreads)) if spreads else float("nan")
+
+
+def _intervals(starts: np.ndarray, ends: np.ndarray, keep: np.ndarray) -> list[tuple[float, float]]:
+    """The kept ops' (start, end), in time order: one rank's compute ops run one after another."""
+    return sorted((float(s), float(e)) for s, e, k in zip(starts, ends, keep) if k and e > s)
+
+
+def _overlap_s(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total time two sets of intervals overlap (each in time order, none overlapping another of its set)."""
+    total, j = 0.0, 0
+    for s, e in a:
+        while j < len(b) and b[j][1] <= s:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < e:
+            total += max(0.0, min(e, b[k][1]) - max(s, b[k][0]))
+            k += 1
+    return total
+
+
+def others_computing(schedule: Schedule, per_rank: list[tuple[np.ndarray, np.ndarray]], rank: int = 0) -> float:
+    """While `rank` runs GEMMs, how many other ranks compute at the same time, on average (time-weighted):
+    per_rank holds each rank's (start, end) per op of its program, on one time axis."""
+    program_of = schedule.program_of()
+    classes = [np.array([op_class(op.work) for op in schedule.programs[program_of[r]].ops])
+               for r in range(schedule.world_size)]
+    gemms = _intervals(*per_rank[rank], classes[rank] == "gemm")
+    gemm_s = sum(e - s for s, e in gemms)
+    if gemm_s <= 0:
+        return float("nan")
+    together = sum(_overlap_s(gemms, _intervals(*per_rank[r], np.isin(classes[r], list(COMPUTE))))
+                   for r in range(schedule.world_size) if r != rank)
+    return together / gemm_s
+
+
+def gemm_rate(schedule: Schedule, program: int, seconds: np.ndarray) -> float:
+    """FLOP/s of one program's GEMMs over their summed durations (`seconds`, per op)."""
+    ops = [op for op in schedule.programs[program].ops if isinstance(op.work, Gemm)]
+    flops = sum(2.0 * op.work.m * op.work.n * op.work.k * op.work.batch for op in ops)
+    return flops / float(sum(seconds[op.id] for op in ops))
+
+
+def plan_row(summary: dict, machine_path: str) -> dict:
+    schedule_path = summary["schedule"]
+    schedule = load_schedule(schedule_path)
+    measured = load_measured(os.path.splitext(schedule_path)[0], schedule)
+    machine = load_machine(machine_path)
+    calibrated = machine.device.empirical_gemm_flop_per_s
+    reduced, full = simulate(schedule, machine), simulate(schedule, machine, full=True)
+    critical = max(reduced.timelines, key=lambda t: float(np.nanmax(t.end_s)))
+    per_rank_measured = [measured.steps[r][measured.median_step] for r in range(schedule.world_size)]
+    return {
+        "plan": os.path.splitext(os.path.basename(schedule_path))[0],
+        "collective_end_spread_ms": 1e3 * collective_end_spread_s(schedule, measured),
+        "others_computing_measured": others_computing(schedule, per_rank_measured),
+        "others_computing_twin": others_computing(schedule, _per_rank(full)),
+        "gemm_rate_over_calibrated_measured": gemm_rate(schedule, measured.ranks[0]["program"],
+                                                        measured.op_mean_s[0]) / calibrated,
+        "gemm_rate_over_calibrated_twin": gemm_rate(schedule, critical.program,
+                                                    critical.end_s - critical.start_s) / calibrated,
+        "step_error_pct": 100 * (reduced.step_time_s / measured.step_time_s - 1),
+    }
+
+
+def _per_rank(run: SimRun) -> list[tuple[np.ndarray, np.ndarray]]:
+    by_rank = {t.rank: (t.start_s, t.end_s) for t in run.timelines}
+    return [by_rank[r] for r in range(run.schedule.world_size)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", action="append", help="benchmarks/fit_local.py's folder (repeatable; default "
+                    "out/fit_local)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = ap.parse_args(argv)
+    folders = args.out or ["out/fit_local"]
+    doc = {}
+    for folder in folders:
+        held, machine = os.path.join(folder, "held-out-runs.json"), os.path.join(folder, "local-4.toml")
+        missing = next((p for p in (held, machine) if not os.path.exists(p)), None)
+        if missing:
+            ap.error(f"--out {folder}: {missing} is missing; run benchmarks/fit_local.py --out {folder} first")
+        doc[folder] = [plan_row(summary, machine) for summary in json.loads(Path(held).read_text())]
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    for folder, rows in doc.items():
+        print(f"{folder} (machine file local-4.toml; GEMM rates over its calibrated one)")
+        print(f"  {'plan':<36}{'end spread':>11}{'others computing':>18}{'GEMM rate':>15}{'step':>8}")
+        print(f"  {'':<36}{'ms':>11}{'meas.':>9}{'twin':>9}{'meas.':>8}{'twin':>7}{'error':>8}")
+        for r in rows:
+            print(f"  {r['plan']:<36}{r['collective_end_spread_ms']:>11.2f}{r['others_computing_measured']:>9.2f}"
+                  f"{r['others_computing_twin']:>9.2f}{r['gemm_rate_over_calibrated_measured']:>8.2f}"
+                  f"{r['gemm_rate_over_calibrated_twin']:>7.2f}{r['step_error_pct']:>+7.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
