@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from executor.measured import Measured, load_measured  # noqa: E402
 from topologies.machine import load_machine  # noqa: E402
+from twin.errors import TwinError  # noqa: E402
 from twin.ir import Collective, Gemm, Schedule, op_class  # noqa: E402
 from twin.ir_io import load_schedule  # noqa: E402
 from twin.sim.engine import SimRun, simulate  # noqa: E402
@@ -141,7 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         missing = next((p for p in (held, machine) if not os.path.exists(p)), None)
         if missing:
             ap.error(f"--out {folder}: {missing} is missing; run benchmarks/fit_local.py --out {folder} first")
-        doc[folder] = [plan_row(summary, machine) for summary in json.loads(Path(held).read_text())]
+        try:
+            doc[folder] = [plan_row(summary, machine) for summary in json.loads(Path(held).read_text())]
+        except TwinError as e:  # a schedule of an older twin, a rank file missing: one line, exit 2
+            ap.error(f"--out {folder}: {e}")
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0

@@ -3,6 +3,7 @@ simulating."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -260,3 +261,14 @@ def test_rank_drift_refuses_a_folder_without_held_out_runs(tmp_path, capsys):
         rank_drift(["--out", str(tmp_path)])
     assert stop.value.code == 2
     assert "held-out-runs.json is missing" in capsys.readouterr().err
+
+
+def test_rank_drift_names_the_folder_when_a_schedule_cannot_be_read(tmp_path, capsys):
+    """A held-out run whose schedule is gone (or of an older twin): one line naming the folder, exit 2."""
+    (tmp_path / "local-4.toml").write_text("")
+    (tmp_path / "held-out-runs.json").write_text(json.dumps([{"schedule": str(tmp_path / "gone.json")}]))
+    with pytest.raises(SystemExit) as stop:
+        rank_drift(["--out", str(tmp_path)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"--out {tmp_path}:" in err and "gone.json" in err

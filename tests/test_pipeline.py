@@ -121,15 +121,24 @@ def built(plan_text: str, gpus: int, batch: int = 64):
     return model, build_step(model, plan, load_machine("frontier"), gpus)
 
 
-@pytest.mark.parametrize("plan_text,gpus,sp", [
-    ("tp=2,pp=4,dp=1,mbs=2", 8, False),
-    ("tp=4,pp=2,dp=2,mbs=1,sp=1", 16, True),
-    ("tp=2,pp=2,dp=2,vpp=2,mbs=1", 8, False),
-])
-def test_pipeline_transfers_carry_s_b_h_bf16_values(plan_text, gpus, sp):
+PIPELINES = [("tp=2,pp=4,dp=1,mbs=2", 8), ("tp=4,pp=2,dp=2,mbs=1,sp=1", 16), ("tp=2,pp=2,dp=2,vpp=2,mbs=1", 8),
+             ("tp=1,pp=4,dp=2,mbs=2", 8), ("tp=2,pp=4,dp=1,mbs=2,p2p=full", 8)]
+
+
+def _cut(plan) -> int:
+    """How many ways a transfer's s x b x h values are cut: over tp by sequence parallelism or, unless p2p=full,
+    by Megatron's scatter-gather."""
+    return plan.gx if plan.sp or plan.p2p == "split" else 1
+
+
+@pytest.mark.parametrize("plan_text,gpus", PIPELINES)
+def test_pipeline_transfers_carry_one_tensor_parallel_ranks_slice_of_s_b_h_bf16_values(plan_text, gpus):
+    """s x b x h bf16 values cross each stage boundary, cut over the tensor-parallel ranks: by sequence
+    parallelism, or else by Megatron's scatter-gather (each rank sends 1/tp of the tensor it holds whole), unless
+    p2p=full (megatron.core without sequence parallelism: each sends all of it)."""
     model, step = built(plan_text, gpus)
     plan = step.plan
-    expected = model.seq * plan.mbs * model.hidden * 2 / (plan.gx if sp else 1)
+    expected = model.seq * plan.mbs * model.hidden * 2 / _cut(plan)
     p2p = [op.work for prog in step.schedule.programs for op in prog.ops if isinstance(op.work, P2P)]
     assert p2p and all(w.nbytes == pytest.approx(expected) for w in p2p)
     sends = sum(1 for w in p2p if w.kind == "send")
@@ -137,6 +146,34 @@ def test_pipeline_transfers_carry_s_b_h_bf16_values(plan_text, gpus, sp):
     boundaries = plan.pp * plan.vpp - 1
     assert sends == 2 * boundaries * plan.ga
     assert sum(1 for w in p2p if w.kind == "recv") == sends
+
+
+@pytest.mark.parametrize("plan_text,gpus", PIPELINES)
+def test_without_sequence_parallelism_a_received_slice_is_all_gathered_before_the_compute_that_needs_it(
+        plan_text, gpus):
+    """Megatron's gather_split_1d_tensor: after every receive of tp > 1 ranks that each hold the whole residual
+    stream, an all-gather over x of the whole s x b x h tensor, which the receive precedes and the next compute
+    op waits for. With sequence parallelism, one rank per stage or p2p=full, the receive alone."""
+    model, step = built(plan_text, gpus)
+    plan = step.plan
+    split = plan.gx > 1 and _cut(plan) > 1 and not plan.sp
+    gathers = 0
+    for prog in step.schedule.programs:
+        ops = prog.ops
+        for op in ops:
+            if not (isinstance(op.work, P2P) and op.work.kind == "recv"):
+                continue
+            after = [o for o in ops if op.id in o.deps]
+            gather = [o for o in after if isinstance(o.work, Collective) and o.work.kind == "all_gather"]
+            if split:
+                assert len(gather) == 1 and gather[0].work.group == "x"
+                assert gather[0].work.nbytes == pytest.approx(model.seq * plan.mbs * model.hidden * 2)
+                assert any(gather[0].id in o.deps and not o.work.comm for o in ops)
+                gathers += 1
+            else:
+                assert not gather
+    assert gathers == (sum(isinstance(op.work, P2P) and op.work.kind == "recv" for prog in step.schedule.programs
+                           for op in prog.ops) if split else 0)
 
 
 def test_pipeline_simulates_and_every_stage_finishes():

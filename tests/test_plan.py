@@ -71,22 +71,30 @@ def test_attention_is_flash_unless_the_plan_says_unfused():
     assert parse_plan(unfused.describe()) == unfused
 
 
-def test_optimizer_is_megatrons_unless_the_plan_says_flat():
-    plain = parse_plan("tp=2,dp=2")
-    assert plain.optimizer == "megatron" == parse_plan("optimizer=megatron").optimizer
-    assert "optimizer" not in plain.describe()  # the default keeps the text (and the cache keys) it had
-    flat = parse_plan("tp=2,dp=2,optimizer=flat")
-    assert flat.describe() == "gx=2,gy=1,gz=1,gdata=2,optimizer=flat,recompute=full,oar=1,ors=1,oag=1,tune=1"
-    assert parse_plan(flat.describe()) == flat
+@pytest.mark.parametrize("base, field, default, other, text", [
+    ("tp=2,dp=2", "optimizer", "megatron", "flat",
+     "gx=2,gy=1,gz=1,gdata=2,optimizer=flat,recompute=full,oar=1,ors=1,oag=1,tune=1"),
+    ("tp=2,pp=2", "p2p", "split", "full", "gx=2,gy=1,gz=1,gdata=1,pp=2,p2p=full,recompute=full,oar=1,ors=1,oag=1,tune=1"),
+])
+def test_a_word_field_keeps_its_default_unless_the_plan_says_otherwise(base, field, default, other, text):
+    """optimizer: Megatron's unless flat; p2p: Megatron's split pipeline transfers unless full."""
+    plain = parse_plan(base)
+    assert getattr(plain, field) == default == getattr(parse_plan(f"{field}={default}"), field)
+    assert field not in plain.describe()  # the default keeps the text (and the cache keys) it had
+    changed = parse_plan(f"{base},{field}={other}")
+    assert changed.describe() == text
+    assert parse_plan(changed.describe()) == changed
 
 
-@pytest.mark.parametrize("field, value", [("attention", "fused"), ("recompute", "some"), ("optimizer", "adamw")])
+@pytest.mark.parametrize("field, value", [("attention", "fused"), ("recompute", "some"), ("optimizer", "adamw"),
+                                          ("p2p", "half")])
 def test_a_word_field_outside_its_values_is_a_one_line_error(field, value):
     with pytest.raises(TwinError) as parsed:
         parse_plan(f"{field}={value}")
     with pytest.raises(TwinError) as validated:  # a plan made in code, not parsed
         validate_plan(replace(_plan("gx=2,mbs=1", 4), **{field: value}), SMALL, 2)
-    allowed = {"attention": "flash, unfused", "recompute": "full, selective, none", "optimizer": "megatron, flat"}[field]
+    allowed = {"attention": "flash, unfused", "recompute": "full, selective, none", "optimizer": "megatron, flat",
+               "p2p": "split, full"}[field]
     for err in (parsed, validated):
         assert str(err.value) == f"--plan: {field}={value!r} is unknown; use one of {allowed}"
 

@@ -57,6 +57,11 @@ from twin.model import ModelSpec
 RECOMPUTE_MODES = ("full", "selective", "none")
 ATTENTION_KINDS = ("flash", "unfused")
 OPTIMIZER_KINDS = ("megatron", "flat")
+# How a pipeline transfer crosses a stage boundary where every tensor-parallel rank holds the whole tensor (no
+# sequence parallelism): each rank sends 1/tp of it, all-gathered after the receive (Megatron-LM's scatter-gather,
+# Megatron-DeepSpeed, DeepSpeed's pipeline engine), or each sends all of it (megatron.core without sequence
+# parallelism; --no-scatter-gather-tensors-in-pipeline). twin.builders.pipeline_passes.
+P2P_KINDS = ("split", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 _BOOL_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
 
@@ -74,6 +79,7 @@ class ParallelPlan:
     recompute: str = "full"
     attention: str = "flash"  # ATTENTION_KINDS: the fused kernel, or Megatron's unfused core attention
     optimizer: str = "megatron"  # OPTIMIZER_KINDS: Megatron's mixed-precision optimizer, or DeepSpeed's flat fused one
+    p2p: str = "split"  # P2P_KINDS: pipeline transfers cut over the tensor-parallel ranks, or whole on each
     pp: int = 1  # pipeline stages (1F1B schedule)
     vpp: int = 1  # virtual stages (model chunks) per pipeline rank: interleaved 1F1B when > 1
     zero: int = 0  # ZeRO stage over the data axis
@@ -141,6 +147,8 @@ class ParallelPlan:
             parts.append(f"attention={self.attention}")
         if self.optimizer != "megatron":  # as attention: the default keeps the text it always had
             parts.append(f"optimizer={self.optimizer}")
+        if self.p2p != "split":  # as attention
+            parts.append(f"p2p={self.p2p}")
         parts.append(f"recompute={self.recompute}")
         for switch in ("oar", "ors", "oag"):
             parts.append(f"{switch}={int(getattr(self, switch))}")
@@ -156,13 +164,14 @@ _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": 
 _BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
-_WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS}
+_WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
+              "p2p": P2P_KINDS}
 _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(_WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
     """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,zero=..,sp=..,mbs=..,ga=..,attention=..,optimizer=..,
-    recompute=..,oar=0,..,tune=0]'.
+    p2p=..,recompute=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
     'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and

@@ -7,8 +7,18 @@ the chunk's blocks to the loss (last virtual stage) or a send, each backward
 the other way, with the recompute of full recompute before each block's
 backward. Pipeline transfers carry the residual stream's share on this rank
 (tokens x hidden / (gy [x gx with sp])); sends never block compute, receives
-do. Without a pipeline it is the same loop over micro-batches, with no
-transfers.
+do. Without sequence parallelism every tensor-parallel rank holds the whole
+residual stream, and Megatron sends a 1/gx slice of it from each and
+all-gathers the slices after the receive (Megatron-LM's
+scatter_gather_tensors_in_pipeline, on by default, in Megatron-DeepSpeed's
+p2p_communication.py: split_tensor_into_1d_equal_chunks before the send,
+gather_split_1d_tensor after it; DeepSpeed's pipeline engine likewise sends
+a PartitionedTensor over the tensor-parallel group and rebuilds it with
+full()): the transfer carries 1/gx of the bytes, and an all-gather over x
+rebuilds them before the compute that waits for them (plan.p2p "split", the
+default; "full" sends the whole tensor from each rank, as megatron.core does
+without sequence parallelism). Without a pipeline it is the same loop over
+micro-batches, with no transfers.
 """
 
 from __future__ import annotations
@@ -34,14 +44,25 @@ class PipelineWriter(LayerWriter, EndsWriter):
         return self.virtual_stage(chunk) == self.n_virtual - 1
 
     # ---- pipeline transfers ------------------------------------------------
+    def p2p_split(self) -> int:
+        """How many slices a transfer's tensor is cut into, one per tensor-parallel rank (module docstring): gx
+        where each of them holds the whole residual stream (no sequence parallelism) and plan.p2p splits it,
+        else 1."""
+        split = self.plan.p2p == "split" and not self.plan.sp
+        return self.sizes["x"] if split and self.sizes["x"] > 1 else 1
+
     def p2p_bytes(self) -> float:
-        return self.b * self.residual_elements()
+        return self.b * self.residual_elements() / self.p2p_split()
 
     def receive(self, at: Pass, what: str, peer: int) -> None:
         role = f"recv_{what}"
         op = self.w.collective(f"{at.micro_label}.{role}", "pp", P2P("recv", "pp", peer, self.p2p_bytes(), what),
                                stream=f"p2p:{role}", tag=at.tag("p2p", role))
         self.w.wait(op)
+        if self.p2p_split() > 1:  # the slices gathered back into the residual stream
+            gather = f"gather_{what}"
+            self.blocking(f"{at.micro_label}.{gather}", at.tag("p2p", gather), "all_gather", "x",
+                          self.b * self.residual_elements())
 
     def send(self, at: Pass, what: str, peer: int) -> None:
         role = f"send_{what}"
