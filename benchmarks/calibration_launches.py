@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         files = {n: os.path.join(folder, f"local-{n}.toml") for n in (2, 4)}
         fits = {n: refit_saved(saved[n], files[n], launches=chosen) for n in (2, 4)}
         fit, left_out, fitted = fit_and_carry(files, os.path.join(o, "calibration-runs.json"))
-        rows.append({"variant": name, "gemm_fit_rms_log_error": {n: f.rms_log_error["gemm"] for n, f in fits.items()},
+        rows.append({"variant": name, "gemm_fit_rms_relative_error": {n: f.rms_relative_error["gemm"] for n, f in fits.items()},
                      "gemm_tile": {n: f"{f.gemm_tile_m}x{f.gemm_tile_n}" for n, f in fits.items()},
                      "gemm_gflop_per_s": {n: f.gemm_flop_per_s / 1e9 for n, f in fits.items()},
                      "base_latency_ms": {n: 1e3 * f.base_latency_s for n, f in fits.items()},
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'calibration':<16}{'GEMM fit 2 | 4 ranks':>44}{'latency ms 2 | 4':>20}{'microbenchmarks':>18}"
           f"{'fitted on 1-2 ranks':>22}")
     for row in rows:
-        g, t, b, r = row["gemm_fit_rms_log_error"], row["gemm_tile"], row["base_latency_ms"], row["gemm_gflop_per_s"]
+        g, t, b, r = row["gemm_fit_rms_relative_error"], row["gemm_tile"], row["base_latency_ms"], row["gemm_gflop_per_s"]
         micro, fitted = row["held_out_mean_abs_pct"]
         print(f"{row['variant']:<16}{g[2]:>8.3f} {t[2]:>7} {r[2]:>5.1f} | {g[4]:.3f} {t[4]:>7} {r[4]:>5.1f}"
               f"{b[2]:>12.2f} | {b[4]:>5.2f}{micro:>17.1f}%{fitted:>21.1f}%" + ("" if row["fitted"] else "  (nothing fitted)"))

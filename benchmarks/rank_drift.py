@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from executor.measured import Measured, load_measured  # noqa: E402
-from topologies.machine import load_machine  # noqa: E402
+from topologies.machine import Machine, load_machine  # noqa: E402
 from twin.errors import TwinError  # noqa: E402
 from twin.ir import Collective, Gemm, Schedule, op_class  # noqa: E402
 from twin.ir_io import load_schedule  # noqa: E402
@@ -102,11 +102,10 @@ def gemm_rate(schedule: Schedule, program: int, seconds: np.ndarray) -> float:
     return flops / float(sum(seconds[op.id] for op in ops))
 
 
-def plan_row(summary: dict, machine_path: str) -> dict:
+def plan_row(summary: dict, machine: Machine) -> dict:
     schedule_path = summary["schedule"]
     schedule = load_schedule(schedule_path)
     measured = load_measured(os.path.splitext(schedule_path)[0], schedule)
-    machine = load_machine(machine_path)
     calibrated = machine.device.empirical_gemm_flop_per_s
     reduced, full = simulate(schedule, machine), simulate(schedule, machine, full=True)
     critical = max(reduced.timelines, key=lambda t: float(np.nanmax(t.end_s)))
@@ -143,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             ap.error(f"--out {folder}: {missing} is missing; run benchmarks/fit_local.py --out {folder} first")
         try:
-            doc[folder] = [plan_row(summary, machine) for summary in json.loads(Path(held).read_text())]
+            file = load_machine(machine)
+            doc[folder] = [plan_row(summary, file) for summary in json.loads(Path(held).read_text())]
         except TwinError as e:  # a schedule of an older twin, a rank file missing: one line, exit 2
             ap.error(f"--out {folder}: {e}")
     if args.json:

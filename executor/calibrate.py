@@ -214,7 +214,7 @@ class Fit:
     port_bw_bytes_per_s: float
     base_latency_s: float
     hop_latency_s: float
-    rms_log_error: dict  # per category, of the fit itself
+    rms_relative_error: dict  # per category, of the fit itself (_rel_rms)
     attention_overhead_s: float = 0.0
     kind_latency_s: dict = field(default_factory=dict)  # collective kind -> latency above base_latency_s
     kind_bw_fraction: dict = field(default_factory=dict)  # collective kind -> bandwidth / port_bw

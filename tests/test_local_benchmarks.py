@@ -265,7 +265,8 @@ def test_rank_drift_refuses_a_folder_without_held_out_runs(tmp_path, capsys):
 
 def test_rank_drift_names_the_folder_when_a_schedule_cannot_be_read(tmp_path, capsys):
     """A held-out run whose schedule is gone (or of an older twin): one line naming the folder, exit 2."""
-    (tmp_path / "local-4.toml").write_text("")
+    machine = Path(__file__).resolve().parents[1] / "topologies" / "local.toml"
+    (tmp_path / "local-4.toml").write_text(machine.read_text())
     (tmp_path / "held-out-runs.json").write_text(json.dumps([{"schedule": str(tmp_path / "gone.json")}]))
     with pytest.raises(SystemExit) as stop:
         rank_drift(["--out", str(tmp_path)])

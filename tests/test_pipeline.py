@@ -156,7 +156,7 @@ def test_without_sequence_parallelism_a_received_slice_is_all_gathered_before_th
     op waits for. With sequence parallelism, one rank per stage or p2p=full, the receive alone."""
     model, step = built(plan_text, gpus)
     plan = step.plan
-    split = plan.gx > 1 and _cut(plan) > 1 and not plan.sp
+    split = _cut(plan) > 1 and not plan.sp
     gathers = 0
     for prog in step.schedule.programs:
         ops = prog.ops
