@@ -19,9 +19,10 @@ FRONTIER = (REPO / "topologies" / "frontier.toml").read_text()
 EMPIRICAL = 125e12  # frontier.toml's empirical_gemm_bf16_tflop_per_s
 
 
-def entry(m: int, n: int, k: int, layout: str, tflops: float, source: str = 'source = "test bench"') -> str:
-    return (f'\n[[device.gemm_measured]]\nm = {m}\nn = {n}\nk = {k}\nlayout = "{layout}"\n'
-            f'tflop_per_s = {{ value = {tflops}, source = "test bench" }}\n{source}\n')
+def entry(m: int, n: int, k: int, layout: str, tflops: float, source: str = 'source = "test bench"',
+          batch: int = 0) -> str:
+    return (f'\n[[device.gemm_measured]]\nm = {m}\nn = {n}\nk = {k}\n' + (f"batch = {batch}\n" if batch else "")
+            + f'layout = "{layout}"\ntflop_per_s = {{ value = {tflops}, source = "test bench" }}\n{source}\n')
 
 
 def frontier_with(tmp_path: Path, *entries: str):
@@ -45,6 +46,9 @@ def test_entries_load_with_their_sources(tmp_path):
     (entry(64, 64, 64, "nn", 10.0) + entry(64, 64, 64, "nn", 11.0), "device.gemm_measured[1].m", "keep one entry"),
     (entry(64, 64, 64, "nn", 10.0, source=""), "device.gemm_measured[0].m", "add source"),
     (entry(0, 64, 64, "nn", 10.0), "device.gemm_measured[0].m", "must be > 0"),
+    (entry(64, 64, 64, "nn", 10.0, batch=-2), "device.gemm_measured[0].batch", "must be > 0"),
+    (entry(64, 64, 64, "nn", 10.0, batch=8) + entry(64, 64, 64, "nn", 11.0, batch=8), "device.gemm_measured[1].m",
+     "keep one entry"),
 ])
 def test_bad_entries_name_the_field_and_the_fix(tmp_path, text, field, fix):
     with pytest.raises(TwinError) as err:
@@ -90,6 +94,24 @@ def test_a_layout_prefers_its_own_measurement_and_tuning_takes_the_fastest(tmp_p
     assert model.gemm_efficiency(Gemm(4096, 4096, 4096, "NT", tunable=False)) * EMPIRICAL == pytest.approx(100e12)
 
 
+def test_a_batched_gemm_takes_a_batched_measurement(tmp_path):
+    """Unfused attention's score GEMMs are one launch over batch x heads small products: they are carried from a
+    batched measurement, not from an unbatched one nearer in m, n, k, and an unbatched GEMM the other way round."""
+    plain = ComputeModel(load_machine("frontier").device)
+    model = ComputeModel(frontier_with(tmp_path, entry(1024, 1024, 64, "nt", 40.0, batch=64),
+                                       entry(1024, 1024, 128, "nt", 20.0)).device)
+    batched = Gemm(1024, 1024, 128, "NT", batch=64, tunable=False)
+    want = 40e12 / EMPIRICAL * plain.gemm_efficiency(batched) / plain.gemm_efficiency(
+        Gemm(1024, 1024, 64, "NT", batch=64, tunable=False))
+    assert model.gemm_efficiency(batched) == pytest.approx(want)
+    assert model.gemm_efficiency(Gemm(1024, 1024, 64, "NT", batch=64, tunable=False)) * EMPIRICAL == pytest.approx(40e12)
+    assert model.gemm_efficiency(Gemm(1024, 1024, 128, "NT", tunable=False)) * EMPIRICAL == pytest.approx(20e12)
+    # the batch is part of the distance: a batch of 32 is carried from the batch of 64 by the model's ratio
+    half = Gemm(1024, 1024, 64, "NT", batch=32, tunable=False)
+    assert model.gemm_efficiency(half) == pytest.approx(40e12 / EMPIRICAL * plain.gemm_efficiency(half)
+                                                        / plain.gemm_efficiency(Gemm(1024, 1024, 64, "NT", batch=64)))
+
+
 def test_never_above_the_peak(tmp_path):
     """A measurement at the peak, carried by the model to a shape it rates higher, stays at the peak."""
     model = ComputeModel(frontier_with(tmp_path, entry(200, 200, 200, "nn", 191.5)).device)
@@ -101,7 +123,8 @@ def test_the_benchmark_writes_entries_a_machine_file_loads(tmp_path):
     loads under [device] and the compute model then runs those shapes at the rates it measured."""
     pytest.importorskip("torch")
     shapes = tmp_path / "shapes.json"
-    shapes.write_text(json.dumps({"per_run": {"toy": [[64, 32, 16, "NN", 1.0], [48, 64, 32, "TN", 2.0]]}}))
+    shapes.write_text(json.dumps({"per_run": {"toy": [[64, 32, 16, "NN", 1.0], [48, 64, 32, "TN", 2.0],
+                                                      [32, 32, 16, "NT", 4, 1.0]]}}))
     block, out = tmp_path / "measured.toml", tmp_path / "out.json"
     subprocess.run([sys.executable, str(REPO / "benchmarks" / "gemm_shapes.py"), "--shapes", str(shapes),
                     "--machine", "frontier", "--device", "cpu", "--reference-dim", "64", "--out", str(out),
@@ -110,11 +133,11 @@ def test_the_benchmark_writes_entries_a_machine_file_loads(tmp_path):
     path = tmp_path / "frontier-measured.toml"
     path.write_text(FRONTIER + block.read_text())
     device = load_machine(str(path)).device
-    assert {(e.m, e.n, e.k, e.layout) for e in device.gemm_measured} == {(64, 32, 16, "NN"), (48, 64, 32, "TN"),
-                                                                          (64, 64, 64, "NN")}
+    assert {(e.m, e.n, e.k, e.layout, e.batch) for e in device.gemm_measured} == {
+        (64, 32, 16, "NN", 1), (48, 64, 32, "TN", 1), (32, 32, 16, "NT", 4), (64, 64, 64, "NN", 1)}
     model = ComputeModel(device)
     for row in doc["shapes"]:
-        gemm = Gemm(row["m"], row["n"], row["k"], row["layout"], tunable=False)
+        gemm = Gemm(row["m"], row["n"], row["k"], row["layout"], batch=row["batch"], tunable=False)
         rate = model.gemm_efficiency(gemm) * EMPIRICAL
         assert rate == pytest.approx(row["measured_tflop_per_s"] * 1e12, rel=1e-3)  # 4 digits in the file
 
@@ -123,3 +146,42 @@ def test_toml_needs_measurements():
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gemm_shapes.py"), "--dry-run", "--toml",
                              "x.toml"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "--toml needs measurements" in result.stderr
+
+
+def test_shapes_of_a_measured_runs_file_are_grouped_by_hidden_size(tmp_path):
+    """--runs adds the GEMMs of twin fit's CSV, one group per hidden size, a row's micro-batches counted; unfused
+    attention's score GEMMs come batched (one launch over the micro-batch's heads)."""
+    runs = tmp_path / "runs.csv"
+    runs.write_text("gpus,global_batch,layers,hidden,heads,seq,tp,dp,pp,mbs,step_time_ms\n"
+                    "2,8,2,256,4,128,1,2,1,2,100\n2,16,2,256,4,128,1,2,1,2,190\n2,8,2,512,8,128,2,1,1,4,120\n")
+    out = tmp_path / "shapes.json"
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gemm_shapes.py"), "--dry-run", "--quick",
+                             "--runs", str(runs), "--assume", "attention=unfused,vocab=1024", "--runs-machine",
+                             "dgx-a100", "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    per_run = json.loads(out.read_text())["per_run"]
+    h256, h512 = per_run["runs h=256"], per_run["runs h=512"]
+    assert all(len(row) == 6 for row in h256 + h512)  # m, n, k, layout, batch, FLOPs
+    assert any(row[4] > 1 for row in h256)  # the batched score GEMMs
+    # the second h=256 row is the first with twice the micro-batches: the group holds three times one row's FLOPs
+    single = tmp_path / "one.csv"
+    single.write_text(runs.read_text().splitlines()[0] + "\n" + runs.read_text().splitlines()[1] + "\n")
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "gemm_shapes.py"), "--dry-run", "--quick", "--runs",
+                    str(single), "--assume", "attention=unfused,vocab=1024", "--runs-machine", "dgx-a100", "--out",
+                    str(out)], check=True, capture_output=True, timeout=300, cwd=REPO)
+    one = json.loads(out.read_text())["per_run"]["one h=256"]
+    assert sum(row[-1] for row in h256) == pytest.approx(3 * sum(row[-1] for row in one))
+
+
+def test_the_report_of_the_h200_run_shows_where_the_shape_model_is_off():
+    """docs/gpu-h200.md's tables, from the committed results: on the H200 the twin's shape model (Alps's Hopper
+    device) rates the small GEMMs of the A100 runs' shapes too low, the more the smaller they are."""
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gemm_shapes.py"), "--report",
+                             str(REPO / "benchmarks" / "results" / "2026-12-04-nvidia-h200" / "gemm-shapes.json")],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    rows = {line[:44].strip(): line[44:].split() for line in result.stdout.splitlines() if line.startswith("a100")}
+    ratios = [float(rows[f"a100-megatron-{g}"][-1]) for g in ("single-node h=1024", "single-node h=2048",
+                                                              "multi-node h=8192 39.1")]
+    assert ratios[0] < ratios[1] < ratios[2] < 1.0  # measured time / twin's: the smallest GEMMs furthest off
+    assert "by the FLOPs of one launch" in result.stdout

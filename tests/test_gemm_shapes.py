@@ -27,13 +27,15 @@ def test_shapes_carry_every_gemm_flop_of_a_micro_batch():
     lm_head_forward = 2 * tokens * h * model.vocab
     want = model.layers * 4 * per_layer_forward + 3 * lm_head_forward  # the LM head is not recomputed
     assert sum(flops.values()) == pytest.approx(want, rel=1e-9)
-    assert {layout for _, _, _, layout in flops} <= {"NN", "NT", "TN"}
+    assert {layout for _, _, _, layout, _ in flops} <= {"NN", "NT", "TN"}
 
 
 def test_twin_efficiency_is_one_at_the_reference_square():
     compute = ComputeModel(load_machine("alps").device)
-    assert twin_efficiency(compute, (32768, 32768, 32768, "NN")) == pytest.approx(1.0)
-    assert twin_efficiency(compute, (300, 200, 100, "NN")) < 0.5
+    assert twin_efficiency(compute, (32768, 32768, 32768, "NN", 1)) == pytest.approx(1.0)
+    assert twin_efficiency(compute, (300, 200, 100, "NN", 1)) < 0.5
+    # a batched launch fills the GPU with all its products' tiles
+    assert twin_efficiency(compute, (300, 200, 100, "NN", 64)) > twin_efficiency(compute, (300, 200, 100, "NN", 1))
 
 
 @pytest.mark.parametrize("layout", ["NN", "NT", "TN"])
@@ -41,7 +43,8 @@ def test_timing_runs_each_layout(layout):
     pytest.importorskip("torch")
     import torch
 
-    assert measure_gemm_s((64, 32, 16, layout), "cpu", torch.float32, budget_s=0.01) > 0
+    assert measure_gemm_s((64, 32, 16, layout, 1), "cpu", torch.float32, budget_s=0.01) > 0
+    assert measure_gemm_s((64, 32, 16, layout, 3), "cpu", torch.float32, budget_s=0.01) > 0  # batched
 
 
 def test_a_dry_run_file_replays_without_building(tmp_path):

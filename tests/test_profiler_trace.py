@@ -34,7 +34,9 @@ NAMES = [
     ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl>", "kernel", "elementwise"),
     ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>", "kernel", "elementwise"),
     ("void multi_tensor_apply_kernel<TensorListMetadata<4>, AdamFunctor<float>>", "kernel", "elementwise"),
-    ("Memcpy DtoD (Device -> Device)", "gpu_memcpy", "memcpy"),
+    ("Memcpy DtoD (Device -> Device)", "gpu_memcpy", "elementwise"),  # streams HBM like any element-wise kernel
+    ("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", "memcpy"),
+    ("Memcpy PtoP (Device -> Device)", "gpu_memcpy", "memcpy"),
     ("Memset (Device)", "gpu_memset", "memset"),
 ]
 
@@ -65,7 +67,7 @@ def two_step_trace() -> dict:
                    kernel("flash_fwd_kernel", t0 + 4300, 1000.0),
                    kernel("ncclDevKernel_AllGather_RING_LL", t0 + 100, 2000.0, stream=20),
                    kernel("vectorized_elementwise_kernel", t0 + 5400, 500.0),
-                   kernel("Memcpy DtoD", t0 + 6000, 100.0, cat="gpu_memcpy"),
+                   kernel("Memcpy HtoD", t0 + 6000, 100.0, cat="gpu_memcpy"),
                    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": t0, "dur": 50.0, "pid": 1, "tid": 1}]
     return {"traceEvents": events}
 

@@ -133,22 +133,25 @@ def _device(f: Fields) -> DeviceSpec:
 
 
 def _gemm_measured(entries: list[Fields], peak_flop_per_s: float) -> tuple[GemmMeasurement, ...]:
-    """``[[device.gemm_measured]]``: m, n, k (plain integers under the entry's source), layout, tflop_per_s."""
+    """``[[device.gemm_measured]]``: m, n, k (plain integers under the entry's source), layout, tflop_per_s, and
+    batch (optional, 1 when absent: a batched launch of that many products)."""
     out: list[GemmMeasurement] = []
-    seen: set[tuple[int, int, int, str]] = set()
+    seen: set[tuple[int, int, int, str, int]] = set()
     for g in entries:
         m, n, k = (g.structure(key, "positive") for key in ("m", "n", "k"))
+        batch = g.structure("batch", "positive") if g.has("batch") else 1
         layout = g.text("layout").upper()
         if layout not in LAYOUTS:
             g.fail("layout", f"is {layout.lower()!r}; use one of {', '.join(x.lower() for x in LAYOUTS)}")
-        if (m, n, k, layout) in seen:
-            g.fail("m", f"repeats the measurement of {m}x{n}x{k} {layout.lower()}; keep one entry per shape and layout")
-        seen.add((m, n, k, layout))
+        if (m, n, k, layout, batch) in seen:
+            g.fail("m", f"repeats the measurement of {m}x{n}x{k} {layout.lower()}"
+                        + (f" batch {batch}" if batch > 1 else "") + "; keep one entry per shape and layout")
+        seen.add((m, n, k, layout, batch))
         rate = g.number("tflop_per_s") * TFLOP
         if rate > peak_flop_per_s:
             g.fail("tflop_per_s", f"is {rate / TFLOP:g}, above the device peak {peak_flop_per_s / TFLOP:g}; "
                                   "check the timing (a GEMM cannot beat the peak)")
-        out.append(GemmMeasurement(m, n, k, layout, rate))
+        out.append(GemmMeasurement(m, n, k, layout, rate, batch))
         g.finish()
     return tuple(out)
 

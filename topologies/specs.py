@@ -52,6 +52,7 @@ class GemmMeasurement:
     k: int
     layout: str  # "NN", "NT" or "TN"
     flop_per_s: float
+    batch: int = 1  # products in one batched launch (unfused attention's score and context GEMMs)
 
 
 @dataclass(frozen=True)

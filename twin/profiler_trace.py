@@ -22,7 +22,11 @@ Kernels are classed by name, first match wins (`KERNEL_CLASSES`):
 - attention: flash attention and other fused attention kernels;
 - gemm: cuBLAS, cuBLASLt (including Hopper's ``nvjet_...``), CUTLASS,
   rocBLAS/Tensile (``Cijk_...``), hipBLASLt kernels;
-- memcpy and memset (the trace's own categories): not modelled by the twin;
+- a copy from device memory to device memory (``Memcpy DtoD``): element-wise
+  work, bytes streamed through HBM (a ``.contiguous()``, a ``torch.cat``; the
+  executor's own element-wise ops are such copies);
+- every other memcpy (host and device, peer to peer) and memset (the trace's
+  own categories): not modelled by the twin;
 - every other GPU kernel: element-wise work (norms, activations, dropout,
   softmax, the optimizer, casts), which the twin models as HBM streaming.
 
@@ -78,7 +82,7 @@ STEP_ANNOTATION = re.compile(r"^ProfilerStep#\d+$")
 def kernel_class(name: str, category: str = "kernel") -> str:
     """The op class a GPU event is counted under (module docstring)."""
     if category == "gpu_memcpy":
-        return "memcpy"
+        return "elementwise" if "DtoD" in name else "memcpy"
     if category == "gpu_memset":
         return "memset"
     if COLLECTIVE_PATTERN.search(name):
@@ -238,6 +242,25 @@ def _step_windows(events: list[dict], category: str, device=None) -> list[tuple[
         span = spans.setdefault(e["name"], [a, b])
         span[0], span[1] = min(span[0], a), max(span[1], b)
     return sorted((a, b) for a, b in spans.values())
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    start_us: float
+    duration_s: float
+
+
+def kernels_of_class(path: str, op_class: str, device=None) -> list[Kernel]:
+    """The trace's GPU kernels of one op class (kernel_class) on `device` (default: the first), in the order they
+    started: one rank's GEMMs, say, to set beside the schedule's GEMM ops one by one."""
+    events, _ = _read_trace(path)
+    kernels = [e for e in events if _is_span(e) and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if device is None and kernels:
+        device = sorted({_device_of(e) for e in kernels}, key=str)[0]
+    chosen = [e for e in kernels if str(_device_of(e)) == str(device)
+              and kernel_class(str(e.get("name", "")), e.get("cat", "kernel")) == op_class]
+    return [Kernel(str(e.get("name", "")), e["ts"], e["dur"] * 1e-6) for e in sorted(chosen, key=lambda e: e["ts"])]
 
 
 def load_profiled_run(path: str, steps: int | None = None, device=None) -> ProfiledRun:

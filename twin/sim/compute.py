@@ -23,7 +23,7 @@ layout, as AxoNN's first-batch kernel timing does.
 Measured GEMMs: where the machine file lists GEMMs timed on the device
 (``[[device.gemm_measured]]``, e.g. from benchmarks/gemm_shapes.py), a GEMM
 runs at the rate measured for the nearest measured shape (log distance over
-m, n, k; the same layout preferred), times the model's ratio between its own
+m, n, k and batch; the same layout, then the same batched-or-not, preferred), times the model's ratio between its own
 shape and that one. At a measured shape the measurement is the answer; the
 tile, wave and k-loop estimates only carry it to shapes nearby. A tunable
 GEMM takes the fastest layout. Never above the device's peak.
@@ -85,7 +85,7 @@ class ComputeModel:
         if not self.device.gemm_measured:
             return self._modelled(gemm.m, gemm.n, gemm.k, gemm.layout, gemm.tunable, gemm.batch)
         layouts = LAYOUTS if gemm.tunable else (gemm.layout,)
-        best = max(self._measured(gemm.m, gemm.n, gemm.k, layout) for layout in layouts)
+        best = max(self._measured(gemm.m, gemm.n, gemm.k, layout, gemm.batch) for layout in layouts)
         return min(best, self.device.peak_flop_per_s / self.device.empirical_gemm_flop_per_s)
 
     def _modelled(self, m: int, n: int, k: int, layout: str, tunable: bool, batch: int = 1) -> float:
@@ -101,12 +101,15 @@ class ComputeModel:
             return max(dev.layout_efficiency.values())
         return dev.layout_efficiency[layout]
 
-    def _measured(self, m: int, n: int, k: int, layout: str) -> float:
-        """The nearest measurement (its layout first), carried to (m, n, k, layout) by the model's ratio."""
-        near = min(self.device.gemm_measured, key=lambda e: (e.layout != layout, _log_distance(e, m, n, k)))
+    def _measured(self, m: int, n: int, k: int, layout: str, batch: int = 1) -> float:
+        """The nearest measurement (its layout first, then batched or not as this GEMM is), carried to (m, n, k,
+        layout, batch) by the model's ratio: a batched launch of small products runs unlike one product of their
+        size, so it is carried from a batched measurement where there is one."""
+        near = min(self.device.gemm_measured,
+                   key=lambda e: (e.layout != layout, (e.batch > 1) != (batch > 1), _log_distance(e, m, n, k, batch)))
         measured = near.flop_per_s / self.device.empirical_gemm_flop_per_s
-        return measured * self._modelled(m, n, k, layout, False) / self._modelled(near.m, near.n, near.k, near.layout,
-                                                                                  False)
+        return measured * self._modelled(m, n, k, layout, False, batch) / self._modelled(
+            near.m, near.n, near.k, near.layout, False, near.batch)
 
     def gemm_time_s(self, gemm: Gemm) -> float:
         dev = self.device
@@ -127,6 +130,6 @@ class ComputeModel:
         raise TypeError(f"not a compute op: {type(work).__name__}")
 
 
-def _log_distance(e: GemmMeasurement, m: int, n: int, k: int) -> float:
-    """How far apart two GEMM shapes are, as sizes scale: |ln m/m'| + |ln n/n'| + |ln k/k'|."""
-    return abs(log(e.m / m)) + abs(log(e.n / n)) + abs(log(e.k / k))
+def _log_distance(e: GemmMeasurement, m: int, n: int, k: int, batch: int = 1) -> float:
+    """How far apart two GEMM shapes are, as sizes scale: |ln m/m'| + |ln n/n'| + |ln k/k'| + |ln batch/batch'|."""
+    return abs(log(e.m / m)) + abs(log(e.n / n)) + abs(log(e.k / k)) + abs(log(e.batch / batch))
