@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/gemm_published.py            # the table and the summary
     .venv/bin/python benchmarks/gemm_published.py --json     # the same, as JSON
-    .venv/bin/python benchmarks/gemm_published.py --fit      # gemm_k_half from the training shapes
+    .venv/bin/python benchmarks/gemm_published.py --fit      # gemm_k_half, then gemm_wave_quantization
 
 Why: the twin times a GEMM at the empirical GEMM peak (280 TF/s on an A100,
 a 32768^3 cuBLAS GEMM) times a shape efficiency (tile quantization x wave
@@ -33,7 +33,11 @@ own free rate (their clocks, parts and timing methods differ: "best of a
 search", "slowest of 200 calls"), and picks the k_half that leaves the least
 squared log error within sources: rates measured by one source at several k
 are what pin it. Leaving each row out in turn gives its spread. The A100
-machine files carry the value with this command as its source.
+machine files carry the value with this command as its source. It then fits
+gemm_wave_quantization (how much of a last wave's idle SMs a GEMM pays) at
+that k_half, again with a free rate per source, to the same training-shape
+rows (which the A100 files follow) and, apart, to the small or square cuBLAS
+rows (where a tail wave costs most).
 """
 
 from __future__ import annotations
@@ -173,6 +177,32 @@ def fit_k_half(rows: list[Measurement], machine: str = "dgx-a100") -> dict:
                 rows=len(used), groups=groups, rms_log_error=rms(models[best]), file_rms_log_error=rms(file_model))
 
 
+WAVE_GRID = tuple(i / 20 for i in range(21))  # gemm_wave_quantization 0, 0.05, .. 1
+
+
+def _best_wave(rows: list[Measurement], models: dict[float, ComputeModel]) -> float:
+    return min(WAVE_GRID, key=lambda q: _within_source_error(rows, models[q]))
+
+
+def fit_wave_quantization(rows: list[Measurement], machine: str = "dgx-a100") -> dict:
+    """gemm_wave_quantization (how much of the last wave's idle units a GEMM pays) fitted at the machine file's
+    gemm_k_half, a free rate per source, to two sets of cuBLAS rows apart: the training shapes --fit takes
+    k_half from, and the small or square rest (where a tail wave costs most); each with its leave-one-out range
+    and its error at full wave quantisation and at none."""
+    device = load_machine(machine).device
+    models = {q: ComputeModel(replace(device, gemm_wave_quantization=q)) for q in WAVE_GRID}
+    training = fit_rows(rows)
+    rest = [r for r in rows if not r.library.lower().startswith("triton") and r not in training]
+    out = dict(file_wave_quantization=device.gemm_wave_quantization, k_half=device.gemm_k_half)
+    for name, used in (("training", training), ("small_or_square", rest)):
+        rms = lambda q: (_within_source_error(used, models[q]) / len(used)) ** 0.5  # noqa: E731
+        best = _best_wave(used, models)
+        left_out = [_best_wave(used[:i] + used[i + 1:], models) for i in range(len(used))]
+        out[name] = dict(wave_quantization=best, leave_one_out=(min(left_out), max(left_out)), rows=len(used),
+                         rms_log_error=rms(best), full_waves_rms_log_error=rms(1.0), no_waves_rms_log_error=rms(0.0))
+    return out
+
+
 def _mare(preds: list[dict], key: str) -> float:
     return statistics.fmean(abs(p[key] - 1.0) for p in preds)
 
@@ -206,7 +236,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="fit gemm_k_half to the training-shape cuBLAS rows (a free rate per source) and print it")
     args = ap.parse_args(argv)
     if args.fit:
-        return _print_fit(fit_k_half(load(args.csv), args.machine), args.json)
+        rows = load(args.csv)
+        fit = dict(fit_k_half(rows, args.machine), waves=fit_wave_quantization(rows, args.machine))
+        return _print_fit(fit, args.json)
     preds = predict(load(args.csv), args.machine)
     where = args.csv.resolve()
     shown = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
@@ -241,6 +273,15 @@ def _print_fit(fit: dict, as_json: bool) -> dict:
         print(f"    {g}")
     print(f"  rms log error within sources: {fit['rms_log_error']:.3f} fitted, {fit['file_rms_log_error']:.3f} "
           f"with the file's value")
+    waves = fit["waves"]
+    print(f"gemm_wave_quantization at gemm_k_half {waves['k_half']:g} (the machine file has "
+          f"{waves['file_wave_quantization']:g}), a free rate per source:")
+    for name, label in (("training", "the training-shape rows above"), ("small_or_square", "the small or square rest")):
+        w = waves[name]
+        low, high = w["leave_one_out"]
+        print(f"  {label} ({w['rows']}): {w['wave_quantization']:g} (leaving one row out {low:g}-{high:g}); rms log "
+              f"error {w['rms_log_error']:.3f}, {w['full_waves_rms_log_error']:.3f} at 1, "
+              f"{w['no_waves_rms_log_error']:.3f} at 0")
     return fit
 
 

@@ -54,6 +54,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from topologies.machine import load_machine  # noqa: E402
+from topologies.overrides import parse_override  # noqa: E402
+from twin.errors import TwinError  # noqa: E402
 from twin.ir import Gemm  # noqa: E402
 from twin.sim.compute import REFERENCE_GEMM_DIM, ComputeModel  # noqa: E402
 
@@ -142,12 +144,13 @@ def _shape(row: list) -> Shape:
 
 
 def twin_efficiency(model: ComputeModel, shape: Shape, reference_dim: int = REFERENCE_GEMM_DIM) -> float:
-    """The twin's rate for the shape relative to its rate on the square GEMM of `reference_dim` (layout
-    included, tuning off), to compare with a measurement relative to the same square."""
+    """The twin's rate for the shape (its FLOPs over the whole time the twin gives it: the HBM floor and the
+    per-kernel overhead included) relative to its rate on the square GEMM of `reference_dim` (layout
+    included, tuning off), to compare with a measured rate relative to the measured square."""
     m, n, k, layout, batch = shape
     d = reference_dim
-    return (model.gemm_efficiency(Gemm(m, n, k, layout, batch=batch, tunable=False))
-            / model.gemm_efficiency(Gemm(d, d, d, "NN", tunable=False)))
+    gemm, square = Gemm(m, n, k, layout, batch=batch, tunable=False), Gemm(d, d, d, "NN", tunable=False)
+    return (gemm.flops / model.gemm_time_s(gemm)) / (square.flops / model.gemm_time_s(square))
 
 
 def measure_gemm_s(shape: Shape, device: str, dtype, budget_s: float = 0.2, max_reps: int = 7,
@@ -211,6 +214,8 @@ def toml_block(rates: dict[Shape, float], source: str) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--machine", default="alps", help="machine file whose device the twin's efficiencies use")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="replace one number of --machine's file (repeatable), e.g. device.gemm_k_half=256")
     ap.add_argument("--quick", action="store_true", help="the Frontier paper's 22B and 175B runs only")
     ap.add_argument("--runs", action="append", default=[], metavar="CSV",
                     help="also the GEMMs of a measured-runs file (twin fit's CSV), grouped by hidden size; repeatable")
@@ -227,29 +232,30 @@ def main() -> int:
     ap.add_argument("--out", help="JSON results (default $OUT/gemm-shapes.json when $OUT is set)")
     ap.add_argument("--toml", help="also write the measured rates as [[device.gemm_measured]] machine-file entries here")
     ap.add_argument("--report", metavar="RESULTS",
-                    help="print the tables of an earlier timed run's --out (and with --toml, its block); time nothing")
+                    help="an earlier timed run's --out: its rates beside --machine's model as it is now (with --toml, "
+                         "its machine-file block); time nothing")
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args()
     if args.toml and args.dry_run:
         ap.error("--toml needs measurements; drop --dry-run")
-    if args.report:
-        with open(args.report) as f:
-            doc = json.load(f)
-        print_tables(doc)
-        if args.toml:  # the machine-file block again, from the saved rates
-            d = doc["reference_dim"]
-            saved = {(s["m"], s["n"], s["k"], s["layout"], s.get("batch", 1)): s["measured_tflop_per_s"] * 1e12
-                     for s in doc["shapes"] if s.get("measured_tflop_per_s")}
-            if not saved:
-                ap.error(f"--toml: {args.report} has no measured rates (a --dry-run's output)")
-            saved[(d, d, d, "NN", 1)] = doc["reference_tflop_per_s"] * 1e12
-            with open(args.toml, "w") as f:
-                f.write(toml_block(saved, doc["source"]))
-            print(f"written to {args.toml}")
-        return 0
-    compute = ComputeModel(load_machine(args.machine).device)
+    try:
+        compute = ComputeModel(load_machine(args.machine, tuple(parse_override(t) for t in args.set)).device)
+    except TwinError as e:
+        ap.error(str(e))
     t0 = time.perf_counter()
-    if args.shapes:
+    rates: dict[Shape, float] = {}  # flop/s
+    device = source = None
+    if args.report:  # an earlier timed run's rates, set beside --machine's model as it is now
+        with open(args.report) as f:
+            saved = json.load(f)
+        per_run = {label: {_shape(row[:-1]): row[-1] for row in rows} for label, rows in saved["per_run"].items()}
+        rates = {_shape([r["m"], r["n"], r["k"], r["layout"], r.get("batch", 1)]): r["measured_tflop_per_s"] * 1e12
+                 for r in saved["shapes"] if r.get("measured_tflop_per_s")}
+        if not rates:
+            ap.error(f"--report: {args.report} has no measured rates (a --dry-run's output); give a timed run's --out")
+        args.reference_dim, device, source = saved["reference_dim"], saved["device"], saved["source"]
+        rates[(args.reference_dim,) * 3 + ("NN", 1)] = saved["reference_tflop_per_s"] * 1e12
+    elif args.shapes:
         with open(args.shapes) as f:
             per_run = {label: {_shape(row[:-1]): row[-1] for row in rows} for label, rows in json.load(f)["per_run"].items()}
     else:
@@ -258,10 +264,8 @@ def main() -> int:
             per_run.update(measured_run_groups(path, args.assume, args.runs_machine))
     shapes = sorted({s for f in per_run.values() for s in f if not args.max_dim or max(s[:3]) <= args.max_dim})
 
-    rates: dict[Shape, float] = {}  # flop/s
-    device = source = None
     ref = (args.reference_dim,) * 3 + ("NN", 1)
-    if not args.dry_run:
+    if not args.dry_run and not args.report:
         import torch
 
         device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -299,7 +303,8 @@ def main() -> int:
                reference_tflop_per_s=rates[ref] / 1e12 if rates else None, wall_s=time.perf_counter() - t0,
                shapes=shape_rows, runs=rows,
                per_run={label: [[*s, f] for s, f in sorted(flops.items())] for label, flops in per_run.items()})
-    out = args.out or (os.path.join(os.environ["OUT"], "gemm-shapes.json") if os.environ.get("OUT") else None)
+    out = args.out or (os.path.join(os.environ["OUT"], "gemm-shapes.json")
+                       if os.environ.get("OUT") and not args.report else None)
     if out:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         with open(out, "w") as f:

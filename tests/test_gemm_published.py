@@ -117,6 +117,24 @@ def test_the_a100_machine_files_carry_the_fitted_k_half():
         assert "gemm_published.py --fit" in machine.sources["device.gemm_k_half"].provenance
 
 
+def test_the_a100_machine_files_carry_the_wave_quantization_the_training_shapes_fit():
+    """The wave term, fitted at the files' k_half: the training-shape rows ask for full wave quantisation, which
+    the A100 files carry with this fit as their source; the small or square rows ask for less, and none of
+    either set for none (Hopper's 0)."""
+    from gemm_published import fit_wave_quantization
+    from topologies.machine import load_machine
+    fit = fit_wave_quantization(load())
+    training, rest = fit["training"], fit["small_or_square"]
+    assert training["leave_one_out"][0] <= training["wave_quantization"] <= training["leave_one_out"][1]
+    assert rest["wave_quantization"] < training["wave_quantization"]
+    assert training["no_waves_rms_log_error"] > training["rms_log_error"] and (
+        rest["no_waves_rms_log_error"] > rest["rms_log_error"])
+    for name in ("dgx-a100", "dgx-a100-800g", "perlmutter"):
+        machine = load_machine(name)
+        assert machine.device.gemm_wave_quantization == pytest.approx(training["wave_quantization"]), name
+        assert "gemm_published.py --fit" in machine.sources["device.gemm_wave_quantization"].provenance
+
+
 def test_fit_prints_its_value_and_sources(capsys):
     report = main(["--fit"])
     out = capsys.readouterr().out

@@ -72,7 +72,7 @@ def test_a_trace_of_another_schedule_is_refused_in_one_line(tmp_path, tiny_step)
 
 def test_the_h200_steps_miss_only_by_the_unpadded_vocabulary():
     """What docs/gpu-h200.md reports from the committed H200 profiles: every GEMM of the step together, the twin
-    (Alps's Hopper numbers) is 15-25% fast; without the GEMMs of the 50,257-token vocabulary (one ran on an sm75
+    (Alps's Hopper numbers) is over 15% fast; without the GEMMs of the 50,257-token vocabulary (one ran on an sm75
     CUTLASS kernel at a fifth of the rate) it is within 10%."""
     for trace, schedule in (("profile-rank0.json.gz", "step-1gpu.json"),
                             ("profile-megatron-rank0.json.gz", "step-megatron-1gpu.json")):
@@ -81,6 +81,6 @@ def test_the_h200_steps_miss_only_by_the_unpadded_vocabulary():
         assert result.returncode == 0, result.stderr
         doc = json.loads(result.stdout)
         every, aligned = doc["per_step"]["every GEMM"], doc["per_step"]["dimensions multiples of 8"]
-        assert -0.25 < every["error"] < -0.15 and abs(aligned["error"]) < 0.10
+        assert every["error"] < -0.15 and abs(aligned["error"]) < 0.10
         slow = min(doc["shapes"], key=lambda r: r["in_step_tflop_per_s"])
         assert 50257 in (slow["m"], slow["n"], slow["k"]) and not slow["aligned"] and "cutlass_75" in slow["kernel"]

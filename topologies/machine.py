@@ -123,6 +123,7 @@ def _device(f: Fields) -> DeviceSpec:
         attention_overhead_s=f.number("attention_overhead_us", "nonneg") * US if f.has("attention_overhead_us") else 0.0,
         launch_interval_s=f.number("launch_interval_us", "nonneg") * US if f.has("launch_interval_us") else 0.0,
         gemm_measured=_gemm_measured(f.tables("gemm_measured"), peak),
+        gemm_wave_quantization=f.number("gemm_wave_quantization", "share") if f.has("gemm_wave_quantization") else 1.0,
     )
     if spec.empirical_gemm_flop_per_s > spec.peak_flop_per_s:
         f.fail("empirical_gemm_bf16_tflop_per_s", "exceeds peak_bf16_tflop_per_s; check both values")

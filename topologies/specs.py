@@ -79,6 +79,10 @@ class DeviceSpec:
     # always keeps ahead of the device. Optional key launch_interval_us; see twin.sim.engine's host model.
     launch_interval_s: float = 0.0
     gemm_measured: tuple[GemmMeasurement, ...] = ()  # GEMMs timed on this device (optional [[device.gemm_measured]])
+    # How much of wave quantisation's idle time a GEMM pays (optional key gemm_wave_quantization): 1, all of it
+    # (a grid of fixed tiles runs in waves of compute_units); 0, none (persistent stream-K kernels split the
+    # work, k included, over every unit, as Hopper's cuBLAS does: docs/gpu-h200.md).
+    gemm_wave_quantization: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Only numbers with a physical meaning that measured steps can pin down, and
 that no datasheet gives to the precision a prediction needs: the host's time
 per op issued (on small models the framework, not the GPU, sets the pace), a
 fixed device cost per kernel (launch and tail), the empirical GEMM rate and how short inner
-dimensions lower it, the HBM efficiency of element-wise work, and the fused
+dimensions and a last wave of tiles lower it, the HBM efficiency of element-wise work, and the fused
 attention kernel's rate. No per-row or per-model factor exists, so a fit
 cannot memorise the runs it learns from.
 
@@ -53,6 +53,9 @@ def _parameters(machine: Machine) -> dict[str, FitParameter]:
         FitParameter("device.empirical_gemm_bf16_tflop_per_s", empirical_tf / 5, dev.peak_flop_per_s / 1e12,
                      "GEMM rate at large shapes"),
         FitParameter("device.gemm_k_half", 1.0, 4096.0, "inner dimension at which the k loop halves a GEMM's rate"),
+        FitParameter("device.gemm_wave_quantization", 0.01, 1.0,
+                     "share of the last wave's idle units a GEMM pays (1: grids of fixed tiles; 0: persistent kernels)",
+                     start=1.0),
         FitParameter("device.hbm_efficiency", 0.1, 1.0, "achieved / peak HBM bandwidth of element-wise work"),
         FitParameter("device.attention_efficiency", 0.05, 1.0, "fused attention rate / empirical GEMM rate"),
     ) + tuple(

@@ -7,7 +7,11 @@ GEMM, machines.md) times a shape efficiency and a layout efficiency:
   tiles; partial edge tiles do wasted work;
 - wave quantization: tiles run in waves of `compute_units` at a time; the
   last wave may leave units idle. A batched GEMM's tiles are those of all its
-  products together (cuBLAS launches one grid over the batch);
+  products together (cuBLAS launches one grid over the batch). A GEMM pays
+  `gemm_wave_quantization` of that idle time: 1 where kernels are grids of
+  fixed tiles (the A100's, whose small GEMMs the published timings show
+  slow), 0 where persistent stream-K kernels split the work, k included,
+  over every unit (Hopper's cuBLAS, measured on an H200: docs/gpu-h200.md);
 - the k loop: a short inner dimension cannot hide the tile's prologue and
   epilogue, efficiency k / (k + gemm_k_half).
 
@@ -76,7 +80,7 @@ class ComputeModel:
         tile_util = (m * n) / (tiles_m * dev.gemm_tile_m * tiles_n * dev.gemm_tile_n)
         tiles = batch * tiles_m * tiles_n
         waves = ceil(tiles / dev.compute_units)
-        wave_util = tiles / (waves * dev.compute_units)
+        wave_util = 1.0 - dev.gemm_wave_quantization * (1.0 - tiles / (waves * dev.compute_units))
         k_util = k / (k + dev.gemm_k_half)
         return tile_util * wave_util * k_util
 

@@ -1,0 +1,104 @@
+"""Which form of the twin's GEMM shape model a GPU's measured GEMMs support: wave quantisation and the k loop.
+
+    .venv/bin/python benchmarks/gemm_shape_fit.py benchmarks/results/2026-12-04-nvidia-h200/gemm-shapes.json \\
+        [--machine alps] [--json]
+
+Reads what benchmarks/gemm_shapes.py timed on a GPU (its --out) and times
+every shape again with the twin's own compute model (twin/sim/compute.py:
+tile and wave quantisation, the k loop, the HBM floor, the per-kernel
+overhead) on --machine's device, for each `gemm_wave_quantization` (how
+much of the last wave's idle units a GEMM pays: 1 all, 0 none) and
+`gemm_k_half` of a grid, the GEMM level (empirical_gemm_bf16_tflop_per_s)
+chosen per pair to fit best. It prints the RMS of log(twin time / measured
+time) over the shapes, the FLOP-weighted mean |log ratio| and the level,
+for the best k_half at each wave setting and for --machine's file as it is.
+The level is another chip's where the GPU is not the machine's (an H200 for
+Alps's GH200): what carries is the form, not the level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from topologies.machine import load_machine  # noqa: E402
+from twin.ir import Gemm  # noqa: E402
+from twin.sim.compute import ComputeModel  # noqa: E402
+
+WAVES = (1.0, 0.5, 0.0)
+K_HALVES = (0.0, 32.0, 64.0, 128.0, 192.0, 256.0, 384.0)
+LEVELS_TFLOP = np.arange(500.0, 1200.0, 5.0)
+
+
+def load_measured(path: str) -> tuple[list[Gemm], np.ndarray]:
+    """The timed shapes (bf16, untuned, in their layout) and their measured times in seconds."""
+    doc = json.loads(Path(path).read_text())
+    gemms, times = [], []
+    for s in doc["shapes"]:
+        if s.get("measured_tflop_per_s"):
+            g = Gemm(s["m"], s["n"], s["k"], s["layout"], batch=s.get("batch", 1), tunable=False)
+            gemms.append(g)
+            times.append(g.flops / (s["measured_tflop_per_s"] * 1e12))
+    if not gemms:
+        raise SystemExit(f"gemm_shape_fit: {path} holds no measured rates (a --dry-run's output); give a timed run's")
+    return gemms, np.array(times)
+
+
+def score(device, gemms: list[Gemm], measured_s: np.ndarray, level_flop_per_s: float | None = None) -> dict:
+    """The twin's times against the measured ones on `device`; with no level given, the best of LEVELS_TFLOP.
+    A GEMM's time is max(FLOPs / (level x efficiency), HBM floor) + kernel overhead, as in ComputeModel."""
+    model = ComputeModel(device)
+    flops = np.array([g.flops for g in gemms])
+    eff = np.array([model.gemm_efficiency(g) for g in gemms])
+    floor = np.array([2 * g.batch * (g.m * g.k + g.k * g.n + g.m * g.n) for g in gemms]) / (
+        device.hbm_bw_bytes_per_s * device.hbm_efficiency)
+    levels = [level_flop_per_s] if level_flop_per_s else LEVELS_TFLOP * 1e12
+    best = None
+    for level in levels:
+        twin_s = np.maximum(flops / (level * eff), floor) + device.kernel_overhead_s
+        err = np.log(twin_s / measured_s)
+        row = dict(rms_log_error=float(np.sqrt(np.mean(err ** 2))),
+                   flop_weighted_abs_log_error=float(np.sum(flops * np.abs(err)) / flops.sum()),
+                   median_log_error=float(np.median(err)), level_tflop_per_s=level / 1e12)
+        if best is None or row["rms_log_error"] < best["rms_log_error"]:
+            best = row
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", help="benchmarks/gemm_shapes.py --out of a timed run")
+    ap.add_argument("--machine", default="alps", help="the machine file whose device form is tried (default alps)")
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    args = ap.parse_args()
+    device = load_machine(args.machine).device
+    gemms, measured_s = load_measured(args.results)
+    rows = [dict(form=f"{args.machine} as it is", wave_quantization=device.gemm_wave_quantization,
+                 k_half=device.gemm_k_half, **score(device, gemms, measured_s, device.empirical_gemm_flop_per_s))]
+    for waves in WAVES:
+        tried = [dict(form="fitted", wave_quantization=waves, k_half=k_half,
+                      **score(replace(device, gemm_wave_quantization=waves, gemm_k_half=k_half), gemms, measured_s))
+                 for k_half in K_HALVES]
+        rows.append(min(tried, key=lambda r: r["rms_log_error"]))
+    if args.json:
+        print(json.dumps(dict(results=args.results, machine=args.machine, shapes=len(gemms), rows=rows), indent=2))
+        return 0
+    print(f"{len(gemms)} GEMMs of {args.results}, timed again by the twin on {args.machine}'s device "
+          f"(tiles {device.gemm_tile_m}x{device.gemm_tile_n}, {device.compute_units} units, "
+          f"{device.kernel_overhead_s * 1e6:g} us per kernel); error = log(twin time / measured time)")
+    print(f"{'form':<22}{'waves':>6}{'k_half':>8}{'level TF/s':>12}{'RMS':>8}{'FLOP-wtd':>10}{'median':>9}")
+    for r in rows:
+        print(f"{r['form']:<22}{r['wave_quantization']:>6g}{r['k_half']:>8g}{r['level_tflop_per_s']:>12.0f}"
+              f"{r['rms_log_error']:>8.3f}{r['flop_weighted_abs_log_error']:>10.3f}{r['median_log_error']:>+9.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

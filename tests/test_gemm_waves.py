@@ -1,0 +1,71 @@
+"""The GEMM shape model's wave quantisation (twin/sim/compute.py) and the one GPU that measured its form.
+
+`gemm_wave_quantization` is how much of the last wave's idle units a GEMM pays: 1 for grids of fixed tiles
+(every machine file without the key), 0 for Hopper cuBLAS's persistent kernels (alps.toml, from an H200's
+timings: docs/gpu-h200.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from topologies.machine import load_machine
+from twin.errors import TwinError
+from twin.ir import Gemm
+from twin.sim.compute import ComputeModel
+
+REPO = Path(__file__).resolve().parents[1]
+H200_GEMMS = REPO / "benchmarks" / "results" / "2026-12-04-nvidia-h200" / "gemm-shapes.json"
+
+
+def efficiency(device, m: int, n: int, k: int, waves: float) -> float:
+    return ComputeModel(replace(device, gemm_wave_quantization=waves)).gemm_efficiency(Gemm(m, n, k, tunable=False))
+
+
+def test_a_tail_wave_costs_in_proportion():
+    """One tile more than the units: with full wave quantisation the GEMM takes two waves for barely more than
+    one wave's work; with none it runs at its tile and k-loop efficiency; halfway pays half the idle units."""
+    device = load_machine("dgx-a100").device  # 108 units, 256 x 128 tiles
+    m, n, k = 256 * 109, 128, 4096  # 109 tiles in one column
+    full, none, half = (efficiency(device, m, n, k, w) for w in (1.0, 0.0, 0.5))
+    idle = 1 - 109 / 216  # of two waves of 108 units
+    # each is relative to the 32768^3 square, whose 32,768 tiles fill 304 waves but for a little of the last
+    reference_idle = 1 - 32768 / (304 * 108)
+    assert full / none == pytest.approx((1 - idle) / (1 - reference_idle), rel=1e-9)
+    assert half / none == pytest.approx((1 - 0.5 * idle) / (1 - 0.5 * reference_idle), rel=1e-9)
+    # a GEMM of whole waves differs only by the reference's tail
+    assert efficiency(device, 256 * 108, 128, k, 1.0) / efficiency(device, 256 * 108, 128, k, 0.0) == pytest.approx(
+        1 / (1 - reference_idle), rel=1e-9)
+
+
+def test_files_without_the_key_keep_full_wave_quantisation():
+    for name in ("frontier", "perlmutter", "dgx-a100", "dgx-a100-800g"):
+        assert load_machine(name).device.gemm_wave_quantization == 1.0
+    alps = load_machine("alps")
+    assert alps.device.gemm_wave_quantization == 0.0
+    assert "H200" in alps.sources["device.gemm_wave_quantization"].source
+
+
+def test_the_key_is_a_share_and_a_bad_one_names_the_field(tmp_path):
+    text = (REPO / "topologies" / "alps.toml").read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("gemm_wave_quantization = { value = 0.0", "gemm_wave_quantization = { value = 1.5"))
+    with pytest.raises(TwinError) as err:
+        load_machine(str(bad))
+    assert "device.gemm_wave_quantization" in str(err.value) and "in [0, 1]" in str(err.value)
+
+
+def test_the_h200_timings_support_no_wave_quantisation():
+    """benchmarks/gemm_shape_fit.py on the committed H200 timings: the twin's times fit them best with no wave
+    quantisation, worst with all of it (the form every file had before)."""
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gemm_shape_fit.py"), str(H200_GEMMS), "--json"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    rows = {r["wave_quantization"]: r for r in json.loads(result.stdout)["rows"] if r["form"] == "fitted"}
+    assert rows[0.0]["rms_log_error"] < rows[0.5]["rms_log_error"] < rows[1.0]["rms_log_error"]
+    assert rows[0.0]["rms_log_error"] < 0.5 * rows[1.0]["rms_log_error"]
