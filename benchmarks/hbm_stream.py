@@ -54,6 +54,9 @@ def main() -> int:
     import torch
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("hbm_stream: --device cuda, but torch sees no GPU here; use --device cpu or auto", file=sys.stderr)
+        return 2
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     nbytes = int(args.gib * 2 ** 30)
     rates = {kind: stream_gb_per_s(kind, nbytes, device) for kind in ("copy", "scale", "add")}

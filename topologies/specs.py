@@ -80,8 +80,8 @@ class DeviceSpec:
     launch_interval_s: float = 0.0
     gemm_measured: tuple[GemmMeasurement, ...] = ()  # GEMMs timed on this device (optional [[device.gemm_measured]])
     # How much of wave quantisation's idle time a GEMM pays (optional key gemm_wave_quantization): 1, all of it
-    # (a grid of fixed tiles runs in waves of compute_units); 0, none (persistent stream-K kernels split the
-    # work, k included, over every unit, as Hopper's cuBLAS does: docs/gpu-h200.md).
+    # (a grid of fixed tiles runs in waves of compute_units); 0, none (kernels that keep every unit busy, as
+    # Hopper's persistent cuBLAS kernels were measured to on an H200: docs/gpu-h200.md).
     gemm_wave_quantization: float = 1.0
 
 

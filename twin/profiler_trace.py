@@ -246,6 +246,8 @@ def _step_windows(events: list[dict], category: str, device=None) -> list[tuple[
 
 @dataclass(frozen=True)
 class Kernel:
+    """One GPU kernel of a trace: its name, when it started (the trace's microseconds) and how long it ran."""
+
     name: str
     start_us: float
     duration_s: float
