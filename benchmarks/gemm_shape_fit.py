@@ -1,7 +1,7 @@
 """Which form of the twin's GEMM shape model a GPU's measured GEMMs support: wave quantisation and the k loop.
 
     .venv/bin/python benchmarks/gemm_shape_fit.py benchmarks/results/2026-12-04-nvidia-h200/gemm-shapes.json \\
-        [--machine alps] [--json]
+        [--machine alps] [--set FIELD=VALUE ...] [--json]
 
 Reads what benchmarks/gemm_shapes.py timed on a GPU (its --out) and times
 every shape again with the twin's own compute model (twin/sim/compute.py:
@@ -29,6 +29,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from topologies.machine import load_machine  # noqa: E402
+from topologies.overrides import parse_override  # noqa: E402
+from twin.errors import TwinError  # noqa: E402
 from twin.ir import Gemm  # noqa: E402
 from twin.sim.compute import ComputeModel  # noqa: E402
 
@@ -76,11 +78,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", help="benchmarks/gemm_shapes.py --out of a timed run")
     ap.add_argument("--machine", default="alps", help="the machine file whose device form is tried (default alps)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="replace one number of --machine's file first (repeatable), e.g. device.gemm_k_half=256")
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args()
-    device = load_machine(args.machine).device
+    try:
+        device = load_machine(args.machine, tuple(parse_override(t) for t in args.set)).device
+    except TwinError as e:
+        ap.error(str(e))
     gemms, measured_s = load_measured(args.results)
-    rows = [dict(form=f"{args.machine} as it is", wave_quantization=device.gemm_wave_quantization,
+    rows = [dict(form=f"{args.machine} as it is" + (" (--set)" if args.set else ""), wave_quantization=device.gemm_wave_quantization,
                  k_half=device.gemm_k_half, **score(device, gemms, measured_s, device.empirical_gemm_flop_per_s))]
     for waves in WAVES:
         tried = [dict(form="fitted", wave_quantization=waves, k_half=k_half,
