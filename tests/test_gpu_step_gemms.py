@@ -84,3 +84,15 @@ def test_the_h200_steps_miss_only_by_the_unpadded_vocabulary():
         assert every["error"] < -0.15 and abs(aligned["error"]) < 0.10
         slow = min(doc["shapes"], key=lambda r: r["in_step_tflop_per_s"])
         assert 50257 in (slow["m"], slow["n"], slow["k"]) and not slow["aligned"] and "cutlass_75" in slow["kernel"]
+
+
+def test_the_padded_vocabulary_runs_on_hopper_kernels_and_the_step_is_within_ten_percent():
+    """The second lease's step with the vocabulary padded to 50,304: every GEMM dimension a multiple of 8, the
+    logits GEMM in NT layout on a Hopper kernel, and the twin's GEMMs within 10% of the kernels."""
+    result = run(str(H200 / "profile-step-megatron-1gpu-padded.json.gz"), "--schedule",
+                 str(H200 / "step-megatron-1gpu-padded.json"), "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert all(r["aligned"] for r in doc["shapes"]) and abs(doc["per_step"]["every GEMM"]["error"]) < 0.10
+    logits = next(r for r in doc["shapes"] if r["n"] == 50304 and r["layout"] == "NT")
+    assert "nvjet_sm90" in logits["kernel"] and logits["in_step_tflop_per_s"] > 500
