@@ -87,7 +87,8 @@ def main() -> int:
     except TwinError as e:
         ap.error(str(e))
     gemms, measured_s = load_measured(args.results)
-    rows = [dict(form=f"{args.machine} as it is" + (" (--set)" if args.set else ""), wave_quantization=device.gemm_wave_quantization,
+    form = f"{args.machine} as it is" + (" (--set)" if args.set else "")
+    rows = [dict(form=form, wave_quantization=device.gemm_wave_quantization,
                  k_half=device.gemm_k_half, **score(device, gemms, measured_s, device.empirical_gemm_flop_per_s))]
     for waves in WAVES:
         tried = [dict(form="fitted", wave_quantization=waves, k_half=k_half,

@@ -257,7 +257,8 @@ def main() -> int:
         rates[(args.reference_dim,) * 3 + ("NN", 1)] = saved["reference_tflop_per_s"] * 1e12
     elif args.shapes:
         with open(args.shapes) as f:
-            per_run = {label: {_shape(row[:-1]): row[-1] for row in rows} for label, rows in json.load(f)["per_run"].items()}
+            saved_runs = json.load(f)["per_run"]
+        per_run = {label: {_shape(row[:-1]): row[-1] for row in rows} for label, rows in saved_runs.items()}
     else:
         per_run = {r["label"]: gemm_flops(r) for r in validated_runs(args.quick)}
         for path in args.runs:

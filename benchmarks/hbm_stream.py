@@ -26,7 +26,8 @@ def stream_gb_per_s(kind: str, nbytes: int, device: str, reps: int = 10) -> floa
     elements = nbytes // torch.tensor([], dtype=dtype).element_size()
     a = torch.ones(elements, device=device, dtype=dtype)
     b = torch.empty_like(a)
-    ops = {"copy": (lambda: b.copy_(a), 2), "scale": (lambda: a.mul_(1.0), 2), "add": (lambda: torch.add(a, b, out=b), 3)}
+    ops = {"copy": (lambda: b.copy_(a), 2), "scale": (lambda: a.mul_(1.0), 2),
+           "add": (lambda: torch.add(a, b, out=b), 3)}  # (kernel, tensors it reads or writes)
     op, touched = ops[kind]
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 

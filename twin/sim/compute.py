@@ -9,9 +9,9 @@ GEMM, machines.md) times a shape efficiency and a layout efficiency:
   last wave may leave units idle. A batched GEMM's tiles are those of all its
   products together (cuBLAS launches one grid over the batch). A GEMM pays
   `gemm_wave_quantization` of that idle time: 1 where kernels are grids of
-  fixed tiles (the A100's, whose small GEMMs the published timings show
-  slow), 0 where persistent stream-K kernels split the work, k included,
-  over every unit (Hopper's cuBLAS, measured on an H200: docs/gpu-h200.md);
+  fixed tiles (the A100's: its published training-shape timings fit full
+  waves), 0 where kernels keep every unit busy (Hopper's persistent cuBLAS
+  kernels, measured on an H200: docs/gpu-h200.md);
 - the k loop: a short inner dimension cannot hide the tile's prologue and
   epilogue, efficiency k / (k + gemm_k_half).
 
@@ -27,9 +27,10 @@ layout, as AxoNN's first-batch kernel timing does.
 Measured GEMMs: where the machine file lists GEMMs timed on the device
 (``[[device.gemm_measured]]``, e.g. from benchmarks/gemm_shapes.py), a GEMM
 runs at the rate measured for the nearest measured shape (log distance over
-m, n, k and batch; the same layout, then the same batched-or-not, preferred), times the model's ratio between its own
-shape and that one. At a measured shape the measurement is the answer; the
-tile, wave and k-loop estimates only carry it to shapes nearby. A tunable
+m, n, k and batch; the same layout, then the same batched-or-not,
+preferred), times the model's ratio between its own shape and that one. At
+a measured shape the measurement is the answer; the tile, wave and k-loop
+estimates only carry it to shapes nearby. A tunable
 GEMM takes the fastest layout. Never above the device's peak.
 
 Attention (flash) runs at attention_efficiency x the empirical GEMM rate,
