@@ -6,9 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 mkdir -p device-input
-# 1. every GEMM shape of the validated runs and of the A100 runs of twin fit's protocol (shared/data, as make fit
+# 1. every GEMM shape of the validated runs and of the A100 runs of twin fit's protocol (benchmarks/data, as make fit
 #    assumes them), with the FLOPs each run spends in it
-DATA=${DATA:-../shared/data}
+DATA=${DATA:-benchmarks/data}
 ASSUME=attention=unfused,recompute=full,dtype=fp16,optimizer=flat
 "$PY" benchmarks/gemm_shapes.py --dry-run --out device-input/gemm-shapes-input.json \
     --runs "$DATA/a100-megatron-single-node.csv" --runs "$DATA/a100-megatron-multi-node.csv" --assume "$ASSUME"

@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/gemm_shapes.py --report results.json [--toml F]  # a timed run's tables again
 
 `--runs CSV --assume ...` (repeatable) adds the GEMMs of a measured-runs file
-(twin fit's, e.g. the A100 runs in shared/data), one group per hidden size.
+(twin fit's, e.g. the A100 runs in benchmarks/data), one group per hidden size.
 A shape is (m, n, k, layout, batch): a batched GEMM (unfused attention's
 score and context products) is timed as one batched launch.
 
