@@ -40,16 +40,25 @@ LEVELS_TFLOP = np.arange(500.0, 1200.0, 5.0)
 
 
 def load_measured(path: str) -> tuple[list[Gemm], np.ndarray]:
-    """The timed shapes (bf16, untuned, in their layout) and their measured times in seconds."""
-    doc = json.loads(Path(path).read_text())
+    """The timed shapes (bf16, untuned, in their layout) and their measured times in seconds; a file that is not
+    gemm_shapes.py's --out is a one-line error (exit 2)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        shapes = doc["shapes"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"gemm_shape_fit: cannot read {path} as benchmarks/gemm_shapes.py --out ({e.__class__.__name__}: {e}); "
+              "give a timed run's results", file=sys.stderr)
+        raise SystemExit(2) from None
     gemms, times = [], []
-    for s in doc["shapes"]:
+    for s in shapes:
         if s.get("measured_tflop_per_s"):
             g = Gemm(s["m"], s["n"], s["k"], s["layout"], batch=s.get("batch", 1), tunable=False)
             gemms.append(g)
             times.append(g.flops / (s["measured_tflop_per_s"] * 1e12))
     if not gemms:
-        raise SystemExit(f"gemm_shape_fit: {path} holds no measured rates (a --dry-run's output); give a timed run's")
+        print(f"gemm_shape_fit: {path} holds no measured rates (a --dry-run's output); give a timed run's",
+              file=sys.stderr)
+        raise SystemExit(2)
     return gemms, np.array(times)
 
 

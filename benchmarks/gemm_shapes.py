@@ -246,11 +246,14 @@ def main() -> int:
     rates: dict[Shape, float] = {}  # flop/s
     device = source = None
     if args.report:  # an earlier timed run's rates, set beside --machine's model as it is now
-        with open(args.report) as f:
-            saved = json.load(f)
-        per_run = {label: {_shape(row[:-1]): row[-1] for row in rows} for label, rows in saved["per_run"].items()}
-        rates = {_shape([r["m"], r["n"], r["k"], r["layout"], r.get("batch", 1)]): r["measured_tflop_per_s"] * 1e12
-                 for r in saved["shapes"] if r.get("measured_tflop_per_s")}
+        try:
+            with open(args.report) as f:
+                saved = json.load(f)
+            per_run = {label: {_shape(row[:-1]): row[-1] for row in rows} for label, rows in saved["per_run"].items()}
+            rates = {_shape([r["m"], r["n"], r["k"], r["layout"], r.get("batch", 1)]): r["measured_tflop_per_s"] * 1e12
+                     for r in saved["shapes"] if r.get("measured_tflop_per_s")}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            ap.error(f"--report: cannot read {args.report} as this script's --out ({e.__class__.__name__}: {e})")
         if not rates:
             ap.error(f"--report: {args.report} has no measured rates (a --dry-run's output); give a timed run's --out")
         args.reference_dim, device, source = saved["reference_dim"], saved["device"], saved["source"]

@@ -185,3 +185,13 @@ def test_the_report_of_the_h200_run_shows_where_the_shape_model_is_off():
                                                               "multi-node h=8192 39.1")]
     assert ratios[0] < ratios[1] < ratios[2] < 1.0  # measured time / twin's: the smallest GEMMs furthest off
     assert "by the FLOPs of one launch" in result.stdout
+
+
+def test_report_of_a_file_that_is_not_results_is_a_usage_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    for path in (bad, tmp_path / "missing.json"):
+        result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gemm_shapes.py"), "--report", str(path)],
+                                capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "--report: cannot read" in result.stderr.splitlines()[-1]

@@ -69,3 +69,14 @@ def test_the_h200_timings_support_no_wave_quantisation():
     rows = {r["wave_quantization"]: r for r in json.loads(result.stdout)["rows"] if r["form"] == "fitted"}
     assert rows[0.0]["rms_log_error"] < rows[0.5]["rms_log_error"] < rows[1.0]["rms_log_error"]
     assert rows[0.0]["rms_log_error"] < 0.5 * rows[1.0]["rms_log_error"]
+
+
+@pytest.mark.parametrize("content", [None, "{}", "not json"])
+def test_a_file_that_is_not_timed_results_is_one_line_exit_2(tmp_path, content):
+    path = tmp_path / "results.json"
+    if content is not None:
+        path.write_text(content)
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gemm_shape_fit.py"), str(path)],
+                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "gemm_shape_fit: cannot read" in result.stderr
