@@ -44,8 +44,10 @@ stage() {  # stage NAME OUTFILE COMMAND...: run it, keep its output in OUTFILE a
         echo "== $name FAILED (continuing)"
     fi
     echo "== $name: $((SECONDS - started)) s"
-    # BUNDLE: everything so far in one archive, rewritten after every stage, so that a run stopped at its time
-    # limit still brings back what it measured (a lent machine returns a few files, not a folder of them)
+    bundle
+}
+bundle() {  # BUNDLE: everything so far but the profiles in one archive, rewritten after every stage, so that a run
+    # stopped at its time limit still brings back what it measured (a lent machine returns a few files, not a folder)
     if [ -n "${BUNDLE:-}" ]; then tar czf "$BUNDLE" -C "$OUT" --exclude "$(basename "$BUNDLE")" --exclude "profile-*" . ; fi
 }
 stage gpu "$OUT/gpu.txt" python3 -c "import torch; print('torch', torch.__version__, \
@@ -80,7 +82,6 @@ gzip -c /tmp/profile-megatron/profile-rank0.json > "$OUT/profile-megatron-rank0.
 stage compare-trace-megatron "$OUT/compare-trace-megatron.txt" python3 -m twin.cli compare-trace \
     "$OUT/profile-megatron-rank0.json.gz" --schedule "$IN/step-megatron-1gpu.json" --machine "$MACHINE" \
     --figure "$OUT/compare-trace-megatron.png"
-if [ -n "${BUNDLE:-}" ]; then tar czf "$BUNDLE" -C "$OUT" --exclude "$(basename "$BUNDLE")" --exclude "profile-*" . ; fi
 if [ ${#failed[@]} -gt 0 ]; then
     echo "device_check: failed stages: ${failed[*]}" >&2
     exit 1

@@ -68,8 +68,7 @@ def score(device, gemms: list[Gemm], measured_s: np.ndarray, level_flop_per_s: f
     model = ComputeModel(device)
     flops = np.array([g.flops for g in gemms])
     eff = np.array([model.gemm_efficiency(g) for g in gemms])
-    floor = np.array([2 * g.batch * (g.m * g.k + g.k * g.n + g.m * g.n) for g in gemms]) / (
-        device.hbm_bw_bytes_per_s * device.hbm_efficiency)
+    floor = np.array([model.gemm_memory_s(g) for g in gemms])
     levels = [level_flop_per_s] if level_flop_per_s else LEVELS_TFLOP * 1e12
     best = None
     for level in levels:

@@ -68,6 +68,9 @@ def test_a_trace_of_another_schedule_is_refused_in_one_line(tmp_path, tiny_step)
     result = run(str(trace), "--schedule", str(tiny_step), "--machine", "local")
     assert result.returncode == 2 and "are not whole steps" in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    trace.write_text(json.dumps({"traceEvents": []}))  # a CPU run's trace: the shared kernel reader says why
+    result = run(str(trace), "--schedule", str(tiny_step), "--machine", "local")
+    assert result.returncode == 2 and "no GPU kernels" in result.stderr and result.stderr.count("\n") == 1
 
 
 def test_the_h200_steps_miss_only_by_the_unpadded_vocabulary():

@@ -257,17 +257,14 @@ def kernels_of_class(path: str, op_class: str, device=None) -> list[Kernel]:
     """The trace's GPU kernels of one op class (kernel_class) on `device` (default: the first), in the order they
     started: one rank's GEMMs, say, to set beside the schedule's GEMM ops one by one."""
     events, _ = _read_trace(path)
-    kernels = [e for e in events if _is_span(e) and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
-    if device is None and kernels:
-        device = sorted({_device_of(e) for e in kernels}, key=str)[0]
-    chosen = [e for e in kernels if str(_device_of(e)) == str(device)
-              and kernel_class(str(e.get("name", "")), e.get("cat", "kernel")) == op_class]
+    kernels, _ = _device_kernels(path, events, device)
+    chosen = [e for e in kernels if kernel_class(str(e.get("name", "")), e.get("cat", "kernel")) == op_class]
     return [Kernel(str(e.get("name", "")), e["ts"], e["dur"] * 1e-6) for e in sorted(chosen, key=lambda e: e["ts"])]
 
 
-def load_profiled_run(path: str, steps: int | None = None, device=None) -> ProfiledRun:
-    """Read one rank's trace: its GPU kernels on `device` (default: the trace's only, or first, device)."""
-    events, rank = _read_trace(path)
+def _device_kernels(path: str, events: list[dict], device=None) -> tuple[list[dict], object]:
+    """The trace's GPU spans (kernels, memcpy, memset) on `device` (default: the only, or first, device) and that
+    device; a one-line TwinError for a trace without GPU kernels or without that device."""
     kernels = [e for e in events if _is_span(e) and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if not kernels:
         raise TwinError(f"trace {path}: no GPU kernels (events of category 'kernel'; a CPU-only run has none); "
@@ -278,7 +275,13 @@ def load_profiled_run(path: str, steps: int | None = None, device=None) -> Profi
     elif str(device) not in {str(d) for d in devices}:
         raise TwinError(f"--device {device}: the trace has kernels on device(s) {', '.join(map(str, devices))}; "
                         "pick one of them")
-    kernels = [e for e in kernels if str(_device_of(e)) == str(device)]
+    return [e for e in kernels if str(_device_of(e)) == str(device)], device
+
+
+def load_profiled_run(path: str, steps: int | None = None, device=None) -> ProfiledRun:
+    """Read one rank's trace: its GPU kernels on `device` (default: the trace's only, or first, device)."""
+    events, rank = _read_trace(path)
+    kernels, device = _device_kernels(path, events, device)
     windows = _step_windows(events, "gpu_user_annotation", device)
     if not windows and steps is None:
         # Only the CPU side marks the steps: a step's kernels run from its CPU start to the next one's (the GPU

@@ -116,12 +116,16 @@ class ComputeModel:
         return measured * self._modelled(m, n, k, layout, False, batch) / self._modelled(
             near.m, near.n, near.k, near.layout, False, near.batch)
 
+    def gemm_memory_s(self, gemm: Gemm) -> float:
+        """The floor under a GEMM's time: streaming its 2-byte operands and result through HBM once."""
+        dev = self.device
+        operand_bytes = 2 * gemm.batch * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+        return operand_bytes / (dev.hbm_bw_bytes_per_s * dev.hbm_efficiency)
+
     def gemm_time_s(self, gemm: Gemm) -> float:
         dev = self.device
         flop_time = gemm.flops / (dev.empirical_gemm_flop_per_s * self.gemm_efficiency(gemm))
-        operand_bytes = 2 * gemm.batch * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
-        memory_time = operand_bytes / (dev.hbm_bw_bytes_per_s * dev.hbm_efficiency)
-        return max(flop_time, memory_time) + dev.kernel_overhead_s
+        return max(flop_time, self.gemm_memory_s(gemm)) + dev.kernel_overhead_s
 
     def _duration_s(self, work: Work) -> float:
         dev = self.device
