@@ -64,10 +64,14 @@ def _load_note(out: str) -> str:
     return f"  other load on the host during the run: {load:.2f} cores"
 
 
-def _machine_for_peaks(name: str | None) -> str | None:
-    """The machine whose peaks the summary's percentages use: --machine, else `local` if it loads."""
+def _machine_for_peaks(name: str | None, device: str = "auto") -> str | None:
+    """The machine whose peaks the summary's percentages use: --machine, else `local` if it loads and the run is
+    on this host's CPUs (local describes them: a GPU run beat its peak by 5,938x); a GPU run without --machine
+    reports no percentages."""
     from topologies.machine import load_machine
 
+    if not name and _on_gpu(device):
+        return None
     for candidate in ([name] if name else ["local"]):
         try:
             load_machine(candidate)
@@ -76,6 +80,15 @@ def _machine_for_peaks(name: str | None) -> str | None:
             if name:
                 raise
     return None
+
+
+def _on_gpu(device: str) -> bool:
+    """Whether the ranks will run on GPUs (as executor.target.choose_target decides for --device)."""
+    if device != "auto":
+        return device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -99,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     nproc = args.nproc or schedule.world_size
     out = _out_dir(args, args.schedule, "numerics" if args.check_numerics else "run")
     check_outputs({"--trace": args.trace}, {"SCHEDULE": args.schedule, "--machine": machine_file(args.machine)})
-    machine = None if args.check_numerics else _machine_for_peaks(args.machine)
+    machine = None if args.check_numerics else _machine_for_peaks(args.machine, args.device)
     opts = _worker_options(args, check_numerics=args.check_numerics, machine=machine,
                            profile_steps=args.profile_steps)
     wall = run_local(schedule, args.schedule, nproc, out, opts, args.wall_timeout)
@@ -166,6 +179,11 @@ def _report_numerics(args: argparse.Namespace, out: str, where: str, wall: float
 def cmd_calibrate(args: argparse.Namespace) -> int:
     _require_torch("calibrate")
     import time
+
+    if _on_gpu(args.device):  # its GEMMs (at most 1 GFLOP) and one-stream, no-waves fit describe a CPU host
+        raise TwinError("twin calibrate measures a CPU host (GEMMs of at most 1 GFLOP, no SM waves), not a GPU: "
+                        "time a GPU's GEMMs with benchmarks/gemm_shapes.py (--toml) into its machine file, or pass "
+                        "--device cpu to calibrate this host's CPUs")
 
     from executor.calibrate import calibration_schedule
     from executor.calibrate_host import calibrate_host, launch_dirs

@@ -85,31 +85,30 @@ def _children_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def buffer_bytes(schedule: Schedule, itemsize: int = 4) -> float:
-    """What the executor allocates per rank for `schedule` (executor.kernels' sharing rules), at most over programs.
+def buffer_bytes(schedule: Schedule, dtype_name: str = "float32") -> float:
+    """What the executor allocates per rank for `schedule`, at most over programs: each role's arena at its
+    largest request (executor.kernels), plus, per backward attention shape, the recorded forward (q, k, v and the
+    output: 4 tensors of the shape)."""
+    import torch
 
-    Compute operands are shared by role and shape, communication buffers by
-    stream, role and size; attention keeps q, k, v, the output gradient and
-    one recorded forward (about 3 more tensors) per shape.
-    """
-    from twin.ir import P2P, Attention, Collective, Elementwise, Gemm
+    from executor.kernels import op_requests
+    from twin.ir import Attention, Collective
 
+    dtype = getattr(torch, dtype_name)
+    itemsize = torch.empty((), dtype=dtype).element_size()
     worst = 0.0
     for program in schedule.programs:
-        tensors: dict[tuple, float] = {}
+        arenas: dict[tuple, int] = {}
+        recorded: set[tuple] = set()
         for op in program.ops:
-            w = op.work
-            if isinstance(w, Gemm):
-                tensors[("a", w.m * w.k * w.batch)] = w.m * w.k * w.batch
-                tensors[("b", w.k * w.n * w.batch)] = w.k * w.n * w.batch
-                tensors[("c", w.m * w.n * w.batch)] = w.m * w.n * w.batch
-            elif isinstance(w, Attention):
-                tensors[("attn", w.batch, w.heads, w.seq, w.head_dim)] = 7 * w.batch * w.heads * w.seq * w.head_dim
-            elif isinstance(w, Elementwise):
-                tensors[("ew", round(w.nbytes))] = w.nbytes / 2 / itemsize * 2
-            elif isinstance(w, (Collective, P2P)):
-                tensors[("comm", op.stream, w.kind, round(w.nbytes))] = 2 * w.nbytes / itemsize
-        worst = max(worst, itemsize * sum(tensors.values()))
+            members = len(schedule.group(op.work.group).instances[0]) if isinstance(op.work, Collective) else 1
+            for r in op_requests(op, dtype, members):
+                arenas[r.role] = max(arenas.get(r.role, 0), r.numel)
+            if isinstance(op.work, Attention) and op.work.backward:
+                w = op.work
+                recorded.add((w.batch, w.heads, w.seq, w.head_dim, w.causal))
+        elements = sum(arenas.values()) + sum(4 * b * h * s * d for b, h, s, d, _ in recorded)
+        worst = max(worst, itemsize * elements)
     return worst
 
 

@@ -116,13 +116,13 @@ class Executor:
         sync = torch.cuda.synchronize if target.is_cuda else (lambda: None)
         layouts: dict = {}
         graphs: dict = {}
-        self.fns = []
-        for rop in self.rp.ops:
-            channel = self.channels.get(rop.channel)
-            fn = bind(rop, channel) if bind else None
+        bound = [bind(rop, self.channels.get(rop.channel)) if bind else None for rop in self.rp.ops]
+        for rop, fn in zip(self.rp.ops, bound):  # every arena at its largest op's size before any is made
             if fn is None:
-                fn = self._kernel(rop, channel, tune, sync, layouts, graphs)
-            self.fns.append(fn)
+                self.bufs.reserve(kernels.op_requests(rop.op, target.dtype, len(self.members(rop) or (0,))))
+        self.fns = [fn if fn is not None else self._kernel(rop, self.channels.get(rop.channel), tune, sync, layouts,
+                                                           graphs)
+                    for rop, fn in zip(self.rp.ops, bound)]
         if fault:
             self._inject(fault)
         self.tuned_layouts = dict(layouts)

@@ -211,6 +211,7 @@ CASES: list[tuple[str, list[str]]] = [
     ("calibrate output format", ["calibrate", "-o", "{tmp}/l.txt"]),
     ("calibrate nproc 0", ["calibrate", "--nproc", "0", "-o", "{tmp}/l.toml"]),
     ("calibrate launches 0", ["calibrate", "--launches", "0", "-o", "{tmp}/l.toml"]),
+    ("calibrate a gpu", ["calibrate", "--device", "cuda", "-o", "{tmp}/l.toml"]),
     ("compare without machine", ["compare", "{sched}"]),
     ("compare nproc 0", ["compare", "{sched}", "--machine", "frontier", "--nproc", "0"]),
 ]

@@ -8,6 +8,7 @@ calibration, compare) run in CI with `make test-all`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -22,12 +23,13 @@ from topologies import load_machine  # noqa: E402
 from twin.build import build_step  # noqa: E402
 from twin.cli import main  # noqa: E402
 from twin.errors import TwinError  # noqa: E402
+from twin.ir import Attention  # noqa: E402
 from twin.ir_io import load_schedule, save_schedule  # noqa: E402
 from twin.model import get_model  # noqa: E402
 from twin.plan import parse_plan  # noqa: E402
 from twin.report import Summary  # noqa: E402
 
-from executor.launch import WorkerOptions, run_local  # noqa: E402
+from executor.launch import WorkerOptions, buffer_bytes, run_local  # noqa: E402
 
 LIMIT_S = 120  # per launch
 REPO = Path(__file__).resolve().parents[1]
@@ -86,6 +88,11 @@ def test_run_measures_a_step_and_the_trace_loads_back(tmp_path, capsys):
     assert summary["step_time_s"] > 0 and summary["gpus"] == 2
     launch = json.loads((tmp_path / "run" / "launch.json").read_text())
     assert launch["returncode"] == 0
+    # what the launcher estimates a rank allocates is what the ranks allocated, plus the recorded attention forward
+    allocated = max(json.loads((tmp_path / "run" / f"rank{r}.json").read_text())["buffer_bytes"] for r in range(2))
+    recorded = {(w.batch, w.heads, w.seq, w.head_dim) for w in (o.work for o in schedule.programs[0].ops)
+                if isinstance(w, Attention) and w.backward}
+    assert allocated > 0 and buffer_bytes(schedule) == allocated + 4 * 4 * sum(math.prod(s) for s in recorded)
     # --profile-steps: one more step per rank under torch.profiler, marked for twin compare-trace, which on a
     # CPU run finds no GPU kernels to compare and says so
     profile = tmp_path / "run" / "profile-rank0.json"

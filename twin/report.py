@@ -156,6 +156,8 @@ def summarize(run: SimRun, flops_formula: str = "hardware") -> Summary:
 
 def format_summary(s: Summary) -> str:
     """A human-readable block; the same numbers as to_json_dict."""
+    # a measured run with no machine for its peaks has none (throughput_fields: percentages 0 though FLOPs ran)
+    peaks = s.pct_peak_advertised > 0 or s.tflops_per_gpu == 0
     lines = [
         f"{s.model} on {s.gpus} x {s.machine} GPUs, plan {s.plan}",
         f"  global batch {s.global_batch} sequences x {s.seq} tokens",
@@ -163,10 +165,12 @@ def format_summary(s: Summary) -> str:
         f"  step time              {s.step_time_s:10.3f} s",
         f"  throughput             {s.pflops_total:10.1f} PF/s total, {s.tflops_per_gpu:.1f} TF/s per GPU "
         "(FLOPs executed)",
-        f"  % of peak              {s.pct_peak_advertised:10.1f} % advertised, {s.pct_peak_empirical:.1f} % empirical",
+        f"  % of peak              {s.pct_peak_advertised:10.1f} % advertised, {s.pct_peak_empirical:.1f} % empirical"
+        if peaks else "  % of peak                     - (no machine file for the peaks: --machine NAME)",
         f"{'  by ' + s.flops_formula + ' formula':<25}{s.formula_pflops_total:10.1f} PF/s total, "
-        f"{s.formula_tflops_per_gpu:.1f} TF/s per GPU, {s.formula_pct_peak_advertised:.1f} % advertised "
-        f"({_FORMULA_NOTE.get(s.flops_formula, 'Narayanan et al.')})",
+        f"{s.formula_tflops_per_gpu:.1f} TF/s per GPU"
+        + (f", {s.formula_pct_peak_advertised:.1f} % advertised" if peaks else "")
+        + f" ({_FORMULA_NOTE.get(s.flops_formula, 'Narayanan et al.')})",
         f"  exposed communication  {s.exposed_comm_s:10.3f} s ({100 * s.exposed_comm_s / s.step_time_s:.1f} % of step)"
         if s.step_time_s > 0 else "  exposed communication  0",
         f"  memory per GPU         {s.memory_per_gpu_gb:10.1f} GB",
