@@ -246,20 +246,41 @@ def _step_windows(events: list[dict], category: str, device=None) -> list[tuple[
 
 @dataclass(frozen=True)
 class Kernel:
-    """One GPU kernel of a trace: its name, when it started (the trace's microseconds) and how long it ran."""
+    """One GPU kernel of a trace: its name, when it started (the trace's microseconds), how long it ran and the op
+    class it counts under (kernel_class)."""
 
     name: str
     start_us: float
     duration_s: float
+    op_class: str = "elementwise"
+    host_op: int | None = None  # Kineto's "External id": kernels of one host call share it
+    nbytes: float | None = None  # a copy's or memset's bytes (one side), as Kineto records them
+
+    @property
+    def end_us(self) -> float:
+        return self.start_us + self.duration_s * 1e6
+
+
+def trace_kernels(path: str, device=None) -> list[Kernel]:
+    """The trace's GPU spans (kernels, copies, memsets) on `device` (default: the first), in the order they
+    started."""
+    events, _ = _read_trace(path)
+    kernels, _ = _device_kernels(path, events, device)
+    out = []
+    for e in sorted(kernels, key=lambda e: e["ts"]):
+        args = e.get("args") if isinstance(e.get("args"), dict) else {}
+        host_op, nbytes = args.get("External id"), args.get("bytes")
+        out.append(Kernel(str(e.get("name", "")), e["ts"], e["dur"] * 1e-6,
+                          kernel_class(str(e.get("name", "")), e.get("cat", "kernel")),
+                          host_op if isinstance(host_op, int) else None,
+                          float(nbytes) if _is_number(nbytes) else None))
+    return out
 
 
 def kernels_of_class(path: str, op_class: str, device=None) -> list[Kernel]:
     """The trace's GPU kernels of one op class (kernel_class) on `device` (default: the first), in the order they
     started: one rank's GEMMs, say, to set beside the schedule's GEMM ops one by one."""
-    events, _ = _read_trace(path)
-    kernels, _ = _device_kernels(path, events, device)
-    chosen = [e for e in kernels if kernel_class(str(e.get("name", "")), e.get("cat", "kernel")) == op_class]
-    return [Kernel(str(e.get("name", "")), e["ts"], e["dur"] * 1e-6) for e in sorted(chosen, key=lambda e: e["ts"])]
+    return [k for k in trace_kernels(path, device) if k.op_class == op_class]
 
 
 def _device_kernels(path: str, events: list[dict], device=None) -> tuple[list[dict], object]:
