@@ -221,20 +221,18 @@ def elementwise_fn(e: Elementwise, bufs: Buffers) -> Fn:
 # ---- communication -------------------------------------------------------------------
 
 
-_COLLECTIVE_ROLES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "shift")
-
-
 def collective_requests(op: Op, n_members: int, dtype: torch.dtype) -> list[Request]:
     """[output, input] (input absent where the collective works in place): the IR's nbytes is the full buffer, as
     nccl-tests counts (the all-gather output, the reduce-scatter input; a shift's each way), rounded up to a
     multiple of the group size."""
     c: Collective = op.work
-    if c.kind not in _COLLECTIVE_ROLES:
-        raise ValueError(f"op {op.id} '{op.name}': unknown collective kind {c.kind!r}")
     n = elements(c.nbytes, dtype, n_members)
-    name, n_out, n_in = {"all_reduce": ("ar", n, None), "all_gather": ("ag", n, n // n_members),
-                         "reduce_scatter": ("rs", n // n_members, n), "broadcast": ("bc", n, None),
-                         "all_to_all": ("a2a", n, n), "shift": ("shift", n, n)}[c.kind]
+    roles = {"all_reduce": ("ar", n, None), "all_gather": ("ag", n, n // n_members),
+             "reduce_scatter": ("rs", n // n_members, n), "broadcast": ("bc", n, None),
+             "all_to_all": ("a2a", n, n), "shift": ("shift", n, n)}
+    if c.kind not in roles:
+        raise ValueError(f"op {op.id} '{op.name}': unknown collective kind {c.kind!r}")
+    name, n_out, n_in = roles[c.kind]
     out = [Request(("comm", op.stream, name + ".out"), (n_out,))]
     return out + ([Request(("comm", op.stream, name + ".in"), (n_in,))] if n_in is not None else [])
 

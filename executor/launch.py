@@ -107,8 +107,8 @@ def buffer_bytes(schedule: Schedule, dtype_name: str = "float32") -> float:
             if isinstance(op.work, Attention) and op.work.backward:
                 w = op.work
                 recorded.add((w.batch, w.heads, w.seq, w.head_dim, w.causal))
-        elements = sum(arenas.values()) + sum(4 * b * h * s * d for b, h, s, d, _ in recorded)
-        worst = max(worst, itemsize * elements)
+        total = sum(arenas.values()) + sum(4 * b * h * s * d for b, h, s, d, _ in recorded)
+        worst = max(worst, itemsize * total)
     return worst
 
 

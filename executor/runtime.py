@@ -119,7 +119,8 @@ class Executor:
         bound = [bind(rop, self.channels.get(rop.channel)) if bind else None for rop in self.rp.ops]
         for rop, fn in zip(self.rp.ops, bound):  # every arena at its largest op's size before any is made
             if fn is None:
-                self.bufs.reserve(kernels.op_requests(rop.op, target.dtype, len(self.members(rop) or (0,))))
+                members = self.members(rop)  # a collective's group, for its buffers' rounding
+                self.bufs.reserve(kernels.op_requests(rop.op, target.dtype, len(members) if members else 1))
         self.fns = [fn if fn is not None else self._kernel(rop, self.channels.get(rop.channel), tune, sync, layouts,
                                                            graphs)
                     for rop, fn in zip(self.rp.ops, bound)]

@@ -288,6 +288,23 @@ def test_validate_runs_needs_a_machine_and_the_published_rows_take_none(syntheti
     assert_user_error(rc, out, err, "--runs")
 
 
+def test_validate_runs_takes_a_what_if_for_every_machine_and_refuses_the_published_rows_flags(synthetic, capsys):
+    """The synthetic runs were simulated at TRUTH: --set TRUTH predicts them exactly; the file's numbers do not
+    (--set with --runs was once ignored without a word)."""
+    what_if = [a for path, value in TRUTH for a in ("--set", f"{path}={value}")]
+    rc, out, err = run(capsys, "validate", "--runs", str(synthetic), "--machine", MACHINE, "--json", "--jobs", "1",
+                       *what_if)
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert doc["overrides"] == dict(TRUTH)
+    assert doc["summary"][MACHINE]["max_abs_pct"] < 0.01
+    rc, out, err = run(capsys, "validate", "--runs", str(synthetic), "--machine", MACHINE, "--json", "--jobs", "1")
+    assert rc == 0 and json.loads(out)["summary"][MACHINE]["mean_abs_pct"] > 5
+    for flags in (["--readme", "README.md"], ["--figures"], ["--sections", "A"], ["--first-principles-only"]):
+        rc, out, err = run(capsys, "validate", "--runs", str(synthetic), "--machine", MACHINE, *flags)
+        assert_user_error(rc, out, err, f"{flags[0]}: for the published rows only")
+
+
 def test_the_measured_vs_predicted_figure_is_a_png(tmp_path):
     from twin.figures import measured_vs_predicted_figure
 

@@ -112,6 +112,17 @@ def _validate_overrides(texts: list[str], files: dict[str, str] | None = None) -
     return {n: tuple(v) for n, v in out.items()}
 
 
+def _runs_overrides(texts: list[str], machines: list[str]) -> tuple:
+    """--set FIELD=VALUE with --runs: one what-if for every --machine column, each of which must have the field."""
+    from topologies.machine import load_machine
+    from topologies.overrides import parse_override
+
+    overrides = tuple(parse_override(text) for text in texts)
+    for name in machines:
+        load_machine(name, overrides)  # a field the file lacks, or a bad value: its one-line error, before any work
+    return overrides
+
+
 def _validation_figures(v, folder: str) -> list[str]:
     from twin.figures import weak_scaling_validation_figure
     from twin.published import AXONN_TABLE_III
@@ -140,6 +151,14 @@ def validate_runs(args: argparse.Namespace) -> int:
 
     if not args.machine:
         raise TwinError("--runs needs --machine (repeatable: each machine becomes a column)")
+    published_only = [flag for flag, given in (("--readme", args.readme), ("--figures", args.figures),
+                                               ("--machine-file", args.machine_files),
+                                               ("--sections", args.sections != "A,B"),
+                                               ("--first-principles-only", args.first_principles_only)) if given]
+    if published_only:
+        raise TwinError(f"{', '.join(published_only)}: for the published rows only, not with --runs; with --runs "
+                        "each --machine is a column (--set FIELD=VALUE changes a number in every one)")
+    overrides = _runs_overrides(args.overrides, args.machine)
     fields = parse_group_fields(args.by) if args.by else ()
     runs = load_runs(args.runs, args.assume or "")
     measured = np.array([r.step_time_s for r in runs])
@@ -151,10 +170,11 @@ def validate_runs(args: argparse.Namespace) -> int:
         if fitted_on:
             notes.append(f"note: {name} was fitted on {Path(args.runs).name}: its column is in-sample, "
                          "not a prediction")
-        paths = simulate_runs(runs, name, [()] * len(runs), job_count(args), run_progress(args))
+        paths = simulate_runs(runs, name, [overrides] * len(runs), job_count(args), run_progress(args))
         columns[name] = np.array([p.step_s for p in paths])
     labels = sorted({r.label for r in runs})
-    doc = {"runs_file": args.runs, "assume": args.assume or "", "machines": list(columns), "notes": notes, "rows": [
+    doc = {"runs_file": args.runs, "assume": args.assume or "", "machines": list(columns),
+           "overrides": {field: value for field, value in overrides}, "notes": notes, "rows": [
         {"run": describe_run(r), "label": r.label, "measured_s": r.step_time_s,
          "predicted_s": {n: float(c[i]) for n, c in columns.items()},
          "error_pct": {n: 100 * float(c[i] / r.step_time_s - 1) for n, c in columns.items()}}
@@ -178,6 +198,10 @@ def validate_runs(args: argparse.Namespace) -> int:
                           for k, v in s["spearman_by_label"].items())
         print(f"\n{n}: mean |error| {s['mean_abs_pct']:.1f}%, mean {s['mean_pct']:+.1f}%, max {s['max_abs_pct']:.1f}%"
               f" over {count_noun(len(runs), 'run')}; Spearman (measured vs predicted order) by label: {order}")
+    if overrides:
+        from topologies.overrides import describe_overrides
+
+        print(f"(every column: {describe_overrides(overrides)})")
     if fields:
         print("\n" + "\n".join(format_groups(doc["by"]["groups"], fields, names)))
     for note in notes:
