@@ -85,8 +85,8 @@ def test_collectives_share_arenas_per_stream_not_across_streams():
 
 def test_the_h200_hidden_4096_step_needs_a_few_gb_of_buffers_not_67():
     """One tensor per role and shape held every element-wise size of this one-GPU step at once (67 GB, 17 G
-    random elements drawn on the CPU: the run spent over a minute before its first op); the twin puts the whole
-    step at 20.3 GB."""
+    random elements drawn on one CPU thread: over a minute at 200 M a second); the twin puts the whole step at
+    20.3 GB."""
     need = buffer_bytes(load_schedule(str(H200_STEP)), "bfloat16")
     assert 2e9 < need < 6e9
 
