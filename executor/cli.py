@@ -295,7 +295,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check-numerics", action="store_true", help="check the linear layers' numbers against one process")
     p.add_argument("--launcher", choices=("torchrun", "srun"), default="torchrun",
                    help="torchrun here, or print srun lines")
-    p.add_argument("--machine", help="machine for the %% of peak (default: local if present); with srun: the cluster")
+    p.add_argument("--machine", help="machine for the %% of peak (default: local if present, on CPU runs; none on "
+                   "GPUs: local describes this host's CPUs); with srun: the cluster")
     p.add_argument("--trace", help="also copy the measured Chrome trace here")
     p.add_argument("--profile-steps", type=count_flag(limits.STEPS, zero_ok=True), default=0,
                    help="after the measured steps, run this many more under torch.profiler and write each rank's "
