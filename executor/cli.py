@@ -141,6 +141,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(format_summary(Summary(**summary)).replace("simulated", "measured"))
     steps = ", ".join(f"{s:.4f}" for s in run["step_times_s"])
     print(f"  measured steps (s): {steps}; the median step is summarised, after {args.warmup} warm-up step(s)")
+    print(f"  set-up before the first step: {run['compile_s']:.1f} s (the slowest rank; rank 0's buffers "
+          f"{rank0['buffer_bytes'] / 1e9:.2f} GB)")
     if machine and summary["pct_peak_advertised"] > 100:
         print(f"  note: this run beat machine {machine}'s peak per GPU, so the percentages mean little: that file "
               f"was calibrated for another rank count, or this host runs faster today; `twin calibrate --nproc "

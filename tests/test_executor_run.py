@@ -78,6 +78,7 @@ def test_run_measures_a_step_and_the_trace_loads_back(tmp_path, capsys):
     assert rc == 0, out
     assert "float32" in out and "gloo" in out and "step time" in out
     assert "note: this run beat machine" in out
+    assert re.search(r"set-up before the first step: [0-9.]+ s \(the slowest rank; rank 0's buffers [0-9.]+ GB\)", out)
     schedule = load_schedule(path)
     doc = json.loads(trace.read_text())
     spans = [e for e in doc["traceEvents"] if e["ph"] == "X"]
