@@ -184,6 +184,8 @@ CASES: list[tuple[str, list[str]]] = [
     ("fit output format", ["fit", "--machine", "frontier", "--runs", "{runs}", "-o", "{tmp}/f.txt"]),
     ("runs step time nan", ["validate", "--runs", "{runs_nan}", "--machine", "frontier"]),
     ("runs set unknown", ["validate", "--runs", "{runs}", "--machine", "frontier", "--set", "device.magic=1"]),
+    ("runs set with machine", ["validate", "--runs", "{runs}", "--machine", "frontier", "--set",
+                               "frontier:device.hbm_gb=40"]),
     ("runs with readme", ["validate", "--runs", "{runs}", "--machine", "frontier", "--readme", "{plain}"]),
     ("runs batch huge", ["validate", "--runs", "{runs_huge}", "--machine", "frontier"]),
     ("runs binary", ["validate", "--runs", "{runs_binary}", "--machine", "frontier"]),

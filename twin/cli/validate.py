@@ -117,6 +117,11 @@ def _runs_overrides(texts: list[str], machines: list[str]) -> tuple:
     from topologies.machine import load_machine
     from topologies.overrides import parse_override
 
+    for text in texts:
+        name, sep, rest = text.partition(":")
+        if sep and "=" not in name:
+            raise TwinError(f"--set {text!r}: with --runs it takes FIELD=VALUE and changes every --machine; "
+                            f"write --set {rest}")
     overrides = tuple(parse_override(text) for text in texts)
     for name in machines:
         load_machine(name, overrides)  # a field the file lacks, or a bad value: its one-line error, before any work
@@ -226,7 +231,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--figures-dir", default=FIGURES_DIR, help="where --figures writes (default figures/)")
     p.add_argument("--set", action="append", default=[], metavar="[MACHINE:]FIELD=VALUE", dest="overrides",
                    help="what-if: replace a number of a machine file for this validation (repeatable), e.g. "
-                   "--set frontier:device.comm_compute_slowdown=0.3; without MACHINE, in frontier and perlmutter")
+                   "--set frontier:device.comm_compute_slowdown=0.3; without MACHINE, in frontier and perlmutter; with "
+                   "--runs, FIELD=VALUE in every --machine")
     p.add_argument("--machine-file", action="append", default=[], metavar="NAME=PATH", dest="machine_files",
                    help="what-if: validate with this file in place of the package's machine NAME (repeatable), e.g. "
                    "frontier=frontier-measured.toml with measured GEMMs ([[device.gemm_measured]])")
