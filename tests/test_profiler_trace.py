@@ -9,7 +9,8 @@ import pytest
 
 from test_cli import assert_user_error, run
 from twin.errors import TwinError
-from twin.profiler_trace import compare_trace, kernel_class, load_profiled_run
+from twin.profiler_trace import kernel_class, load_profiled_run
+from twin.trace_comparison import compare_trace
 
 # (name, category, class) as real traces name them: rocBLAS/Tensile, cuBLAS, CUTLASS, flash attention, NCCL, RCCL,
 # PyTorch's own kernels

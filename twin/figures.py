@@ -208,7 +208,7 @@ def sensitivity_figure(path: str, result, title: str, top: int = 12, notable: fl
 
 
 def trace_comparison_figure(path: str, comparison, title: str) -> None:
-    """Per op class, the twin's busy time per step beside a profiler trace's (a twin.profiler_trace
+    """Per op class, the twin's busy time per step beside a profiler trace's (a twin.trace_comparison
     TraceComparison), the step last: which class a prediction misses, at a glance."""
     rows = [r for r in comparison.rows if r.measured_s > 0 or (r.twin_s or 0) > 0]
     labels = [r.op_class for r in rows] + ["step"]

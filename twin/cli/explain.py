@@ -61,7 +61,8 @@ def cmd_compare_trace(args: argparse.Namespace) -> int:
     from topologies.overrides import describe_overrides
     from twin.build import resolve_step
     from twin.micro_batches import rank_busy_by_class
-    from twin.profiler_trace import compare_trace, format_trace_comparison, load_profiled_run
+    from twin.profiler_trace import load_profiled_run
+    from twin.trace_comparison import compare_trace, format_trace_comparison
     from twin.report import rank_time_by_class
     from twin.sim.engine import simulate
 
