@@ -20,14 +20,17 @@ parallel), so the runs cannot tell them apart. Each value comes with a
 standard error from the Jacobian at the solution, and the fit with a k-fold
 cross-validated error: each fold's parameters are fitted without its runs,
 on the final pass's surrogate, and predict them there (the surrogate matches
-simulation to a fraction of a percent near the fit; tests check it).
+simulation to a fraction of a percent near the fit; tests check it). A fold
+takes whole groups of runs that repeat one micro-batch (the same model and
+plan at other data-parallel degrees or batches: `repeat_key`), so a held-out
+run is a plan the fit has not seen.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -197,6 +200,7 @@ def fit(runs: list[MeasuredRun], machine_name: str, base: tuple[Override, ...], 
                         f"{len(params)} runs (more, to see how well they agree) or fewer --params")
     if folds == 1 or folds < 0 or folds > len(runs):
         raise TwinError(f"--folds must be 0 (no cross-validation) or 2..{len(runs)}, got {folds}")
+    fold = fold_of(runs, folds) if folds else None  # before any simulation: too few groups is an error
     everything = np.arange(len(runs))
     subset = everything[::SUBSET_STRIDE] if len(runs) >= SUBSET_MIN * SUBSET_STRIDE else everything
     with SimulationWorkers(jobs, keep_schedules=True) as workers:  # across passes, each with its runs' schedules
@@ -226,7 +230,7 @@ def fit(runs: list[MeasuredRun], machine_name: str, base: tuple[Override, ...], 
     cv = None
     if folds:
         say(f"cross-validation: {folds} folds, each fitted without its runs and predicting them")
-        cv = _cross_validate(runs, history, machine_name, base, params, start, lo, hi, folds)
+        cv = _cross_validate(runs, history, machine_name, base, params, start, lo, hi, fold)
     return FitResult(machine.name, params, tuple(np.exp(start)), tuple(np.exp(x)), tuple(std), runs, before, after,
                      cv, folds, passes.count, time.perf_counter() - wall, dropped)
 
@@ -310,18 +314,36 @@ def _overrides(params: tuple[FitParameter, ...], x: np.ndarray) -> tuple[Overrid
     return tuple((p.path, min(max(float(np.exp(v)), p.lower), p.upper)) for p, v in zip(params, x))
 
 
-def fold_of(n: int, folds: int) -> np.ndarray:
-    """Each run's fold: a fixed shuffle (seed 0), so that folds mix the file's orderings."""
-    return np.random.default_rng(0).permutation(n) % folds
+def repeat_key(run: MeasuredRun) -> tuple:
+    """What a run repeats of others: its model and plan without the data-parallel degree and the batch.
+
+    Runs that differ only there execute the same micro-batch on each GPU, so a fold that held one of them
+    while another trained the parameters would test a measurement the fit has already seen. In vTrain's
+    single-node file they share it literally: every such group's steps lie on one line in the micro-batch
+    count (to 1e-12 ms) with one slope whatever dp is (docs/fit.md, "What the calibration file holds"). An
+    executed schedule (a `twin run` summary) is its own group."""
+    if run.plan is None or run.model is None:
+        return ("schedule", run.origin, run.line)
+    return (run.model, replace(run.plan, gdata=1, global_batch=0, ga=0))
 
 
-def _cross_validate(runs, history, machine_name, base, params, start, lo, hi, folds) -> np.ndarray:
-    """Each run predicted by parameters fitted without its fold (on the surrogate of the full passes)."""
+def fold_of(runs: list[MeasuredRun], folds: int) -> np.ndarray:
+    """Each run's fold: whole groups of repeated runs (repeat_key), the groups in a fixed shuffle (seed 0)."""
+    keys = list(dict.fromkeys(repeat_key(r) for r in runs))
+    if len(keys) < folds:
+        raise TwinError(f"--folds {folds}: the runs hold only {len(keys)} distinct model and plan shapes (runs "
+                        f"that differ only in data parallelism and global batch count as one); give --folds "
+                        f"{len(keys)} or fewer, or 0 for none")
+    fold_of_key = dict(zip(keys, np.random.default_rng(0).permutation(len(keys)) % folds))
+    return np.array([fold_of_key[repeat_key(r)] for r in runs])
+
+
+def _cross_validate(runs, history, machine_name, base, params, start, lo, hi, fold: np.ndarray) -> np.ndarray:
+    """Each run predicted by parameters fitted without its fold (`fold_of`; on the surrogate of the full passes)."""
     measured = np.array([r.step_time_s for r in runs])
-    fold = fold_of(len(runs), folds)
     surrogate = Surrogate(history, machine_name, base, params)
     errors = np.empty(len(runs))
-    for k in range(folds):
+    for k in range(int(fold.max()) + 1):
         train = fold != k
         x_k, _, _ = least_squares(lambda v: (surrogate.steps(v) / measured - 1)[train], start, lo, hi)
         errors[~train] = (surrogate.steps(x_k) / measured - 1)[~train]
