@@ -34,11 +34,16 @@ def job_count(args: argparse.Namespace) -> int:
 
 def describe_run(run: MeasuredRun) -> str:
     """One line naming a run: where it is, its size and its plan."""
+    return f"{run.where}: {what_ran(run)}"
+
+
+def what_ran(run: MeasuredRun) -> str:
+    """A run's size and plan (or the schedule it executed), without its file and line."""
     if run.schedule:
-        return f"{run.where}: {Path(run.schedule).name} on {run.gpus} ranks"
+        return f"{Path(run.schedule).name} on {run.gpus} ranks"
     p = run.plan
     plan = f"tp={p.gx},pp={p.pp},dp={p.gdata},mbs={p.mbs}"
-    return (f"{run.where}: {run.label + ' ' if run.label else ''}h={run.model.hidden} L={run.model.layers} "
+    return (f"{run.label + ' ' if run.label else ''}h={run.model.hidden} L={run.model.layers} "
             f"on {run.gpus} GPUs {plan} gb={p.global_batch}")
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from twin import limits
 from twin.cli.args import comma_words, shows_progress
-from twin.cli.runs import count_noun, describe_run, error_stats, finite, job_count, run_progress, spearman
+from twin.cli.runs import count_noun, describe_run, error_stats, finite, job_count, run_progress, spearman, what_ran
 from twin.errors import TwinError
 from twin.limits import count_flag
 
@@ -193,10 +193,14 @@ def validate_runs(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     names = list(columns)
-    print(f"{'run':<70}{'measured':>10}" + "".join(f"{n[-22:]:>24}" for n in names))
-    for row in doc["rows"]:
+    shown = [f"{'line' if r.origin.endswith('.csv') else 'entry'} {r.line}: {what_ran(r)}" for r in runs]
+    width = max(len(text) for text in shown) + 2
+    heads = [n if len(n) <= 22 else Path(n).name[-22:] for n in names]  # a path's file name heads its column
+    print(f"runs: {args.runs}" + "".join(f"\n  column {h}: {n}" for h, n in zip(heads, names) if h != n))
+    print(f"{'run':<{width}}{'measured':>10}" + "".join(f"{h:>24}" for h in heads))
+    for text, row in zip(shown, doc["rows"]):
         cells = "".join(f"{1e3 * row['predicted_s'][n]:>14.1f} ({row['error_pct'][n]:+5.1f}%)" for n in names)
-        print(f"{row['run'][-70:]:<70}{1e3 * row['measured_s']:>8.1f}ms{cells}")
+        print(f"{text:<{width}}{1e3 * row['measured_s']:>8.1f}ms{cells}")
     for n in names:
         s = doc["summary"][n]
         order = ", ".join(f"{k or 'all'} {'n/a' if v is None else f'{v:.2f}'}"
