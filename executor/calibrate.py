@@ -47,7 +47,9 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   bandwidths by non-negative weighted least squares over all kinds, sizes
   and group sizes; the fastest kind's bandwidth is the per-rank port B (a
   "loopback" node switch), the others kind_bw_fraction of it;
-- comm_compute_slowdown = 1 - (GEMM time alone) / (GEMM time under an all-reduce);
+- comm_compute_slowdown = 1 - (GEMM time alone) / (GEMM time under an all-reduce)
+  of 64 MB, nearly all bytes: on a CPU host the simulator slows compute by it
+  while a collective moves bytes, not while it waits out its latency;
 - comm_stretch_under_compute = (the all-reduce's time while every rank
   computes) / (its time alone), at least 1: on a host with more ranks than
   cores gloo's threads then wait for cores (2.6-3.4 with 4 ranks on this

@@ -59,16 +59,42 @@ def test_a_rank_speeds_up_when_the_others_stop(tmp_path):
     assert run.step_time_s == pytest.approx(t_gemm + t_gemm / 2, rel=1e-9)
 
 
+def _latency_s(run, rank_class: int, op_id: int) -> float:
+    types = run.flow_types
+    return float(types.latency_s[types.per_op[rank_class][op_id].type_id])
+
+
 def test_comm_compute_slowdown_still_applies_on_shared_cores(tmp_path):
-    """Ranks 0 and 1 all-reduce while they compute (slowed by the comm-compute factor); ranks 2 and 3 idle,
-    so 2 ranks share the 2 cores: a core each, twice the calibrated rate, times (1 - slowdown) during comm."""
+    """Ranks 0 and 1 all-reduce while they compute (slowed by the comm-compute factor while it moves bytes,
+    not during its latency); ranks 2 and 3 idle, so 2 ranks share the 2 cores: a core each, twice the
+    calibrated rate, times (1 - slowdown) while the bytes move."""
     slowdown, nbytes = 0.2, 20e9
     machine = quad_machine(tmp_path, slowdown=slowdown, shared_cores=2)
     sched = schedule(4, {"x": ((0, 1),)}, [((0, 1), [all_reduce(0, nbytes), _gemm(1)]),
                                            ((2, 3), [])])
     run = simulate(sched, machine, full=True)
-    # the all-reduce (20 GB over a 10 GB/s pair) outlasts the GEMM: slowed all along
-    assert run.timelines[0].end_s[1] == pytest.approx(_gemm_alone_s() / 2 / (1 - slowdown), rel=1e-6)
+    # the all-reduce (20 GB over a 10 GB/s pair) outlasts the GEMM: slowed from the end of its latency on, which
+    # passes at twice its calibrated pace (two of the four ranks communicate: NodeCores.comm_factor)
+    latency, alone = _latency_s(run, 0, 0) / 2, _gemm_alone_s() / 2
+    assert 0 < latency < alone / 100
+    assert run.timelines[0].end_s[1] == pytest.approx(latency + (alone - latency) / (1 - slowdown), rel=1e-9)
+
+
+def test_a_collective_waiting_out_its_latency_does_not_slow_compute_on_shared_cores(tmp_path):
+    """A CPU host's collective library takes the cores while it copies and reduces bytes; while it waits for
+    its peers (the latency) it does not, so a GEMM beside a 4-byte all-reduce runs at its full share there.
+    A GPU's collective kernels hold their SMs from launch to end: there it is slowed all along."""
+    slowdown = 0.5
+    sched = schedule(4, {"x": ((0, 1),)}, [((0, 1), [all_reduce(0, 4), _gemm(1)]), ((2, 3), [])])
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "gpu").mkdir()
+    cpu = simulate(sched, quad_machine(tmp_path / "cpu", slowdown=slowdown, shared_cores=2), full=True)
+    assert cpu.timelines[0].end_s[1] == pytest.approx(_gemm_alone_s() / 2, rel=1e-6)
+    gpu = simulate(sched, quad_machine(tmp_path / "gpu", slowdown=slowdown), full=True)
+    latency = _latency_s(gpu, 0, 0)
+    assert latency > 0
+    # the GEMM runs at 1 - slowdown through the latency (the 4 bytes take no time), then at full rate
+    assert gpu.timelines[0].end_s[1] == pytest.approx(_gemm_alone_s() + latency * slowdown, rel=1e-9)
 
 
 def _shared_and_alone(tmp_path):

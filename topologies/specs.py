@@ -72,7 +72,8 @@ class DeviceSpec:
     tn_penalty_min_dim: int  # the TN penalty applies when min(m, n, k) >= this
     attention_efficiency: float  # flash attention rate / empirical GEMM rate
     hbm_efficiency: float  # achieved / peak HBM bandwidth for streaming kernels
-    comm_compute_slowdown: float  # fraction of compute rate lost while a collective runs
+    comm_compute_slowdown: float  # fraction of compute rate lost while a collective runs (on a host whose ranks
+    # share cores, only while it moves bytes: twin.sim.engine)
     kernel_overhead_s: float
     attention_overhead_s: float = 0.0  # fixed time per attention call beyond kernel_overhead_s (optional key)
     # The least time between two ops one rank's host thread issues (framework, Python, driver); 0: the host

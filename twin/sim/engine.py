@@ -4,7 +4,10 @@ Each simulated rank has one SimPy process per stream; an op starts when its
 dependencies have completed and the previous op on its stream has. Compute
 ops take their time from the device model (twin.sim.compute), slowed by the
 device's comm_compute_slowdown while a collective the rank takes part in is
-running (NCCL/RCCL kernels occupy SMs/CUs and HBM bandwidth). A collective
+running (NCCL/RCCL kernels occupy SMs/CUs and HBM bandwidth from launch to
+end; on a CPU host, gloo's threads take the cores only while they move
+bytes, so there the slowdown holds for the transfer's phases, not its
+latency). A collective
 starts when every class that takes part has issued it (a rendezvous), pays
 its latency, then moves its bytes as one flow of the flow network
 (twin.sim.network), which shares link bandwidth with every other transfer in
@@ -156,17 +159,23 @@ class Simulator:
             under compute is measured, the bytes first: they move while the ranks compute, the latency waits
             (twin.sim.compute_unit.NodeCores)."""
             for c in members:
-                units[c].comm_changed(+1)
+                units[c].comm_changed(+1, slows=not shared)
             latency, phases = flow_types.cost(type_id)
             pacer = (lambda: min(units[c].comm_factor() for c in members)) if shared else None
             if latency > 0 and not latency_last:
                 yield network.delay(latency, pacer) if shared else env.timeout(latency)
+            if shared:  # the collective library's threads take the cores while they move bytes, not while they wait
+                for c in members:
+                    units[c].slowed(+1)
             for index, loads, s_per_byte in phases:
                 yield network.start(index, loads, nbytes * s_per_byte, pacer)
+            if shared:
+                for c in members:
+                    units[c].slowed(-1)
             if latency > 0 and latency_last:
                 yield network.delay(latency, lambda: min(units[c].latency_factor() for c in members))
             for c in members:
-                units[c].comm_changed(-1)
+                units[c].comm_changed(-1, slows=not shared)
             if done is not None:
                 done.succeed()
 
