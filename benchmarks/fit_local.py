@@ -231,9 +231,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print_fit(fit, left_out)
     micro, carried = (table["machines"] * 2)[:2]  # one machine twice where nothing was fitted
-    print(f"\n{'held out: 4 ranks':<62}{'measured':>10}{'microbenchmarks':>22}{'fitted on 1-2 ranks':>24}")
-    for row in table["rows"]:
-        print(f"{row['run'][-62:]:<62}{1e3 * row['measured_s']:>8.1f}ms"
+    names = [row["run"].split(": ", 1)[-1] for row in table["rows"]]  # the schedule, without the file's line
+    width = max(len("held out: 4 ranks"), *map(len, names)) + 2
+    print(f"\n{'held out: 4 ranks':<{width}}{'measured':>10}{'microbenchmarks':>22}{'fitted on 1-2 ranks':>24}")
+    for name, row in zip(names, table["rows"]):
+        print(f"{name:<{width}}{1e3 * row['measured_s']:>8.1f}ms"
               + "".join(f"{1e3 * row['predicted_s'][n]:>13.1f} ({row['error_pct'][n]:+6.1f}%)" for n in (micro, carried)))
     s = table["summary"]
     print(f"\nmean absolute step-time error over {len(table['rows'])} held-out plans: microbenchmarks "
