@@ -163,9 +163,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "device.launch_interval_us, kernel_overhead_us, empirical_gemm_bf16_tflop_per_s, gemm_k_half, "
                    "hbm_efficiency, attention_efficiency, and where a run spans nodes node.link_efficiency.<kind> "
                    "for each link kind of the machine (`twin machines NAME`); those no run depends on are left out)")
-    p.add_argument("--folds", type=int, default=5, help="k of the k-fold cross-validation (default 5; 0: none). A fold holds whole groups of runs "
-                        "that differ only in data parallelism and global batch (they repeat one micro-batch), so "
-                        "each held-out run is a plan the fit has not seen")
+    p.add_argument("--folds", type=int, default=5,
+                   help="k of the k-fold cross-validation (default 5; 0: none). A fold holds whole groups of runs "
+                   "that differ only in data parallelism and global batch (they repeat one micro-batch), so each "
+                   "held-out run is a plan the fit has not seen")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
                    help="replace a number of the machine file before fitting (repeatable); written into the output")
     p.add_argument("--jobs", type=count_flag(limits.JOBS),
