@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from test_cli import assert_user_error, run
 from twin.errors import TwinError
 from twin.fit.solve import fold_of, repeat_key
 from twin.runs import load_runs
@@ -74,3 +75,16 @@ def test_the_single_node_files_groups_lie_on_lines_with_one_slope_whatever_dp():
     assert len(slopes) == 216
     assert max(np.ptp(s) for s in slopes.values()) < 1e-6  # one micro-batch time per (model, tp, pp, mbs)
     assert sum(len(s) > 1 for s in slopes.values()) > 100  # ...and it is seen at two or three dp degrees
+
+
+def test_twin_fit_with_more_folds_than_plans_is_exit_2_before_simulating(tmp_path, capsys):
+    """Two plans, each at three batches: six runs, two groups; --folds 3 cannot hold out whole plans."""
+    runs = tmp_path / "two-plans.csv"
+    rows = [f'2,256,4,256,{gpus},"{plan}",{batch},{10.0 * batch}'
+            for gpus, plan in ((1, "tp=1"), (2, "tp=2")) for batch in (2, 4, 8)]
+    runs.write_text("layers,hidden,heads,seq,gpus,plan,global_batch,step_time_ms\n" + "\n".join(rows) + "\n")
+    out_file = tmp_path / "o.toml"
+    rc, out, err = run(capsys, "fit", "--machine", "dgx-a100", "--runs", str(runs), "-o", str(out_file),
+                       "--params", "device.launch_interval_us", "--folds", "3")
+    assert_user_error(rc, out, err, "--folds 3", "only 2 distinct")
+    assert not out_file.exists()
