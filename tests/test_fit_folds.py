@@ -25,8 +25,8 @@ def test_runs_that_differ_only_in_data_parallelism_and_batch_share_a_fold():
     runs = load_runs(str(SINGLE_NODE), ASSUME)
     fold = fold_of(runs, 5)
     by_key: dict[tuple, set[int]] = defaultdict(set)
-    for run, k in zip(runs, fold):
-        by_key[repeat_key(run)].add(int(k))
+    for measured, k in zip(runs, fold):
+        by_key[repeat_key(measured)].add(int(k))
     assert all(len(ks) == 1 for ks in by_key.values())
     assert len(by_key) == 288  # 2 hidden sizes x 4 depths x tp x pp x mbs as the file runs them
     assert sorted(set(fold.tolist())) == [0, 1, 2, 3, 4]
@@ -35,11 +35,11 @@ def test_runs_that_differ_only_in_data_parallelism_and_batch_share_a_fold():
 
 def test_a_plan_at_another_micro_batch_size_is_another_group():
     runs = load_runs(str(SINGLE_NODE), ASSUME)
-    run = runs[0]
-    other = replace(run, plan=replace(run.plan, mbs=run.plan.mbs * 2))
-    wider = replace(run, plan=replace(run.plan, gdata=run.plan.gdata * 2, global_batch=run.plan.global_batch * 4))
-    assert repeat_key(other) != repeat_key(run)
-    assert repeat_key(wider) == repeat_key(run)
+    first = runs[0]
+    other = replace(first, plan=replace(first.plan, mbs=first.plan.mbs * 2))
+    wider = replace(first, plan=replace(first.plan, gdata=first.plan.gdata * 2, global_batch=first.plan.global_batch * 4))
+    assert repeat_key(other) != repeat_key(first)
+    assert repeat_key(wider) == repeat_key(first)
 
 
 def test_more_folds_than_groups_is_a_one_line_error():
