@@ -37,7 +37,8 @@ def test_a_plan_at_another_micro_batch_size_is_another_group():
     runs = load_runs(str(SINGLE_NODE), ASSUME)
     first = runs[0]
     other = replace(first, plan=replace(first.plan, mbs=first.plan.mbs * 2))
-    wider = replace(first, plan=replace(first.plan, gdata=first.plan.gdata * 2, global_batch=first.plan.global_batch * 4))
+    plan = first.plan
+    wider = replace(first, plan=replace(plan, gdata=plan.gdata * 2, global_batch=plan.global_batch * 4))
     assert repeat_key(other) != repeat_key(first)
     assert repeat_key(wider) == repeat_key(first)
 
