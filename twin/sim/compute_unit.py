@@ -155,16 +155,13 @@ class ComputeUnit:
     def comm_changed(self, delta: int, slows: bool = True) -> None:
         """A transfer of this rank starts (+1) or ends (-1). `slows`: whether it slows compute from now on
         (False where the caller marks the span that does, with `slowed`)."""
-        before = self.rate()
-        if slows:
-            self.comm_active += delta
         for cores, ranks in self.shares:  # every transfer of a rank counts: they share its progress
             cores.communicating += delta * ranks
         for cores, _ in self.shares:
             if cores.on_comm_change is not None:
                 cores.on_comm_change()
-        if self.rate() != before:
-            self.rate_changed()
+        if slows:
+            self.slowed(delta)
 
     def slowed(self, delta: int) -> None:
         """A transfer of this rank starts (+1) or stops (-1) moving bytes: compute runs at 1 - slowdown meanwhile."""
