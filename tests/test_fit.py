@@ -83,6 +83,7 @@ def test_the_cli_writes_a_fitted_machine_file_every_command_takes(synthetic, tmp
     assert rc == 0, err
     doc = json.loads(text)
     assert [p["path"] for p in doc["parameters"]] == [p for p, _ in TRUTH]
+    assert doc["plans"] == len(SHAPES) * len(PLANS)  # every synthetic run a plan of its own: what a fold holds out
     fitted = load_machine(str(out))
     for path, truth in TRUTH:
         s = fitted.sources[path]

@@ -96,9 +96,12 @@ def _carry(args: argparse.Namespace, machine, params) -> int:
 
 
 def _fit_json(result, args: argparse.Namespace) -> dict:
+    from twin.fit.solve import repeat_key
+
     order = np.argsort(-np.abs(result.errors_after))[:WORST_SHOWN]
     return {
         "machine": result.machine, "runs_file": args.runs, "runs": len(result.runs), "assume": args.assume or "",
+        "plans": len({repeat_key(r) for r in result.runs}),  # what a fold holds out whole (twin.fit.solve)
         "output": args.output, "passes": result.passes, "wall_s": result.wall_s, "folds": result.folds,
         "parameters": [{"path": p.path, "meaning": p.meaning, "file_value": s, "fitted": v,
                         "std": finite(e), "lower": p.lower, "upper": p.upper}
@@ -128,6 +131,9 @@ def _print_fit(result, doc: dict, args: argparse.Namespace) -> None:
         e = doc["errors"][key]
         if e:
             print(f"  {label:<28}{e['mean_abs_pct']:>9.1f}%{e['mean_pct']:>+9.1f}%{e['max_abs_pct']:>9.1f}%")
+    if doc["errors"]["cross_validated"]:
+        print(f"  (folds hold out whole plans, {doc['plans']} in all: a plan's runs at other dp and batches go "
+              "with it)")
     print("\n  worst runs, fitted:")
     for w in doc["worst"]:
         print(f"    {w['run']}: measured {1e3 * w['measured_s']:.1f} ms, predicted {1e3 * w['predicted_s']:.1f} ms "
