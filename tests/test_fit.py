@@ -102,6 +102,14 @@ def test_the_cli_writes_a_fitted_machine_file_every_command_takes(synthetic, tmp
     assert doc["summary"][str(out)]["mean_abs_pct"] < 1.0
     assert doc["summary"][MACHINE]["mean_abs_pct"] > 5.0
     assert any("in-sample" in note for note in doc["notes"])
+    rc, text, err = run(capsys, "validate", "--runs", str(synthetic), "--machine", MACHINE, "--machine", str(out),
+                        "--jobs", "1")
+    assert rc == 0, err
+    lines = text.splitlines()
+    assert lines[0] == f"runs: {synthetic}" and f"  column fitted.toml: {out}" in lines  # long paths: a legend
+    rows = [line for line in lines if line.startswith("line ")]
+    assert len(rows) == len(SHAPES) * len(PLANS)  # every row named in full, from its line number on
+    assert rows[0].startswith("line 2: ") and "tp=1,pp=1,dp=1,mbs=1 gb=2" in rows[0]
 
 
 def test_the_collective_librarys_bandwidth_per_level_is_fitted_where_the_runs_cross_it(synthetic, tmp_path, capsys):

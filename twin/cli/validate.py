@@ -195,7 +195,8 @@ def validate_runs(args: argparse.Namespace) -> int:
     names = list(columns)
     shown = [f"{'line' if r.origin.endswith('.csv') else 'entry'} {r.line}: {what_ran(r)}" for r in runs]
     width = max(len(text) for text in shown) + 2
-    heads = [n if len(n) <= 22 else Path(n).name[-22:] for n in names]  # a path's file name heads its column
+    heads = [n if len(n) <= 22 else Path(n).name[-22:] for n in names]  # a path's file name heads its column...
+    heads = [n[-22:] if heads.count(h) > 1 else h for h, n in zip(heads, names)]  # ...unless two share it
     print(f"runs: {args.runs}" + "".join(f"\n  column {h}: {n}" for h, n in zip(heads, names) if h != n))
     print(f"{'run':<{width}}{'measured':>10}" + "".join(f"{h:>24}" for h in heads))
     for text, row in zip(shown, doc["rows"]):
