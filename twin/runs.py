@@ -82,7 +82,12 @@ class MeasuredRun:
 
     @property
     def where(self) -> str:
-        return f"{self.origin} line {self.line}"
+        return f"{self.origin} {self.position}"
+
+    @property
+    def position(self) -> str:
+        """Where in its file: "line N" of a CSV, "entry N" of a JSON list of `twin run --json` summaries."""
+        return f"{'entry' if self.schedule else 'line'} {self.line}"
 
 
 def _normalise(name: str) -> str:

@@ -193,7 +193,7 @@ def validate_runs(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     names = list(columns)
-    shown = [f"{'line' if r.origin.endswith('.csv') else 'entry'} {r.line}: {what_ran(r)}" for r in runs]
+    shown = [f"{r.position}: {what_ran(r)}" for r in runs]
     width = max(len(text) for text in shown) + 2
     heads = [n if len(n) <= 22 else Path(n).name[-22:] for n in names]  # a path's file name heads its column...
     heads = [n[-22:] if heads.count(h) > 1 else h for h, n in zip(heads, names)]  # ...unless two share it
