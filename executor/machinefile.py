@@ -88,7 +88,7 @@ def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local")
         f"tn_penalty_min_dim = {est(0, 'layout efficiencies apply to every GEMM')}",
         f"attention_efficiency = {num(min(f.attention_efficiency, 1.0), 'SDPA forward and backward rate fitted over the attention shapes, over the GEMM rate')}",
         f"hbm_efficiency = {est(1.0, 'hbm_bw_gb_per_s is the achieved copy bandwidth already')}",
-        f"comm_compute_slowdown = {num(f.comm_compute_slowdown, 'GEMM time alone / GEMM time under a 64 MB all-reduce of all ranks')}",
+        f"comm_compute_slowdown = {num(f.comm_compute_slowdown, '1 - GEMM time alone / GEMM time under a 64 MB all-reduce of all ranks: the share of its rate compute loses while a collective moves bytes')}",
         f"kernel_overhead_us = {num(f.kernel_overhead_s * 1e6, 'per-op fixed time (dispatch, launch) fitted jointly over GEMM, element-wise and attention')}",
         f"attention_overhead_us = {num(f.attention_overhead_s * 1e6, 'fixed time per attention call beyond kernel_overhead_us, fitted with attention_efficiency')}",
         "",
