@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,22 @@ def test_the_cli_writes_a_fitted_machine_file_every_command_takes(synthetic, tmp
     assert rows[0].startswith("line 2: ") and "tp=1,pp=1,dp=1,mbs=1 gb=2" in rows[0]
 
 
+def test_validate_runs_orders_plans_only_within_labels_that_have_three(synthetic, tmp_path, capsys):
+    """A label of one or two runs has no order to score: the summary names no Spearman for it (it once printed an
+    empty "by label:")."""
+    rows = list(csv.reader(open(synthetic)))
+    single = tmp_path / "one-per-label.csv"
+    with open(single, "w", newline="") as f:
+        csv.writer(f).writerows([rows[0] + ["label"]] + [row + [f"model{i}"] for i, row in enumerate(rows[1:4])])
+    rc, text, err = run(capsys, "validate", "--runs", str(single), "--machine", MACHINE, "--jobs", "1")
+    assert rc == 0, err
+    summary = [line for line in text.splitlines() if line.startswith(f"{MACHINE}: mean |error|")]
+    assert len(summary) == 1 and summary[0].endswith("over 3 runs") and "Spearman" not in text
+    rc, text, err = run(capsys, "validate", "--runs", str(synthetic), "--machine", MACHINE, "--jobs", "1")
+    assert rc == 0, err
+    assert "Spearman (measured vs predicted order) by label: all " in text  # one unlabelled group of 12: scored
+
+
 def test_the_collective_librarys_bandwidth_per_level_is_fitted_where_the_runs_cross_it(synthetic, tmp_path, capsys):
     """The achieved fraction of the NICs' and of NVLink's bandwidth, with the host's time per op, from runs on
     two nodes made with them, written into [node.link_efficiency]; on one node's runs the NICs carry nothing, and
@@ -182,19 +199,22 @@ def test_a_parameter_asked_for_that_no_run_depends_on_is_an_error(synthetic):
         fit(unfused, MACHINE, (), fit_parameters(load_machine(MACHINE), ("device.attention_efficiency",)), folds=0)
 
 
-def test_validation_data_is_never_fitted(tmp_path, capsys):
-    validation = REPO / "benchmarks" / "data" / "a100-megatron-multi-node.csv"
+@pytest.mark.parametrize("name", sorted(VALIDATION_FILES))
+def test_validation_data_is_never_fitted(name, tmp_path, capsys):
+    validation = REPO / "benchmarks" / "data" / name
     rc, out, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(validation), "-o", str(tmp_path / "x.toml"))
     assert_user_error(rc, out, err, "validation data")
     renamed = tmp_path / "my-runs.csv"
-    renamed.write_bytes(validation.read_bytes())
+    renamed.write_bytes(validation.read_bytes())  # the digest in VALIDATION_FILES is this file's: a copy is refused
     with pytest.raises(TwinError, match="validation data"):
         check_calibration_file(str(renamed))
     assert not (tmp_path / "x.toml").exists()
 
 
 def test_no_fitted_machine_file_was_fitted_on_validation_data():
-    for path in sorted((REPO / "topologies").glob("*.toml")):
+    fitted = sorted((REPO / "topologies").rglob("*.toml"))
+    assert any(p.parent.name == "fitted" for p in fitted)  # `make fit`'s files are among those checked
+    for path in fitted:
         for key, s in load_machine(str(path)).sources.items():
             for name in VALIDATION_FILES:
                 assert not (s.fitted and name in s.fitted), f"{path.name}: {key} was fitted on {name}"
@@ -228,6 +248,22 @@ def test_vtrains_columns_are_read_as_they_are():
                                                                                                          512)
     assert first.plan.attention == "unfused"
     assert first.step_time_s == pytest.approx(3.5665)
+
+
+def test_megatron_sc21_runs_are_table_1_of_the_paper_run_backwards():
+    """Each step time is the paper's equation (3) FLOPs over the TF/s its source column quotes; each plan fills the
+    run's GPUs, and an interleaved one splits the stage's layers evenly into the script's chunks."""
+    runs = load_runs(str(REPO / "benchmarks" / "data" / "megatron-sc21-table1.csv"), "attention=unfused")
+    assert [r.gpus for r in runs] == [32, 64, 128, 256, 512, 1024, 1536, 1920, 2520, 3072]
+    for r in runs:
+        m, p = r.model, r.plan
+        tflops = float(re.search(r"Table 1: ([0-9.]+) TF/s per GPU", r.source).group(1))
+        flops = 96 * p.global_batch * m.seq * m.layers * m.hidden ** 2 * (
+            1 + m.seq / (6 * m.hidden) + m.vocab / (16 * m.layers * m.hidden))
+        assert r.step_time_s == pytest.approx(flops / (tflops * 1e12 * r.gpus), rel=1e-4), r.label
+        assert p.gx * p.pp * p.gdata == r.gpus
+        assert m.layers % (p.pp * p.vpp) == 0
+        assert (p.global_batch // (p.gdata * p.mbs)) % p.pp == 0  # Megatron's interleaving needs it; 1F1B is fine
 
 
 def test_rewrite_replaces_only_the_fitted_lines_and_adds_missing_keys():

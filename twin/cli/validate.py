@@ -205,9 +205,10 @@ def validate_runs(args: argparse.Namespace) -> int:
     for n in names:
         s = doc["summary"][n]
         order = ", ".join(f"{k or 'all'} {'n/a' if v is None else f'{v:.2f}'}"
-                          for k, v in s["spearman_by_label"].items())
+                          for k, v in s["spearman_by_label"].items())  # empty where no label has 3 runs to order
         print(f"\n{n}: mean |error| {s['mean_abs_pct']:.1f}%, mean {s['mean_pct']:+.1f}%, max {s['max_abs_pct']:.1f}%"
-              f" over {count_noun(len(runs), 'run')}; Spearman (measured vs predicted order) by label: {order}")
+              f" over {count_noun(len(runs), 'run')}"
+              + (f"; Spearman (measured vs predicted order) by label: {order}" if order else ""))
     if overrides:
         from topologies.overrides import describe_overrides
 

@@ -17,6 +17,8 @@ from twin.errors import TwinError
 VALIDATION_FILES = {
     # vTrain's multi-node Megatron-DeepSpeed runs on A100s (benchmarks/data/README.md)
     "a100-megatron-multi-node.csv": "f82509a3a0fc098ad9770bd75b2abd0b5213cee7ce5b25bedd1df809cdf38fed",
+    # Megatron-LM's published weak-scaling runs on Selene, 32-3072 A100s (Narayanan et al. SC'21 Table 1)
+    "megatron-sc21-table1.csv": "f6027e8457a6cdd4686e4576d4a5be5dd261eae521d9620464a6b81343c14eb8",
 }
 
 
