@@ -57,7 +57,8 @@ fit: $(BIN)/twin
 	$(BIN)/twin fit --machine frontier --runs benchmarks/data/frontier-22b-16gcd.csv \
 		--params device.empirical_gemm_bf16_tflop_per_s --folds 0 -o topologies/fitted/frontier.toml
 
-# Fit on one node, predict the cluster: the A100 protocol in one table (minutes).
+# Fit on one node, predict the cluster: the A100 protocol in one table, with vTrain's multi-node runs and
+# Megatron-LM's published runs on Selene as validation (3-6 minutes).
 bench-fit: $(BIN)/twin
 	$(BIN)/python benchmarks/fit_accuracy.py
 

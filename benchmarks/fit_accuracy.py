@@ -1,6 +1,7 @@
 """Measure one node, predict the cluster: the fit protocol on Megatron-DeepSpeed's A100 runs, in one table.
 
-    .venv/bin/python benchmarks/fit_accuracy.py [--json] [--jobs N] [--fitted out/a100-fitted.toml] [--figure PNG]
+    .venv/bin/python benchmarks/fit_accuracy.py [--json] [--jobs N] [--fitted out/a100-fitted.toml]
+        [--carried out/dgx-a100-carried.toml] [--figure PNG]
 
 1. `twin fit` on the single-node calibration file (1,440 runs on 2-8 A100s of
    one node) from topologies/dgx-a100-800g.toml, with the assumptions and the
@@ -10,10 +11,15 @@
 3. the multi-node validation file (88 runs, 64-512 GPUs; never fitted): each
    run predicted with the first-principles file and with the fitted one, the
    mean and max absolute error, and within each model size whether the twin
-   orders the plans as measured (Spearman's rank correlation).
+   orders the plans as measured (Spearman's rank correlation);
+4. a second cluster and code, never fitted either: Megatron-LM's ten published
+   weak-scaling runs on Selene (Narayanan et al. SC'21 Table 1, 1.7B-1T on
+   32-3,072 A100s), predicted with topologies/dgx-a100.toml as it is and with
+   the host interval fitted in step 1 carried to it (as `make fit` carries it
+   to Perlmutter: another code on another host, so a transfer, not a fit).
 
 Prints the targets of the fit issue beside what was measured, with the ratio.
-Data: benchmarks/data/README.md (vTrain, Bang et al., MICRO'24).
+Data: benchmarks/data/README.md (vTrain, Bang et al., MICRO'24; Narayanan et al., SC'21).
 """
 
 from __future__ import annotations
@@ -40,7 +46,9 @@ from twin.runs import load_runs  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data"
 CALIBRATION = DATA / "a100-megatron-single-node.csv"
 VALIDATION = DATA / "a100-megatron-multi-node.csv"
+SELENE = DATA / "megatron-sc21-table1.csv"
 MACHINE = "dgx-a100-800g"
+SELENE_MACHINE = "dgx-a100"
 # What vTrain's configuration files do not state, chosen once (benchmarks/data/README.md): Megatron-DeepSpeed
 # of 2021-22 ran unfused core attention in fp16 with full activation recompute; the optimizer step is DeepSpeed's
 # fused fp16 one, which the calibration runs' per-step fixed cost points to (benchmarks/step_intercepts.py,
@@ -48,6 +56,9 @@ MACHINE = "dgx-a100-800g"
 ASSUME = "attention=unfused,recompute=full,dtype=fp16,optimizer=flat"
 # As `make fit`: the number these runs pin down inside its bounds (docs/fit.md: the others end on a bound).
 PARAMS = ("device.launch_interval_us",)
+# Megatron-LM 2021 on Selene (benchmarks/data/README.md): its core attention, fp16 and full recompute, as the
+# authors' scripts state; Megatron's own optimizer (the plan's default).
+SELENE_ASSUME = "attention=unfused,recompute=full,dtype=fp16"
 TARGETS = {  # the fit issue's targets: (what, target, lower is better)
     "multi_node_mean_abs_pct": ("A100 multi-node, fitted on one node: mean |error| %", 10.0),
     "min_spearman": ("A100 multi-node: Spearman within each model size (min)", 0.9),
@@ -65,6 +76,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=worker_count(None))
     ap.add_argument("--fitted", default="out/a100-fitted.toml", help="where to write the fitted machine file")
+    ap.add_argument("--carried", default="out/dgx-a100-carried.toml",
+                    help="where to write Selene's machine file with the fitted numbers carried to it")
     ap.add_argument("--figure", default="figures/fit-a100.png", help="predicted vs measured, both files (PNG)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -79,24 +92,22 @@ def main(argv: list[str] | None = None) -> dict:
     write_fitted(base.path, {p.path: (v, f"twin fit on {CALIBRATION.name} ({len(calibration)} runs, assuming {ASSUME})"
                                          " by benchmarks/fit_accuracy.py")
                              for p, v in zip(result.params, result.values)}, args.fitted)
-    validation = load_runs(str(VALIDATION), ASSUME)
+    selene = load_machine(SELENE_MACHINE)
+    write_fitted(selene.path, {p.path: (v, f"carried from {Path(args.fitted).name} ({MACHINE}), fitted there on "
+                                           f"{CALIBRATION.name} by benchmarks/fit_accuracy.py")
+                               for p, v in zip(result.params, result.values)}, args.carried)
+    validation, columns = _predict(VALIDATION, ASSUME, (MACHINE, args.fitted), args.jobs)
+    selene_runs, selene_columns = _predict(SELENE, SELENE_ASSUME, (SELENE_MACHINE, args.carried), args.jobs)
     measured = np.array([r.step_time_s for r in validation])
-    labels = sorted({r.label for r in validation})
-    columns = {}
-    for name, machine in (("first principles", MACHINE), ("fitted", args.fitted)):
-        paths = simulate_runs(validation, machine, [()] * len(validation), args.jobs)
-        predicted = np.array([p.step_s for p in paths])
-        by_label = {label: _spearman(measured[sel], predicted[sel]) for label in labels
-                    if (sel := np.array([r.label == label for r in validation])).sum() > 2}
-        columns[name] = {**_stats(predicted / measured - 1), "spearman_by_model": by_label,
-                         "predicted_s": predicted.tolist()}
     single = np.array([r.step_time_s for r in calibration])
     measured_vs_predicted_figure(args.figure, [
         (f"one node: {len(calibration)} calibration runs", list(single),
          {"fitted (5-fold cross-validated)": list(single * (1 + result.cv_errors))}),
         (f"64-512 GPUs: {len(validation)} validation runs, never fitted", list(measured),
          {name: col["predicted_s"] for name, col in columns.items()}),
-    ], "Megatron-DeepSpeed on A100s (vTrain's runs): fitted on one node, predicting the cluster")
+        (f"Selene, 32-3072 GPUs: Megatron-LM's {len(selene_runs)} published runs",
+         [r.step_time_s for r in selene_runs], {name: col["predicted_s"] for name, col in selene_columns.items()}),
+    ], "A100s: fitted on one node of vTrain's cluster, predicting it and Selene (Megatron-DeepSpeed, Megatron-LM)")
     doc = {
         "fit": {"params": {p.path: {"file": s, "fitted": v, "std": e}
                            for p, s, v, e in zip(result.params, result.start, result.values, result.std)},
@@ -105,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "single_node_fitted": _stats(result.errors_after),
                 "single_node_cv": _stats(result.cv_errors)},
         "multi_node": columns,
+        "selene": selene_columns,
         "measured": {
             "multi_node_mean_abs_pct": columns["fitted"]["mean_abs_pct"],
             "min_spearman": min(columns["fitted"]["spearman_by_model"].values()),
@@ -116,11 +128,29 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         print(json.dumps(doc, indent=2))
         return doc
-    _print(doc, result, validation)
+    _print(doc, result, validation, selene_runs)
     return doc
 
 
-def _print(doc: dict, result, validation) -> None:
+def _predict(path: Path, assume: str, machines: tuple[str, str], jobs: int) -> tuple[list, dict]:
+    """The runs of a validation file, each predicted with the first-principles machine file and the fitted one (or
+    the one the fit was carried to): error statistics and, within each model size of at least three runs,
+    Spearman's rank correlation between the measured and the predicted order."""
+    runs = load_runs(str(path), assume)
+    measured = np.array([r.step_time_s for r in runs])
+    labels = sorted({r.label for r in runs})
+    columns = {}
+    for name, machine in zip(("first principles", "fitted"), machines):
+        paths = simulate_runs(runs, machine, [()] * len(runs), jobs)
+        predicted = np.array([p.step_s for p in paths])
+        by_label = {label: _spearman(measured[sel], predicted[sel]) for label in labels
+                    if (sel := np.array([r.label == label for r in runs])).sum() > 2}
+        columns[name] = {**_stats(predicted / measured - 1), "spearman_by_model": by_label,
+                         "predicted_s": predicted.tolist()}
+    return runs, columns
+
+
+def _print(doc: dict, result, validation, selene_runs) -> None:
     f = doc["fit"]
     print(f"twin fit on {CALIBRATION.name} ({len(result.runs)} runs, assuming {ASSUME}): {f['passes']} passes, "
           f"{f['wall_s']:.0f} s")
@@ -134,6 +164,8 @@ def _print(doc: dict, result, validation) -> None:
             ("single node, 1,440 runs", "5-fold CV", f["single_node_cv"], None)]
     for name, col in doc["multi_node"].items():
         rows.append((f"multi node, {len(validation)} runs (validation)", name, col, col["spearman_by_model"]))
+    for name, col in doc["selene"].items():
+        rows.append((f"Selene, {len(selene_runs)} published runs (validation)", name, col, None))
     for what, column, s, rho in rows:
         order = ", ".join(f"{k}B {v:.2f}" for k, v in rho.items()) if rho else ""
         print(f"{what:<44}{column:<18}{s['mean_abs_pct']:>8.1f}%{s['mean_pct']:>+8.1f}%{s['max_abs_pct']:>8.1f}%   "

@@ -20,6 +20,7 @@ import pytest
 from helpers import REPO
 from test_cli import assert_user_error, run
 from topologies import load_machine
+from twin.cli.runs import what_ran
 from twin.errors import TwinError
 from twin.fit.machinefile import rewrite, write_fitted
 from twin.fit.params import DEFAULT_PARAMETERS, default_parameters, fit_parameters
@@ -264,6 +265,8 @@ def test_megatron_sc21_runs_are_table_1_of_the_paper_run_backwards():
         assert p.gx * p.pp * p.gdata == r.gpus
         assert m.layers % (p.pp * p.vpp) == 0
         assert (p.global_batch // (p.gdata * p.mbs)) % p.pp == 0  # Megatron's interleaving needs it; 1F1B is fine
+    assert [r.plan.vpp for r in runs] == [1, 1, 1, 1, 1, 3, 2, 2, 3, 1]
+    assert "tp=8,pp=4,dp=32,mbs=2,vpp=3 gb=1792" in what_ran(runs[5])  # validate --runs' rows show the interleaving
 
 
 def test_rewrite_replaces_only_the_fitted_lines_and_adds_missing_keys():

@@ -42,7 +42,9 @@ def what_ran(run: MeasuredRun) -> str:
     if run.schedule:
         return f"{Path(run.schedule).name} on {run.gpus} ranks"
     p = run.plan
-    plan = f"tp={p.gx},pp={p.pp},dp={p.gdata},mbs={p.mbs}"
+    extras = [f"{key}={n}" for key, n in (("gy", p.gy), ("gz", p.gz), ("cp", p.cp), ("vpp", p.vpp)) if n > 1]
+    extras += [f"zero={p.zero}"] * bool(p.zero) + ["sp=1"] * p.sp  # what sets the run apart, beyond Megatron's four
+    plan = ",".join([f"tp={p.gx},pp={p.pp},dp={p.gdata},mbs={p.mbs}", *extras])
     return (f"{run.label + ' ' if run.label else ''}h={run.model.hidden} L={run.model.layers} "
             f"on {run.gpus} GPUs {plan} gb={p.global_batch}")
 
