@@ -117,7 +117,7 @@ def test_the_cli_writes_a_fitted_machine_file_every_command_takes(synthetic, tmp
 def test_validate_runs_orders_plans_only_within_labels_that_have_three(synthetic, tmp_path, capsys):
     """A label of one or two runs has no order to score: the summary names no Spearman for it (it once printed an
     empty "by label:")."""
-    rows = list(csv.reader(open(synthetic)))
+    rows = list(csv.reader(synthetic.read_text().splitlines()))
     single = tmp_path / "one-per-label.csv"
     with open(single, "w", newline="") as f:
         csv.writer(f).writerows([rows[0] + ["label"]] + [row + [f"model{i}"] for i, row in enumerate(rows[1:4])])
