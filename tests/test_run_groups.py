@@ -45,6 +45,14 @@ def test_each_group_is_the_mean_of_its_runs_errors_in_the_fields_order():
     assert lines[2].startswith("hidden=512 mbs=1") and "-20.0%" in lines[2] and "30.0%" in lines[2]  # +10%, -50%
 
 
+def test_interleaved_runs_group_by_their_chunks():
+    runs = [measured(2, "tp=1,pp=2,dp=1,mbs=1", 512, 1.0), measured(3, "tp=1,pp=2,dp=1,mbs=1,vpp=2", 512, 1.0),
+            measured(4, "tp=1,pp=2,dp=1,mbs=1,vpp=2", 512, 2.0)]
+    groups = group_errors(runs, {"a": np.array([0.9, 0.8, 1.8])}, ("vpp",))
+    assert [(g["key"]["vpp"], g["runs"]) for g in groups] == [(1, 1), (2, 2)]
+    assert groups[1]["error_pct"]["a"] == pytest.approx({"mean": -15.0, "mean_abs": 15.0})
+
+
 def test_a_run_that_does_not_say_a_field_groups_apart():
     """An executed schedule has no model or plan: its group reads '-' and sorts last."""
     runs = [measured(2, "tp=2,dp=1,mbs=1", 512, 1.0),

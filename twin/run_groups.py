@@ -26,6 +26,7 @@ GROUP_FIELDS: dict[str, Callable[["MeasuredRun"], object]] = {
     "pp": lambda r: r.plan.pp if r.plan else None,
     "dp": lambda r: r.plan.gdata if r.plan else None,
     "mbs": lambda r: r.plan.mbs if r.plan else None,
+    "vpp": lambda r: r.plan.vpp if r.plan else None,  # interleaved model chunks per stage (1: plain 1F1B)
     "hidden": lambda r: r.model.hidden if r.model else None,
     "layers": lambda r: r.model.layers if r.model else None,
     "heads": lambda r: r.model.heads if r.model else None,

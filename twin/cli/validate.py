@@ -251,7 +251,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "`twin fit` output); repeat it to compare machines side by side")
     p.add_argument("--assume", help="with --runs: plan and model fields the CSV does not say, e.g. attention=unfused")
     p.add_argument("--by", metavar="FIELDS", help="with --runs: also the mean and mean |error| of each group of runs "
-                   "sharing these fields' values, e.g. --by tp,mbs (fields: label, gpus, tp, pp, dp, mbs, hidden, "
+                   "sharing these fields' values, e.g. --by tp,mbs (fields: label, gpus, tp, pp, dp, mbs, vpp, hidden, "
                    "layers, heads, seq): where a machine file's error sits")
     p.add_argument("--jobs", type=count_flag(limits.JOBS),
                    help="processes for the searches (default and most: every core)")
