@@ -8,7 +8,7 @@ import pytest
 
 from topologies import load_machine
 from twin.build import build_step
-from twin.micro_batches import evaluation_points, shortened, simulate_step
+from twin.micro_batches import evaluation_points, periods_past, shortened, simulate_step
 from twin.model import parse_model_spec
 from twin.plan import parse_plan
 from twin.report import summarize
@@ -23,6 +23,10 @@ CASES = [
     ("frontier", 16, "gx=2,gdata=2,pp=4,mbs=1,global_batch=64"),
     ("frontier", 32, "gx=2,gdata=2,pp=8,zero=1,mbs=1,global_batch=64"),
     ("perlmutter", 16, "gx=2,gdata=2,pp=4,mbs=2,global_batch=128"),
+    # interleaved: whole rounds of pp micro-batches, from 2 pp and 3 pp
+    ("frontier", 16, "gx=2,gdata=2,pp=4,vpp=2,mbs=1,global_batch=48"),
+    ("perlmutter", 32, "gx=2,gdata=4,pp=4,vpp=2,mbs=1,global_batch=96"),
+    ("dgx-a100", 64, "tp=8,pp=4,vpp=2,dp=2,mbs=1,global_batch=48"),  # the data-parallel all-reduce over the NICs
 ]
 
 
@@ -48,7 +52,11 @@ def test_evaluation_points():
     assert evaluation_points(plan) == (5, 6)
     assert evaluation_points(shortened(plan, 7)) is None  # too few to save any
     assert evaluation_points(parse_plan("gx=2,gdata=8,mbs=1,ga=5,global_batch=40")) == (2, 3)
-    assert evaluation_points(parse_plan("gx=2,gdata=2,pp=4,vpp=2,mbs=1,ga=16,global_batch=32")) is None
+    assert evaluation_points(parse_plan("gx=2,gdata=2,pp=4,vpp=2,mbs=1,ga=16,global_batch=32")) is None  # 4 rounds
+    interleaved = parse_plan("gx=2,gdata=2,pp=4,vpp=2,mbs=1,ga=28,global_batch=56")
+    assert evaluation_points(interleaved) == (8, 12)  # a round is pp micro-batches
+    assert periods_past(interleaved, (8, 12)) == 4
+    assert evaluation_points(shortened(interleaved, 26)) is None  # not whole rounds
     assert shortened(plan, 5).global_batch == 1 * 5 * 2
 
 
@@ -71,24 +79,27 @@ def test_values_are_continued_only_where_the_short_plans_cost_less_one_after_the
 
 def test_one_ranks_busy_time_is_continued_like_the_step():
     """A pipeline's first and last stages differ (the last carries the LM head and the loss); each rank's busy
-    time per class, continued from two short steps, equals its class's timeline in the full simulation."""
+    time per class, continued from two short steps, equals its class's timeline in the full simulation, with
+    1F1B and interleaved."""
     from twin.micro_batches import rank_busy_by_class
     from twin.report import rank_time_by_class
 
     machine, model = load_machine("frontier"), parse_model_spec(SPEC)
-    built = build_step(model, parse_plan("gx=2,gdata=2,pp=4,mbs=1,global_batch=64"), machine, 16)
-    run = simulate(built.schedule, machine)
-    first, last = rank_time_by_class(run, 0), rank_time_by_class(run, 15)
-    assert first != last
-    critical = summarize(run).time_by_class_s
-    assert critical in (first, last)
-    assert rank_time_by_class(run, None) == critical  # no rank named: the critical one
-    for rank, full in ((0, first), (15, last)):
-        step_s, fast = rank_busy_by_class(model, built.plan, machine, 16, rank)
-        assert step_s == pytest.approx(run.step_time_s, rel=1e-6)
-        assert set(fast) == set(full)
-        for name, seconds in full.items():
-            assert fast[name] == pytest.approx(seconds, rel=1e-6, abs=1e-9), (rank, name)
+    for plan in ("gx=2,gdata=2,pp=4,mbs=1,global_batch=64", "gx=2,gdata=2,pp=4,vpp=2,mbs=1,global_batch=48"):
+        built = build_step(model, parse_plan(plan), machine, 16)
+        assert evaluation_points(built.plan) is not None, plan
+        run = simulate(built.schedule, machine)
+        first, last = rank_time_by_class(run, 0), rank_time_by_class(run, 15)
+        assert first != last
+        critical = summarize(run).time_by_class_s
+        assert critical in (first, last)
+        assert rank_time_by_class(run, None) == critical  # no rank named: the critical one
+        for rank, full in ((0, first), (15, last)):
+            step_s, fast = rank_busy_by_class(model, built.plan, machine, 16, rank)
+            assert step_s == pytest.approx(run.step_time_s, rel=1e-6)
+            assert set(fast) == set(full)
+            for name, seconds in full.items():
+                assert fast[name] == pytest.approx(seconds, rel=1e-6, abs=1e-9), (plan, rank, name)
     with pytest.raises(Exception, match="--rank 16"):
         rank_time_by_class(run, 16)
 

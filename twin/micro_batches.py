@@ -11,10 +11,17 @@ so the simulated step grows by the same time per micro-batch:
   once there are at least pp micro-batches; each further one adds one
   forward-backward pair to every stage's steady state. Steps of pp + 1 and
   pp + 2 micro-batches give the slope.
+- with an interleaved pipeline (vpp > 1) the micro-batch count is a multiple
+  of pp (Megatron's rule, twin.plan), and the schedule's steady state repeats
+  every pp micro-batches (pp x vpp virtual ones: twin.builders.pipeline):
+  from 2 pp on, every stage's warm-up of 2 (pp - s - 1) + (vpp - 1) pp
+  virtual steps is complete, and each further pp micro-batches add the same
+  round to every stage. Steps of 2 pp and 3 pp micro-batches give the slope
+  per round; the step is continued by whole rounds.
 
-Interleaved schedules need the micro-batch count to be a multiple of pp and
-are simulated in full. tests/test_micro_batches.py checks the continuation
-against the full simulation, with and without a pipeline.
+tests/test_micro_batches.py checks the continuation against the full
+simulation, without a pipeline, with 1F1B and interleaved ones, with data
+parallelism across nodes sharing the NICs with the pipeline's transfers.
 """
 
 from __future__ import annotations
@@ -33,17 +40,28 @@ from twin.report import Summary, rank_time_by_class, summarize, with_step
 from twin.sim.collectives import CollectiveModel
 from twin.sim.engine import simulate
 
-SLACK = 2  # simulate in full unless it saves more than this many micro-batches
+SLACK = 2  # simulate in full unless it saves more than this many periods (micro-batches; rounds when interleaved)
 
 
 def evaluation_points(plan: ParallelPlan) -> tuple[int, int] | None:
-    """The two micro-batch counts to simulate for `plan` (mbs and ga resolved), or None for all of them."""
+    """The two micro-batch counts to simulate for `plan` (mbs and ga resolved), one period of the steady state
+    apart (one micro-batch; pp of them for an interleaved pipeline), or None for all of them."""
     if plan.vpp > 1:
+        if plan.ga % plan.pp:
+            return None  # not a whole number of rounds (twin.plan refuses such a plan; a caller may not have asked it)
+        first, period = 2 * plan.pp, plan.pp
+    else:
+        first, period = (2 if plan.pp == 1 else plan.pp + 1), 1
+    if plan.ga <= first + SLACK * period:
         return None
-    first = 2 if plan.pp == 1 else plan.pp + 1
-    if plan.ga <= first + SLACK:
-        return None
-    return first, first + 1
+    return first, first + period
+
+
+def periods_past(plan: ParallelPlan, points: tuple[int, int]) -> float:
+    """How many periods (points[1] - points[0] micro-batches) `plan`'s micro-batches lie past the second point:
+    how far the line through the two short steps is continued."""
+    first, second = points
+    return (plan.ga - second) / (second - first)
 
 
 def shortened(plan: ParallelPlan, ga: int) -> ParallelPlan:
@@ -59,12 +77,13 @@ def extended(at_a: tuple[float, ...], at_b: tuple[float, ...], steps: float) -> 
 def continued(plan: ParallelPlan, evaluate: Callable[[ParallelPlan], tuple[float, ...]]) -> tuple[float, ...]:
     """`evaluate` (values linear in the micro-batch count) for `plan`, from two short plans where that is cheaper:
     evaluated one after the other, they cost their micro-batches together, so a plan with no more micro-batches
-    than both hold (2 pp + 3 with a pipeline, 5 without) is evaluated as it is."""
+    than both hold (2 pp + 3 with a pipeline, 5 without) is evaluated as it is. An interleaved plan is too: the
+    search's bound terms (its one caller) are tested linear over 1F1B's micro-batches, not over rounds."""
     points = evaluation_points(plan)
-    if points is None or sum(points) >= plan.ga:
+    if points is None or plan.vpp > 1 or sum(points) >= plan.ga:
         return evaluate(plan)
     a, b = points
-    return extended(evaluate(shortened(plan, a)), evaluate(shortened(plan, b)), plan.ga - b)
+    return extended(evaluate(shortened(plan, a)), evaluate(shortened(plan, b)), periods_past(plan, points))
 
 
 def simulate_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
@@ -102,7 +121,7 @@ def simulate_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
     finally:
         if first:
             first.close()
-    extra = resolved.ga - points[1]
+    extra = periods_past(resolved, points)
 
     def line(x: float, y: float) -> float:
         return y + extra * (y - x)
@@ -137,5 +156,5 @@ def rank_busy_by_class(model: ModelSpec, plan: ParallelPlan, machine: Machine, g
     (step_a, by_a), (step_b, by_b) = (evaluate(shortened(resolved, ga)) for ga in points)
     keys = sorted(by_b)
     values = extended((step_a, *(by_a.get(k, 0.0) for k in keys)), (step_b, *(by_b[k] for k in keys)),
-                      resolved.ga - points[1])
+                      periods_past(resolved, points))
     return values[0], dict(zip(keys, values[1:]))

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from topologies.machine import Machine
 from twin.build import build_step, resolve_step
 from twin.ir import Work
-from twin.micro_batches import evaluation_points, shortened
+from twin.micro_batches import evaluation_points, periods_past, shortened
 from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 from twin.sim.collectives import CollectiveModel
@@ -111,8 +111,9 @@ def _comm_split(run: SimRun, cls: int, op_id: int, elapsed_s: float) -> tuple[fl
     return latency, [(types.bottleneck[r], moving * a / total) for r, a in zip(rows, alone)]
 
 
-def _continued(a: PathCosts, b: PathCosts, extra: int) -> PathCosts:
-    """b continued `extra` micro-batches past itself along the line through a and b."""
+def _continued(a: PathCosts, b: PathCosts, extra: float) -> PathCosts:
+    """b continued `extra` periods (of the steady state: twin.micro_batches) past itself along the line through a
+    and b."""
     weights: dict[Work, float] = defaultdict(float)
     for w, s in zip(b.works, b.stretch):
         weights[w] += (1 + extra) * s
@@ -130,14 +131,14 @@ def _continued(a: PathCosts, b: PathCosts, extra: int) -> PathCosts:
 
 
 def step_plans(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int
-               ) -> tuple[tuple[ParallelPlan, ...], int]:
+               ) -> tuple[tuple[ParallelPlan, ...], float]:
     """The plans to simulate for a measured run's step (itself, or two short ones) and how far to continue the
     second. It ran, so its memory is checked against the whole HBM (twin.build.resolve_step)."""
     resolved, _ = resolve_step(model, plan, machine, gpus, measured=True)
     points = evaluation_points(resolved)
     if points is None:
         return (resolved,), 0
-    return tuple(shortened(resolved, ga) for ga in points), resolved.ga - points[1]
+    return tuple(shortened(resolved, ga) for ga in points), periods_past(resolved, points)
 
 
 def simulate_plan(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
@@ -148,7 +149,7 @@ def simulate_plan(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
     return path_costs(simulate(schedule, machine, collectives=collectives))
 
 
-def combined(costs: tuple[PathCosts, ...], extra: int) -> PathCosts:
+def combined(costs: tuple[PathCosts, ...], extra: float) -> PathCosts:
     """The step's PathCosts from step_plans' simulations: the one, or the second continued past the first."""
     return costs[0] if len(costs) == 1 else _continued(costs[0], costs[1], extra)
 
