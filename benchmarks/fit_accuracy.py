@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
             "single_node_cv_mean_abs_pct": 100 * float(np.abs(result.cv_errors).mean()),
             "fit_wall_s": fit_s,
         },
-        "assume": ASSUME, "wall_s": time.perf_counter() - wall, "figure": args.figure,
+        "assume": ASSUME, "selene_assume": SELENE_ASSUME, "wall_s": time.perf_counter() - wall, "figure": args.figure,
     }
     if args.json:
         print(json.dumps(doc, indent=2))
