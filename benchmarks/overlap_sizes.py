@@ -29,9 +29,7 @@ every executor run.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -40,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from executor.calibrate import DTYPE, OVERLAP_GEMM, TINY_BYTES  # noqa: E402
+from local_microbenchmark import parse_args, run_microbenchmark  # noqa: E402
 from twin.builders.program import ProgramWriter  # noqa: E402
 from twin.ir import Collective, Elementwise, Gemm, GroupAxis, Program, Schedule, StepInfo  # noqa: E402
 
@@ -137,23 +136,9 @@ def summarize_pairs(schedule: Schedule, steps: list[list[tuple[np.ndarray, np.nd
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--nproc", type=int, default=4, help="ranks on this host (default 4; at least 2)")
-    ap.add_argument("--out", default="out/overlap_sizes", help="the ranks' files (default out/overlap_sizes)")
-    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
-    args = ap.parse_args(argv)
-    if not 2 <= args.nproc <= 64 or args.nproc % 2:
-        ap.error(f"--nproc {args.nproc}: give an even 2..64 ranks (the second table pairs them)")
-    from executor.launch import WorkerOptions, run_local
-    from executor.measured import load_measured
-    from twin.ir_io import save_schedule
-
+    args = parse_args(argv, __doc__.split("\n\n")[0], "out/overlap_sizes", 2, "the second table pairs them")
     schedule = overlap_schedule(args.nproc)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "overlap-sizes.json")
-    save_schedule(schedule, path)
-    run_local(schedule, path, args.nproc, args.out, WorkerOptions(steps=3, warmup=1), 900.0)
-    steps = list(load_measured(args.out, schedule).steps)
+    steps = run_microbenchmark(schedule, args.out, "overlap-sizes")
     rows, pairs = summarize(schedule, steps), summarize_pairs(schedule, steps)
     if args.json:
         print(json.dumps({"under_gemms": rows, "two_groups": pairs}, indent=1))

@@ -200,6 +200,49 @@ def test_overlap_sizes_schedule_is_valid_and_its_summary_reads_the_timestamps(ca
         assert exit_.value.code == 2 and "--nproc" in capsys.readouterr().err
 
 
+def test_pair_under_compute_lines_its_two_programs_up_and_reads_each_ranks_timestamps(capsys):
+    """benchmarks/pair_under_compute.py: two programs (the pairs' all-reduces, the other half's GEMMs) that pass
+    the IR's checks and issue the same synchronisations of every rank in the same order; from made-up timestamps
+    where each all-reduce under compute takes 3 ms and alone 1 ms, and the GEMMs span 40 ms, the summary reads those
+    back per size; a rank count that is not a multiple of 4 is refused."""
+    from pair_under_compute import (GEMMS, PER_PHASE, REPEATS, SIZES, main as pair_under_compute, pair_schedule,
+                                    summarize)
+
+    from twin.ir import Collective
+    from twin.ir_validate import validate_schedule
+
+    schedule = pair_schedule(4)
+    validate_schedule(schedule)
+    pairs, computers = schedule.programs
+    assert (pairs.ranks, computers.ranks) == ((0, 1), (2, 3))
+    every_rank = [[op.name for op in p.ops if isinstance(op.work, Collective) and op.work.group == "g4"]
+                  for p in (pairs, computers)]
+    assert every_rank[0] == every_rank[1] and len(every_rank[0]) == len(SIZES) * (2 * REPEATS + 1)
+    timestamps = []
+    for program in schedule.programs:
+        ids = {op.name: op.id for op in program.ops}
+        start, end = np.arange(len(program.ops), dtype=float), np.arange(len(program.ops), dtype=float)
+        for nbytes in SIZES:
+            for rep in range(REPEATS):
+                for phase, seconds in (("alone", 0.001), ("under", 0.003)):
+                    for i in range(PER_PHASE):
+                        if (op := ids.get(f"{nbytes}.{phase}.{rep}.{i}")) is not None:
+                            end[op] = start[op] + seconds
+                for g in range(GEMMS):  # from the first GEMM's start to the last one's end: 40 ms
+                    if (op := ids.get(f"{nbytes}.gemm{g}.{rep}")) is not None:
+                        start[op], end[op] = 100.0 + g * 0.04 / GEMMS, 100.0 + (g + 1) * 0.04 / GEMMS
+        timestamps.append([(start, end)])
+    rows = summarize(schedule, [timestamps[0], timestamps[0], timestamps[1], timestamps[1]])
+    assert [r["nbytes"] for r in rows] == SIZES
+    for r in rows:
+        assert (r["alone_s"], r["under_compute_s"], r["ratio"]) == pytest.approx((0.001, 0.003, 3.0))
+        assert (r["all_under_s"], r["gemm_span_s"]) == pytest.approx((PER_PHASE * 0.003, 0.04))
+    for nproc in ("2", "6"):
+        with pytest.raises(SystemExit) as exit_:
+            pair_under_compute(["--nproc", nproc])
+        assert exit_.value.code == 2 and "--nproc" in capsys.readouterr().err
+
+
 def test_overlap_savings_pairs_each_plan_with_its_overlap_off_twin(tmp_path, capsys):
     """benchmarks/overlap_savings.py: from validate rows in PLANS order (each plan, then it without overlap) the
     saving 1 - on / off, measured and per machine file; a missing file or another rank count is refused."""
