@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print_fit(fit, left_out)
     micro, carried = (table["machines"] * 2)[:2]  # one machine twice where nothing was fitted
-    names = [row["run"].split(": ", 1)[-1] for row in table["rows"]]  # the schedule, without the file's line
+    names = [row["what"] for row in table["rows"]]  # the schedule, without the file's entry
     width = max(len("held out: 4 ranks"), *map(len, names)) + 2
     print(f"\n{'held out: 4 ranks':<{width}}{'measured':>10}{'microbenchmarks':>22}{'fitted on 1-2 ranks':>24}")
     for name, row in zip(names, table["rows"]):

@@ -104,6 +104,9 @@ def test_the_cli_writes_a_fitted_machine_file_every_command_takes(synthetic, tmp
     assert doc["summary"][str(out)]["mean_abs_pct"] < 1.0
     assert doc["summary"][MACHINE]["mean_abs_pct"] > 5.0
     assert any("in-sample" in note for note in doc["notes"])
+    first = doc["rows"][0]  # where a run sits and what ran, apart (fit_local.py reads "what"), and together
+    assert (first["where"], first["run"]) == ("synthetic.csv line 2", f"synthetic.csv line 2: {first['what']}")
+    assert first["what"].startswith("h=256 L=2 on 1 GPUs tp=1,pp=1,dp=1,mbs=1 gb=2")
     rc, text, err = run(capsys, "validate", "--runs", str(synthetic), "--machine", MACHINE, "--machine", str(out),
                         "--jobs", "1")
     assert rc == 0, err

@@ -180,7 +180,7 @@ def validate_runs(args: argparse.Namespace) -> int:
     labels = sorted({r.label for r in runs})
     doc = {"runs_file": args.runs, "assume": args.assume or "", "machines": list(columns),
            "overrides": {field: value for field, value in overrides}, "notes": notes, "rows": [
-        {"run": describe_run(r), "label": r.label, "measured_s": r.step_time_s,
+        {"run": describe_run(r), "where": r.where, "what": what_ran(r), "label": r.label, "measured_s": r.step_time_s,
          "predicted_s": {n: float(c[i]) for n, c in columns.items()},
          "error_pct": {n: 100 * float(c[i] / r.step_time_s - 1) for n, c in columns.items()}}
         for i, r in enumerate(runs)],
