@@ -12,14 +12,18 @@
    run predicted with the first-principles file and with the fitted one, the
    mean and max absolute error, and within each model size whether the twin
    orders the plans as measured (Spearman's rank correlation);
-4. a second cluster and code, never fitted either: Megatron-LM's ten published
-   weak-scaling runs on Selene (Narayanan et al. SC'21 Table 1, 1.7B-1T on
-   32-3,072 A100s), predicted with topologies/dgx-a100.toml as it is and with
-   the host interval fitted in step 1 carried to it (as `make fit` carries it
-   to Perlmutter: another code on another host, so a transfer, not a fit).
+4. a second cluster and code, never fitted either: Megatron-LM's published
+   runs on Selene, the ten weak-scaling runs of 2021 (Narayanan et al. SC'21
+   Table 1, 1.7B-1T on 32-3,072 A100s) and the eight of 2022 with and without
+   sequence parallelism and selective recompute (Korthikanti et al. MLSys'23
+   Table 5, 22B-1T on 8-512 A100s), predicted with topologies/dgx-a100.toml as
+   it is and with the host interval fitted in step 1 carried to it (as `make
+   fit` carries it to Perlmutter: another code on another host, so a
+   transfer, not a fit).
 
 Prints the targets of the fit issue beside what was measured, with the ratio.
-Data: benchmarks/data/README.md (vTrain, Bang et al., MICRO'24; Narayanan et al., SC'21).
+Data: benchmarks/data/README.md (vTrain, Bang et al., MICRO'24; Narayanan et al., SC'21; Korthikanti et al.,
+MLSys'23).
 """
 
 from __future__ import annotations
@@ -46,7 +50,6 @@ from twin.runs import load_runs  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data"
 CALIBRATION = DATA / "a100-megatron-single-node.csv"
 VALIDATION = DATA / "a100-megatron-multi-node.csv"
-SELENE = DATA / "megatron-sc21-table1.csv"
 MACHINE = "dgx-a100-800g"
 SELENE_MACHINE = "dgx-a100"
 # What vTrain's configuration files do not state, chosen once (benchmarks/data/README.md): Megatron-DeepSpeed
@@ -56,9 +59,16 @@ SELENE_MACHINE = "dgx-a100"
 ASSUME = "attention=unfused,recompute=full,dtype=fp16,optimizer=flat"
 # As `make fit`: the number these runs pin down inside its bounds (docs/fit.md: the others end on a bound).
 PARAMS = ("device.launch_interval_us",)
-# Megatron-LM 2021 on Selene (benchmarks/data/README.md): its core attention, fp16 and full recompute, as the
-# authors' scripts state; Megatron's own optimizer (the plan's default).
-SELENE_ASSUME = "attention=unfused,recompute=full,dtype=fp16"
+# Megatron-LM's published runs on Selene (benchmarks/data/README.md), each set with what its authors ran: core
+# attention (both predate FlashAttention), fp16 and Megatron's own optimizer (the plan's default); full recompute
+# in 2021, and in 2022 each row's plan names its recompute and sequence parallelism. (JSON key, file, assumptions,
+# panel title with {n} for the number of runs.)
+SELENE_SETS = (
+    ("selene", DATA / "megatron-sc21-table1.csv", "attention=unfused,recompute=full,dtype=fp16",
+     "Selene 2021, 32-3072 GPUs: Megatron-LM's {n} published runs"),
+    ("selene_2022", DATA / "megatron-korthikanti-table5.csv", "attention=unfused,dtype=fp16",
+     "Selene 2022, 8-512 GPUs: {n} runs, full and selective recompute"),
+)
 TARGETS = {  # the fit issue's targets: (what, target, lower is better)
     "multi_node_mean_abs_pct": ("A100 multi-node, fitted on one node: mean |error| %", 10.0),
     "min_spearman": ("A100 multi-node: Spearman within each model size (min)", 0.9),
@@ -97,7 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
                                            f"{CALIBRATION.name} by benchmarks/fit_accuracy.py")
                                for p, v in zip(result.params, result.values)}, args.carried)
     validation, columns = _predict(VALIDATION, ASSUME, (MACHINE, args.fitted), args.jobs)
-    selene_runs, selene_columns = _predict(SELENE, SELENE_ASSUME, (SELENE_MACHINE, args.carried), args.jobs)
+    selene = {key: _predict(path, assume, (SELENE_MACHINE, args.carried), args.jobs)
+              for key, path, assume, _ in SELENE_SETS}
     measured = np.array([r.step_time_s for r in validation])
     single = np.array([r.step_time_s for r in calibration])
     measured_vs_predicted_figure(args.figure, [
@@ -105,8 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
          {"fitted (5-fold cross-validated)": list(single * (1 + result.cv_errors))}),
         (f"64-512 GPUs: {len(validation)} validation runs, never fitted", list(measured),
          {name: col["predicted_s"] for name, col in columns.items()}),
-        (f"Selene, 32-3072 GPUs: Megatron-LM's {len(selene_runs)} published runs",
-         [r.step_time_s for r in selene_runs], {name: col["predicted_s"] for name, col in selene_columns.items()}),
+        *((title.format(n=len(selene[key][0])), [r.step_time_s for r in selene[key][0]],
+           {name: col["predicted_s"] for name, col in selene[key][1].items()}) for key, _, _, title in SELENE_SETS),
     ], "A100s: fitted on one node of vTrain's cluster, predicting it and Selene (Megatron-DeepSpeed, Megatron-LM)")
     doc = {
         "fit": {"params": {p.path: {"file": s, "fitted": v, "std": e}
@@ -116,19 +127,20 @@ def main(argv: list[str] | None = None) -> dict:
                 "single_node_fitted": _stats(result.errors_after),
                 "single_node_cv": _stats(result.cv_errors)},
         "multi_node": columns,
-        "selene": selene_columns,
+        **{key: selene[key][1] for key, _, _, _ in SELENE_SETS},
         "measured": {
             "multi_node_mean_abs_pct": columns["fitted"]["mean_abs_pct"],
             "min_spearman": min(columns["fitted"]["spearman_by_model"].values()),
             "single_node_cv_mean_abs_pct": 100 * float(np.abs(result.cv_errors).mean()),
             "fit_wall_s": fit_s,
         },
-        "assume": ASSUME, "selene_assume": SELENE_ASSUME, "wall_s": time.perf_counter() - wall, "figure": args.figure,
+        "assume": ASSUME, **{f"{key}_assume": assume for key, _, assume, _ in SELENE_SETS},
+        "wall_s": time.perf_counter() - wall, "figure": args.figure,
     }
     if args.json:
         print(json.dumps(doc, indent=2))
         return doc
-    _print(doc, result, validation, selene_runs)
+    _print(doc, result, validation, {key: len(runs) for key, (runs, _) in selene.items()})
     return doc
 
 
@@ -150,7 +162,7 @@ def _predict(path: Path, assume: str, machines: tuple[str, str], jobs: int) -> t
     return runs, columns
 
 
-def _print(doc: dict, result, validation, selene_runs) -> None:
+def _print(doc: dict, result, validation, selene_counts: dict[str, int]) -> None:
     f = doc["fit"]
     print(f"twin fit on {CALIBRATION.name} ({len(result.runs)} runs, assuming {ASSUME}): {f['passes']} passes, "
           f"{f['wall_s']:.0f} s")
@@ -158,18 +170,19 @@ def _print(doc: dict, result, validation, selene_runs) -> None:
         print(f"  {path:<42} {p['file']:>9.4g} -> {p['fitted']:>9.4g} ± {p['std']:.2g}")
     if f["left_out"]:
         print(f"  left out (no run depends on them): {', '.join(f['left_out'])}")
-    print(f"\n{'runs':<44}{'column':<18}{'mean |e|':>9}{'mean e':>9}{'max |e|':>9}   Spearman by model size")
+    print(f"\n{'runs':<50}{'column':<18}{'mean |e|':>9}{'mean e':>9}{'max |e|':>9}   Spearman by model size")
     rows = [("single node (first pass's runs)", "machine file", f["single_node_file_subset"], None),
             ("single node, 1,440 runs", "fitted", f["single_node_fitted"], None),
             ("single node, 1,440 runs", "5-fold CV", f["single_node_cv"], None)]
     for name, col in doc["multi_node"].items():
         rows.append((f"multi node, {len(validation)} runs (validation)", name, col, col["spearman_by_model"]))
-    for name, col in doc["selene"].items():
-        rows.append((f"Selene, {len(selene_runs)} published runs (validation)", name, col, None))
+    for key, path, _, _ in SELENE_SETS:
+        for name, col in doc[key].items():
+            rows.append((f"Selene: {path.stem}, {selene_counts[key]} runs", name, col, None))
     for what, column, s, rho in rows:
         order = ", ".join(f"{k}B {v:.2f}" for k, v in rho.items()) if rho else ""
-        print(f"{what:<44}{column:<18}{s['mean_abs_pct']:>8.1f}%{s['mean_pct']:>+8.1f}%{s['max_abs_pct']:>8.1f}%   "
-              f"{order}")
+        print(f"{what:<50}{column:<18}{s['mean_abs_pct']:>8.1f}%{s['mean_pct']:>+8.1f}%{s['max_abs_pct']:>8.1f}%   "
+              f"{order}".rstrip())
     print(f"\n{'target':<62}{'target':>8}{'measured':>10}{'ratio':>8}")
     for key, (what, target) in TARGETS.items():
         value = doc["measured"][key]

@@ -272,6 +272,27 @@ def test_megatron_sc21_runs_are_table_1_of_the_paper_run_backwards():
     assert "tp=8,pp=4,dp=32,mbs=2,vpp=3 gb=1792" in what_ran(runs[5])  # validate --runs' rows show the interleaving
 
 
+def test_korthikanti_runs_pair_full_recompute_with_sequence_parallel_selective_recompute():
+    """Table 5's eight runs: each model once with full recompute and once with sequence parallelism and selective
+    recompute on the same GPUs and batch; each step time is the seconds its source column quotes."""
+    runs = load_runs(str(REPO / "benchmarks" / "data" / "megatron-korthikanti-table5.csv"), "attention=unfused")
+    assert [r.label for r in runs] == ["22B", "22B", "175B", "175B", "530B", "530B", "1T", "1T"]
+    for full, selective in zip(runs[::2], runs[1::2]):
+        assert (full.plan.recompute, full.plan.sp, selective.plan.recompute, selective.plan.sp) == ("full", False,
+                                                                                                    "selective", True)
+        assert (full.model, full.gpus, full.plan.global_batch) == (selective.model, selective.gpus,
+                                                                   selective.plan.global_batch)
+    for r in runs:
+        m, p = r.model, r.plan
+        seconds = float(re.search(r"Table 5: ([0-9.]+) s per iteration", r.source).group(1))
+        assert r.step_time_s == pytest.approx(seconds)
+        assert (p.gx, p.gdata, p.gx * p.pp) == (8, 1, r.gpus)
+        assert m.layers % (p.pp * p.vpp) == 0 and (p.global_batch // p.mbs) % p.pp == 0
+    assert [r.plan.vpp for r in runs[::2]] == [1, 3, 3, 1]
+    assert "tp=8,pp=8,dp=1,mbs=1,vpp=3,sp=1,recompute=selective gb=64" in what_ran(runs[3])
+    assert "recompute" not in what_ran(runs[2])  # full, the plans' default, is not named
+
+
 def test_rewrite_replaces_only_the_fitted_lines_and_adds_missing_keys():
     text = ('# a comment\n[device]\nname = "x"\nhbm_efficiency = { value = 0.8, estimate = "guess" }  \n'
             '[node]\ngpus = 1\n')

@@ -19,6 +19,9 @@ VALIDATION_FILES = {
     "a100-megatron-multi-node.csv": "f82509a3a0fc098ad9770bd75b2abd0b5213cee7ce5b25bedd1df809cdf38fed",
     # Megatron-LM's published weak-scaling runs on Selene, 32-3072 A100s (Narayanan et al. SC'21 Table 1)
     "megatron-sc21-table1.csv": "f6027e8457a6cdd4686e4576d4a5be5dd261eae521d9620464a6b81343c14eb8",
+    # Megatron-LM's runs with and without sequence parallelism and selective recompute on Selene, 8-512 A100s
+    # (Korthikanti et al. MLSys'23 Table 5)
+    "megatron-korthikanti-table5.csv": "955e21d7387939b6ada57b38b71445b7abfabbf00c6d3594259a5fed80160dbd",
 }
 
 
