@@ -20,6 +20,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from topologies.machine import load_machine
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 # the cases (a 1-layer-per-stage test model) as benchmarks/depth_shortcut_sweep.py builds them; ONE_LEAF: 32 nodes
 # under one leaf switch, so that no stage boundary crosses the spine
 from depth_shortcut_sweep import ONE_LEAF, case as _case  # noqa: E402
+from interleaved_depth import linear_from, main as interleaved_depth  # noqa: E402
 
 FITTED_A100 = "topologies/fitted/dgx-a100-800g.toml"
 SHIPPED_SAVING = pipeline_depth.SAVING
@@ -250,3 +252,16 @@ def test_depth_shortcut_sweep_benchmark_compares_with_the_full_simulation():
     assert (pipeline_depth.SHORT, pipeline_depth.MIN_DEPTH) == shipped
     assert len(rows) == 1 and not rows[0]["refused"] and rows[0]["relative_error"] < 1e-6
     assert rows[0]["depths"][0] == 5
+
+
+def test_interleaved_depth_finds_where_the_step_turns_linear():
+    """benchmarks/interleaved_depth.py, why interleaved plans have no depth continuation (docs/speed.md): the
+    depth from which every second difference is zero, and on a DGX A100 cluster at vpp=2 a step linear in depth."""
+    depths = [4, 5, 6, 7, 8]
+    assert linear_from(depths, np.array([1e-3, 0.0, 1e-12])) == 5
+    assert linear_from(depths, np.array([0.0, 0.0, 0.0])) == 4
+    assert linear_from(depths, np.array([0.0, 0.0, 1e-6])) is None
+    [row] = interleaved_depth(["--machines", "dgx-a100", "--vpp", "2", "--depths", "4-6", "--json"])
+    assert row["depths"] == [4, 5, 6] and len(row["second_difference_rel"]) == 1
+    assert row["linear_from_depth"] == 4
+
