@@ -264,4 +264,3 @@ def test_interleaved_depth_finds_where_the_step_turns_linear():
     [row] = interleaved_depth(["--machines", "dgx-a100", "--vpp", "2", "--depths", "4-6", "--json"])
     assert row["depths"] == [4, 5, 6] and len(row["second_difference_rel"]) == 1
     assert row["linear_from_depth"] == 4
-
