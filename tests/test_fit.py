@@ -289,6 +289,12 @@ def test_korthikanti_runs_pair_full_recompute_with_sequence_parallel_selective_r
         assert (p.gx, p.gdata, p.gx * p.pp) == (8, 1, r.gpus)
         assert m.layers % (p.pp * p.vpp) == 0 and (p.global_batch // p.mbs) % p.pp == 0
     assert [r.plan.vpp for r in runs[::2]] == [1, 3, 3, 1]
+    # Megatron-LM's README of 2022-05-19 (841f789f48): the selective runs' model FLOPs utilization, dp=1
+    for r, mfu in zip(runs[1::2], (0.415, 0.514, 0.560, 0.563)):
+        m, p = r.model, r.plan
+        flops = 72 * p.global_batch * m.seq * m.layers * m.hidden ** 2 * (
+            1 + m.seq / (6 * m.hidden) + m.vocab / (12 * m.layers * m.hidden))
+        assert r.step_time_s == pytest.approx(flops / (mfu * 312e12 * r.gpus), rel=5e-3), r.label
     assert "tp=8,pp=8,dp=1,mbs=1,vpp=3,sp=1,recompute=selective gb=64" in what_ran(runs[3])
     assert "recompute" not in what_ran(runs[2])  # full, the plans' default, is not named
 
