@@ -99,13 +99,14 @@ def main(argv: list[str] | None = None) -> dict:
                  say=lambda line: print(f"  {line}", file=sys.stderr))
     fit_s = time.perf_counter() - t
     Path(args.fitted).parent.mkdir(parents=True, exist_ok=True)
-    write_fitted(base.path, {p.path: (v, f"twin fit on {CALIBRATION.name} ({len(calibration)} runs, assuming {ASSUME})"
-                                         " by benchmarks/fit_accuracy.py")
-                             for p, v in zip(result.params, result.values)}, args.fitted)
-    selene = load_machine(SELENE_MACHINE)
-    write_fitted(selene.path, {p.path: (v, f"carried from {Path(args.fitted).name} ({MACHINE}), fitted there on "
-                                           f"{CALIBRATION.name} by benchmarks/fit_accuracy.py")
-                               for p, v in zip(result.params, result.values)}, args.carried)
+    def write(machine_path: str, provenance: str, out: str) -> None:
+        """The fitted numbers into a copy of the machine file at `machine_path`, each with `provenance`."""
+        write_fitted(machine_path, {p.path: (v, provenance) for p, v in zip(result.params, result.values)}, out)
+
+    write(base.path, f"twin fit on {CALIBRATION.name} ({len(calibration)} runs, assuming {ASSUME}) by "
+          "benchmarks/fit_accuracy.py", args.fitted)
+    write(load_machine(SELENE_MACHINE).path, f"carried from {Path(args.fitted).name} ({MACHINE}), fitted there on "
+          f"{CALIBRATION.name} by benchmarks/fit_accuracy.py", args.carried)
     validation, columns = _predict(VALIDATION, ASSUME, (MACHINE, args.fitted), args.jobs)
     selene = {key: _predict(path, assume, (SELENE_MACHINE, args.carried), args.jobs)
               for key, path, assume, _ in SELENE_SETS}
