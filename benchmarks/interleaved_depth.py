@@ -30,8 +30,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from topologies.machine import load_machine  # noqa: E402
+from topologies.machine import Machine, load_machine  # noqa: E402
 from twin.build import build_step  # noqa: E402
+from twin.errors import TwinError  # noqa: E402
 from twin.micro_batches import resolve_step  # noqa: E402
 from twin.model import ModelSpec  # noqa: E402
 from twin.plan import parse_plan  # noqa: E402
@@ -41,7 +42,7 @@ LINEAR = 1e-9  # relative second difference taken as zero (twin.pipeline_depth's
 TP = 8
 
 
-def step_time(machine, vpp: int, depth: int, rounds: int) -> float:
+def step_time(machine: Machine, vpp: int, depth: int, rounds: int) -> float:
     """The simulated step of a pipeline of `depth` stages, `vpp` chunks of one layer each per stage, and `rounds`
     x depth micro-batches (a small GPT, flash attention)."""
     ga = rounds * depth
@@ -68,10 +69,34 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--stride", type=int, default=1, help="depths apart in each second difference")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    first, last = (int(x) for x in args.depths.split("-"))
+    try:
+        first, last = (int(x) for x in args.depths.split("-"))
+    except ValueError:
+        ap.error(f"--depths {args.depths!r} is not first-last (e.g. 4-16)")
     depths = list(range(first, last + 1))
     if args.stride < 1 or len(depths) <= 2 * args.stride:
         ap.error(f"--depths {args.depths} holds no three depths --stride {args.stride} apart; widen the range")
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: give at least one round of micro-batches")
+    try:
+        rows = _measure(args, depths)
+    except (TwinError, ValueError) as e:  # an unknown machine, a vpp the layers or the plan do not allow
+        ap.error(str(e).splitlines()[0])
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return rows
+    print(f"{'machine':<10}{'vpp':>4}  {'linear from depth':>18}  {'max |2nd difference| / step':>28}  wall")
+    for r in rows:
+        since = r["linear_from_depth"]
+        print(f"{r['machine']:<10}{r['vpp']:>4}  {since if since is not None else 'never':>18}  "
+              f"{r['max_abs_second_difference_rel']:>28.1e}  {r['wall_s']:.0f} s")
+    print(f"\n(depths {first}-{last}, {args.rounds} rounds of micro-batches, second differences over depths "
+          f"{args.stride} apart; linear: every one from that depth on below {LINEAR:g} of the step)")
+    return rows
+
+
+def _measure(args: argparse.Namespace, depths: list[int]) -> list[dict]:
+    """One row per machine and vpp: the steps at the depths the second differences need, and what they say."""
     rows = []
     for name in args.machines.split(","):
         machine = load_machine(name)
@@ -87,16 +112,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
                          "linear_from_depth": linear_from(depths, second),
                          "max_abs_second_difference_rel": float(np.abs(second).max()),
                          "wall_s": time.perf_counter() - t0})
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return rows
-    print(f"{'machine':<10}{'vpp':>4}  {'linear from depth':>18}  {'max |2nd difference| / step':>28}  wall")
-    for r in rows:
-        since = r["linear_from_depth"]
-        print(f"{r['machine']:<10}{r['vpp']:>4}  {since if since is not None else 'never':>18}  "
-              f"{r['max_abs_second_difference_rel']:>28.1e}  {r['wall_s']:.0f} s")
-    print(f"\n(depths {first}-{last}, {args.rounds} rounds of micro-batches, second differences over depths "
-          f"{args.stride} apart; linear: every one from that depth on below {LINEAR:g} of the step)")
     return rows
 
 
