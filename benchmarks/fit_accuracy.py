@@ -39,7 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from topologies.machine import load_machine  # noqa: E402
-from twin.cli.runs import spearman as _spearman  # noqa: E402
+from twin.cli.runs import error_stats, spearman_by_label  # noqa: E402
 from twin.fit.machinefile import write_fitted  # noqa: E402
 from twin.fit.params import fit_parameters  # noqa: E402
 from twin.fit.solve import fit, simulate_runs  # noqa: E402
@@ -77,11 +77,6 @@ TARGETS = {  # the fit issue's targets: (what, target, lower is better)
 }
 
 
-def _stats(e: np.ndarray) -> dict:
-    return {"mean_abs_pct": 100 * float(np.abs(e).mean()), "mean_pct": 100 * float(e.mean()),
-            "max_abs_pct": 100 * float(np.abs(e).max())}
-
-
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=worker_count(None))
@@ -99,6 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
                  say=lambda line: print(f"  {line}", file=sys.stderr))
     fit_s = time.perf_counter() - t
     Path(args.fitted).parent.mkdir(parents=True, exist_ok=True)
+
     def write(machine_path: str, provenance: str, out: str) -> None:
         """The fitted numbers into a copy of the machine file at `machine_path`, each with `provenance`."""
         write_fitted(machine_path, {p.path: (v, provenance) for p, v in zip(result.params, result.values)}, out)
@@ -124,9 +120,9 @@ def main(argv: list[str] | None = None) -> dict:
         "fit": {"params": {p.path: {"file": s, "fitted": v, "std": e}
                            for p, s, v, e in zip(result.params, result.start, result.values, result.std)},
                 "left_out": list(result.dropped), "passes": result.passes, "wall_s": fit_s,
-                "single_node_file_subset": _stats(result.errors_before),
-                "single_node_fitted": _stats(result.errors_after),
-                "single_node_cv": _stats(result.cv_errors)},
+                "single_node_file_subset": error_stats(result.errors_before),
+                "single_node_fitted": error_stats(result.errors_after),
+                "single_node_cv": error_stats(result.cv_errors)},
         "multi_node": columns,
         **{key: selene[key][1] for key, _, _, _ in SELENE_SETS},
         "measured": {
@@ -151,14 +147,12 @@ def _predict(path: Path, assume: str, machines: tuple[str, str], jobs: int) -> t
     Spearman's rank correlation between the measured and the predicted order."""
     runs = load_runs(str(path), assume)
     measured = np.array([r.step_time_s for r in runs])
-    labels = sorted({r.label for r in runs})
     columns = {}
     for name, machine in zip(("first principles", "fitted"), machines):
         paths = simulate_runs(runs, machine, [()] * len(runs), jobs)
         predicted = np.array([p.step_s for p in paths])
-        by_label = {label: _spearman(measured[sel], predicted[sel]) for label in labels
-                    if (sel := np.array([r.label == label for r in runs])).sum() > 2}
-        columns[name] = {**_stats(predicted / measured - 1), "spearman_by_model": by_label,
+        columns[name] = {**error_stats(predicted / measured - 1),
+                         "spearman_by_model": spearman_by_label(runs, measured, predicted),
                          "predicted_s": predicted.tolist()}
     return runs, columns
 

@@ -79,8 +79,10 @@ def continued(plan: ParallelPlan, evaluate: Callable[[ParallelPlan], tuple[float
     evaluated one after the other, they cost their micro-batches together, so a plan with no more micro-batches
     than both hold (2 pp + 3 with a pipeline, 5 without) is evaluated as it is. An interleaved plan is too: the
     search's bound terms (its one caller) are tested linear over 1F1B's micro-batches, not over rounds."""
+    if plan.vpp > 1:
+        return evaluate(plan)
     points = evaluation_points(plan)
-    if points is None or plan.vpp > 1 or sum(points) >= plan.ga:
+    if points is None or sum(points) >= plan.ga:
         return evaluate(plan)
     a, b = points
     return extended(evaluate(shortened(plan, a)), evaluate(shortened(plan, b)), periods_past(plan, points))

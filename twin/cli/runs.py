@@ -81,3 +81,10 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     if ra.std() == 0 or rb.std() == 0:
         return float("nan")
     return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def spearman_by_label(runs: list[MeasuredRun], measured: np.ndarray, predicted: np.ndarray) -> dict[str, float]:
+    """Spearman's rank correlation of measured and predicted step times within each label (model size) of at
+    least three runs: whether the plans of one model are ordered as measured (nan where one side is constant)."""
+    return {label: spearman(measured[sel], predicted[sel]) for label in sorted({r.label for r in runs})
+            if (sel := np.array([r.label == label for r in runs])).sum() > 2}

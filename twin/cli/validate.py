@@ -13,7 +13,8 @@ import numpy as np
 
 from twin import limits
 from twin.cli.args import comma_words, shows_progress
-from twin.cli.runs import count_noun, describe_run, error_stats, finite, job_count, run_progress, spearman, what_ran
+from twin.cli.runs import (count_noun, describe_run, error_stats, finite, job_count, run_progress, spearman_by_label,
+                           what_ran)
 from twin.errors import TwinError
 from twin.limits import count_flag
 
@@ -177,7 +178,6 @@ def validate_runs(args: argparse.Namespace) -> int:
                          "not a prediction")
         paths = simulate_runs(runs, name, [overrides] * len(runs), job_count(args), run_progress(args))
         columns[name] = np.array([p.step_s for p in paths])
-    labels = sorted({r.label for r in runs})
     doc = {"runs_file": args.runs, "assume": args.assume or "", "machines": list(columns),
            "overrides": {field: value for field, value in overrides}, "notes": notes, "rows": [
         {"run": describe_run(r), "where": r.where, "what": what_ran(r), "label": r.label, "measured_s": r.step_time_s,
@@ -185,8 +185,8 @@ def validate_runs(args: argparse.Namespace) -> int:
          "error_pct": {n: 100 * float(c[i] / r.step_time_s - 1) for n, c in columns.items()}}
         for i, r in enumerate(runs)],
         "summary": {n: {**error_stats(c / measured - 1), "spearman_by_label": {
-            label: finite(spearman(measured[sel], c[sel])) for label in labels
-            if (sel := np.array([r.label == label for r in runs])).sum() > 2}} for n, c in columns.items()}}
+            label: finite(rho) for label, rho in spearman_by_label(runs, measured, c).items()}}
+            for n, c in columns.items()}}
     if fields:
         doc["by"] = {"fields": list(fields), "groups": group_errors(runs, columns, fields)}
     if args.json:
