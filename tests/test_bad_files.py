@@ -173,7 +173,7 @@ def test_bad_machine_file(capsys, tmp_path, write, argv, mention):
 def test_the_unedited_machine_file_loads(capsys, tmp_path):
     path = GOOD_MACHINE(tmp_path)
     rc, out, err = run(capsys, ["machines", str(path)])
-    assert rc == 0 and err == "" and "device.hbm_gb = 64" in out
+    assert rc == 0 and err == "" and "device.hbm_gb = 68.7" in out
 
 
 # ---- profiler traces -----------------------------------------------------------------------------------------

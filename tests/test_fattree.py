@@ -76,7 +76,7 @@ def _names(fab: Fabric, src: int, dst: int, nic: int | None = None) -> list[str]
 
 def test_dgx_a100_loads_in_si_units(dgx):
     d, net, c = dgx.device, dgx.network, dgx.collectives
-    assert d.hbm_bytes == 80e9 and d.hbm_bw_bytes_per_s == 2039e9
+    assert d.hbm_bytes == 85.9e9 and d.hbm_bw_bytes_per_s == 2039e9  # 80 GiB
     assert d.peak_flop_per_s == pytest.approx(312e12) and d.empirical_gemm_flop_per_s == pytest.approx(280e12)
     assert d.compute_units == 108
     assert c.protocols == ("ll", "ll128", "simple")

@@ -184,7 +184,7 @@ def test_list_machines_has_the_seeds_and_dgx_a100():
 
 def test_units_are_si(frontier):
     d, c = frontier.device, frontier.collectives
-    assert d.hbm_bytes == 64e9 and d.hbm_bw_bytes_per_s == 1600e9
+    assert d.hbm_bytes == 68.7e9 and d.hbm_bw_bytes_per_s == 1600e9  # 64 GiB
     assert d.peak_flop_per_s == pytest.approx(191.5e12)
     assert d.kernel_overhead_s == pytest.approx(8e-6)
     assert d.layout_efficiency["TN"] == pytest.approx(6 / 55, abs=1e-3)
@@ -193,7 +193,7 @@ def test_units_are_si(frontier):
     assert frontier.network.link_bw_bytes_per_s == 25e9
     assert frontier.max_gpus == 74 * 128 * 8 and frontier.max_nodes == frontier.network.max_nodes
     assert frontier.network.kind == "dragonfly" and frontier.node.switch is None
-    assert frontier.sources["device.hbm_gb"].value == 64.0
+    assert frontier.sources["device.hbm_gb"].value == 68.7  # 64 GiB
 
 
 # ------------------------------------------------------------ node graphs
@@ -428,9 +428,9 @@ def test_invalid_toml(tmp_path):
 
 
 @pytest.mark.parametrize("old,new,field", [
-    ('hbm_gb = { value = 64.0, source = "OLCF Frontier user guide: 64 GB HBM2E per GCD" }\n', "", "device.hbm_gb"),
-    ('hbm_gb = { value = 64.0, source = "OLCF Frontier user guide: 64 GB HBM2E per GCD" }', "hbm_gb = 64.0", "device.hbm_gb"),
-    ('source = "OLCF Frontier user guide: 64 GB HBM2E per GCD"', 'note = "x"', "device.hbm_gb"),
+    ('hbm_gb = { value = 68.7, source = "OLCF Frontier user guide: 64 GB HBM2E per GCD; the 64 GB are binary: the ROCm runtime reports 68,702,699,520 bytes of total memory on an MI250X GCD" }\n', "", "device.hbm_gb"),
+    ('hbm_gb = { value = 68.7, source = "OLCF Frontier user guide: 64 GB HBM2E per GCD; the 64 GB are binary: the ROCm runtime reports 68,702,699,520 bytes of total memory on an MI250X GCD" }', "hbm_gb = 68.7", "device.hbm_gb"),
+    ('source = "OLCF Frontier user guide: 64 GB HBM2E per GCD; the 64 GB are binary: the ROCm runtime reports 68,702,699,520 bytes of total memory on an MI250X GCD"', 'note = "x"', "device.hbm_gb"),
     ("hbm_efficiency = { value = 0.8,", "hbm_efficiency = { value = 1.8,", "device.hbm_efficiency"),
     ("a = 0\nb = 1\n", "a = 0\nb = 9\n", "node.links[0].b"),
     ('source = "OLCF Frontier user guide, node diagram"\n', "", "node.links[0].a"),
