@@ -25,7 +25,7 @@ from twin.errors import TwinError
 from twin.fit.machinefile import rewrite, write_fitted
 from twin.fit.params import DEFAULT_PARAMETERS, default_parameters, fit_parameters
 from twin.fit.protocol import VALIDATION_FILES, check_calibration_file
-from twin.fit.solve import _at_bound, _degeneracy, fit
+from twin.fit.solve import _at_bound, _degeneracy, _undetermined, fit
 from twin.micro_batches import simulate_step
 from twin.model import ModelSpec
 from twin.plan import parse_plan
@@ -192,6 +192,28 @@ def test_a_parameter_on_its_bound_is_refused():
     lo, hi = np.log([0.1]), np.log([1.0])
     assert "upper bound" in _at_bound(params, np.log([1.0]), lo, hi)
     assert _at_bound(params, np.log([0.5]), lo, hi) is None
+
+
+def test_a_number_the_runs_leave_open_is_refused(synthetic, tmp_path, monkeypatch):
+    """A standard error over half the value: the runs do not tell the number's size, so it is not written."""
+    from twin.fit import solve
+    params = fit_parameters(load_machine(MACHINE), ("device.kernel_overhead_us",))
+    assert "not determined" in _undetermined(params, np.array([18.8]), np.array([19.7]))
+    assert _undetermined(params, np.array([18.8]), np.array([5.0])) is None
+    assert _undetermined(params, np.array([18.8]), np.array([np.nan])) is None  # an exact solve: no spread
+    rows = list(csv.reader(synthetic.read_text().splitlines()))
+    for i, row in enumerate(rows[1:]):  # every other run 20% slower: a spread no parameter explains
+        row[7] = repr(float(row[7]) * (1.2 if i % 2 else 1.0))
+    noisy = tmp_path / "noisy.csv"
+    with open(noisy, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    runs = load_runs(str(noisy))
+    params = fit_parameters(load_machine(MACHINE), tuple(p for p, _ in TRUTH))
+    loose = fit(runs, MACHINE, (), params, folds=0, jobs=1)  # the default threshold keeps both numbers
+    assert all(0 < s <= solve.UNDETERMINED * v for s, v in zip(loose.std, loose.values))
+    monkeypatch.setattr(solve, "UNDETERMINED", 0.5 * min(s / v for s, v in zip(loose.std, loose.values)))
+    with pytest.raises(TwinError, match="is not determined by these runs"):
+        fit(runs, MACHINE, (), params, folds=0, jobs=1)
 
 
 def test_a_parameter_asked_for_that_no_run_depends_on_is_an_error(synthetic):

@@ -152,7 +152,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "e.g. nvlink or nic, which only runs whose critical path crosses that level can pin down) to measured runs, "
         "by simulation and bounded least squares, and write the machine "
         "file with those numbers marked `fitted` (which runs, when, the cross-validated error). A fit that ends on a "
-        "bound, or whose parameters the runs cannot tell apart, is refused. Fit only on calibration runs (e.g. one "
+        "bound, whose parameters the runs cannot tell apart, or whose standard error is over half a value, is "
+        "refused. Fit only on calibration runs (e.g. one "
         "node); validation files are refused. --from carries fitted numbers to another machine file. Example: "
         "twin fit --machine dgx-a100-800g --runs benchmarks/data/a100-megatron-single-node.csv --assume "
         "attention=unfused,recompute=full,dtype=fp16,optimizer=flat --params device.launch_interval_us -o a100-fitted.toml",

@@ -14,9 +14,10 @@ SUBSET_CONVERGED (the passes over all of them re-solve anyway); the last
 ones all.
 
 The fit is refused, with one line saying why, when it is degenerate: a
-parameter ends on its bound, a parameter has no effect on any run, or two
+parameter ends on its bound, a parameter has no effect on any run, two
 parameters move the runs alike (their columns of the Jacobian are nearly
-parallel), so the runs cannot tell them apart. Each value comes with a
+parallel), so the runs cannot tell them apart, or a parameter's standard
+error is more than half its value, so the runs leave even its size open. Each value comes with a
 standard error from the Jacobian at the solution, and the fit with a k-fold
 cross-validated error: each fold's parameters are fitted without its runs,
 on the final pass's surrogate, and predict them there (the surrogate matches
@@ -50,6 +51,7 @@ from twin.sim.compute import ComputeModel
 CONVERGED = 0.005  # relative parameter change below which another pass would not move the path
 IMPROVED = 1e-3  # a pass must lower the simulated squared error by this fraction to go on
 MAX_PASSES = 8
+UNDETERMINED = 0.5  # standard error / value above which a fitted number is refused (zero within 2 sigma)
 PARALLEL_COLUMNS = 0.995  # |cosine| between two Jacobian columns above which the runs cannot tell them apart
 
 
@@ -170,6 +172,18 @@ def _degeneracy(params: tuple[FitParameter, ...], J: np.ndarray) -> str | None:
     return None
 
 
+def _undetermined(params: tuple[FitParameter, ...], values: np.ndarray, std: np.ndarray) -> str | None:
+    """Why a value is too uncertain to write into a machine file, or None: its standard error is more than
+    UNDETERMINED of it, so the runs leave even its size open (zero within two standard errors) and the
+    file's sourced or estimated value is at least as good. An exact solve (no spare run) has no standard
+    error and passes."""
+    for p, v, s in zip(params, values, std):
+        if np.isfinite(s) and s > UNDETERMINED * v:
+            return (f"{p.path} is not determined by these runs ({v:.4g} ± {s:.2g}, a standard error over "
+                    f"{UNDETERMINED:.0%} of the value); leave it out (--params), or add runs that depend on it")
+    return None
+
+
 def _at_bound(params: tuple[FitParameter, ...], x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> str | None:
     for p, v, a, b in zip(params, x, lo, hi):
         if v <= a + 1e-6 or v >= b - 1e-6:
@@ -219,13 +233,13 @@ def fit(runs: list[MeasuredRun], machine_name: str, base: tuple[Override, ...], 
             x, _, _, _ = passes.converge(subset, params, x, lo, hi, first=at_start, tolerance=SUBSET_CONVERGED)
             first = None
         x, paths, J, history = passes.converge(everything, params, x, lo, hi, first=first, tolerance=CONVERGED)
-    reason = _at_bound(params, x, lo, hi) or _degeneracy(params, J)
-    if reason and refuse:
-        raise TwinError(f"fit refused: {reason}")
     after = _relative_errors(paths, runs)
     dof = len(runs) - len(params)  # none: as many runs as parameters, an exact solve with no spread to measure
     covariance = float(after @ after) / dof * np.linalg.pinv(J.T @ J) if dof else np.full((len(x), len(x)), np.nan)
     std = np.exp(x) * np.sqrt(np.clip(np.diag(covariance), 0, None))
+    reason = _at_bound(params, x, lo, hi) or _degeneracy(params, J) or _undetermined(params, np.exp(x), std)
+    if reason and refuse:
+        raise TwinError(f"fit refused: {reason}")
     before = _relative_errors(at_start, [runs[i] for i in subset])
     cv = None
     if folds:
