@@ -133,6 +133,36 @@ def test_validate_runs_orders_plans_only_within_labels_that_have_three(synthetic
     assert "Spearman (measured vs predicted order) by label: all " in text  # one unlabelled group of 12: scored
 
 
+def test_validate_runs_leaves_out_a_run_the_twin_refuses_and_says_why(synthetic, tmp_path, capsys):
+    """A measured run the memory model says cannot fit (it ran: the model is off) is not predicted, is named with
+    the reason, and is left out of every column's statistics; `twin fit` still refuses such a file."""
+    rows = list(csv.reader(synthetic.read_text().splitlines()))
+    huge = rows[1][:]
+    huge[HEADER.index("plan")], huge[HEADER.index("global_batch")] = "tp=1,dp=1,mbs=4096", "4096"
+    mixed = tmp_path / "with-one-too-large.csv"
+    with open(mixed, "w", newline="") as f:
+        csv.writer(f).writerows(rows[:4] + [huge])
+    rc, text, err = run(capsys, "validate", "--runs", str(mixed), "--machine", MACHINE, "--jobs", "1", "--json")
+    assert rc == 0, err
+    doc = json.loads(text)
+    assert doc["summary"][MACHINE]["runs"] == 3
+    last = doc["rows"][-1]
+    assert last["predicted_s"][MACHINE] is None and "plan does not fit" in last["not_predicted"][MACHINE]
+    assert all(row["predicted_s"][MACHINE] > 0 for row in doc["rows"][:-1])
+    rc, text, err = run(capsys, "validate", "--runs", str(mixed), "--machine", MACHINE, "--jobs", "1")
+    assert rc == 0 and "not predicted" in text and "over 3 runs" in text and "line 5: plan does not fit" in text
+    only = tmp_path / "only-too-large.csv"
+    with open(only, "w", newline="") as f:
+        csv.writer(f).writerows([rows[0], huge])
+    assert_user_error(*run(capsys, "validate", "--runs", str(only), "--machine", MACHINE, "--jobs", "1"),
+                      "no run could be predicted")
+    rc, out, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(mixed), "--params",
+                       "device.launch_interval_us", "--folds", "0", "-o", str(tmp_path / "x.toml"))
+    last = err.splitlines()[-1]  # after the first pass's progress line
+    assert rc == 2 and last.startswith("twin: error:") and "line 5: plan does not fit" in last
+    assert not (tmp_path / "x.toml").exists()
+
+
 def test_the_collective_librarys_bandwidth_per_level_is_fitted_where_the_runs_cross_it(synthetic, tmp_path, capsys):
     """The achieved fraction of the NICs' and of NVLink's bandwidth, with the host's time per op, from runs on
     two nodes made with them, written into [node.link_efficiency]; on one node's runs the NICs carry nothing, and

@@ -170,22 +170,32 @@ def validate_runs(args: argparse.Namespace) -> int:
     measured = np.array([r.step_time_s for r in runs])
     columns = {}
     notes = []
+    refused: dict[str, dict[int, str]] = {}
     for name in args.machine:
         machine = load_machine(name)
         fitted_on = {s.fitted for s in machine.sources.values() if s.fitted and Path(args.runs).name in s.fitted}
         if fitted_on:
             notes.append(f"note: {name} was fitted on {Path(args.runs).name}: its column is in-sample, "
                          "not a prediction")
-        paths = simulate_runs(runs, name, [overrides] * len(runs), job_count(args), run_progress(args))
-        columns[name] = np.array([p.step_s for p in paths])
+        refused[name] = {}
+        paths = simulate_runs(runs, name, [overrides] * len(runs), job_count(args), run_progress(args),
+                              refused=refused[name])
+        columns[name] = np.array([p.step_s if p is not None else np.nan for p in paths])
+    # A run some column could not predict is left out of every column's statistics, so columns compare alike.
+    kept = np.all([np.isfinite(c) for c in columns.values()], axis=0)
+    if not kept.any():
+        first = next(iter(next(r for r in refused.values() if r).items()))
+        raise TwinError(f"--runs: no run could be predicted; {runs[first[0]].where}: {first[1]}")
+    kept_runs = [r for r, k in zip(runs, kept) if k]
     doc = {"runs_file": args.runs, "assume": args.assume or "", "machines": list(columns),
            "overrides": {field: value for field, value in overrides}, "notes": notes, "rows": [
         {"run": describe_run(r), "where": r.where, "what": what_ran(r), "label": r.label, "measured_s": r.step_time_s,
-         "predicted_s": {n: float(c[i]) for n, c in columns.items()},
-         "error_pct": {n: 100 * float(c[i] / r.step_time_s - 1) for n, c in columns.items()}}
+         "predicted_s": {n: finite(c[i]) for n, c in columns.items()},
+         "error_pct": {n: finite(100 * (c[i] / r.step_time_s - 1)) for n, c in columns.items()},
+         **({"not_predicted": {n: refused[n][i] for n in columns if i in refused[n]}} if not kept[i] else {})}
         for i, r in enumerate(runs)],
-        "summary": {n: {**error_stats(c / measured - 1), "spearman_by_label": {
-            label: finite(rho) for label, rho in spearman_by_label(runs, measured, c).items()}}
+        "summary": {n: {**error_stats(c[kept] / measured[kept] - 1), "runs": int(kept.sum()), "spearman_by_label": {
+            label: finite(rho) for label, rho in spearman_by_label(kept_runs, measured[kept], c[kept]).items()}}
             for n, c in columns.items()}}
     if fields:
         doc["by"] = {"fields": list(fields), "groups": group_errors(runs, columns, fields)}
@@ -200,15 +210,22 @@ def validate_runs(args: argparse.Namespace) -> int:
     print(f"runs: {args.runs}" + "".join(f"\n  column {h}: {n}" for h, n in zip(heads, names) if h != n))
     print(f"{'run':<{width}}{'measured':>10}" + "".join(f"{h:>24}" for h in heads))
     for text, row in zip(shown, doc["rows"]):
-        cells = "".join(f"{1e3 * row['predicted_s'][n]:>14.1f} ({row['error_pct'][n]:+5.1f}%)" for n in names)
+        cells = "".join(f"{'not predicted':>24}" if row['predicted_s'][n] is None else
+                        f"{1e3 * row['predicted_s'][n]:>14.1f} ({row['error_pct'][n]:+5.1f}%)" for n in names)
         print(f"{text:<{width}}{1e3 * row['measured_s']:>8.1f}ms{cells}")
     for n in names:
         s = doc["summary"][n]
         order = ", ".join(f"{k or 'all'} {'n/a' if v is None else f'{v:.2f}'}"
                           for k, v in s["spearman_by_label"].items())  # empty where no label has 3 runs to order
         print(f"\n{n}: mean |error| {s['mean_abs_pct']:.1f}%, mean {s['mean_pct']:+.1f}%, max {s['max_abs_pct']:.1f}%"
-              f" over {count_noun(len(runs), 'run')}"
+              f" over {count_noun(s['runs'], 'run')}"
               + (f"; Spearman (measured vs predicted order) by label: {order}" if order else ""))
+    for row in doc["rows"]:
+        reasons = row.get("not_predicted", {})
+        for why in dict.fromkeys(reasons.values()):  # once per reason, naming the columns only where they differ
+            on = "" if len(set(reasons.values())) == 1 and len(reasons) == len(names) else \
+                f" on {', '.join(n for n, w in reasons.items() if w == why)}"
+            print(f"not predicted{on}, {row['where']}: {why}")
     if overrides:
         from topologies.overrides import describe_overrides
 

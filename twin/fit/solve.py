@@ -77,21 +77,26 @@ class FitResult:
 # ---------------------------------------------------------------- simulation passes
 
 def simulate_runs(runs: list[MeasuredRun], machine_name: str, overrides: list[tuple[Override, ...]], jobs: int,
-                  progress: Callable | None = None, workers: SimulationWorkers | None = None) -> list[PathCosts]:
+                  progress: Callable | None = None, workers: SimulationWorkers | None = None,
+                  refused: dict[int, str] | None = None) -> list[PathCosts]:
     """Every run simulated at its own overrides, in `jobs` processes (or `workers`, which outlive the call: a
-    fit's passes); a TwinError naming the first run that fails.
+    fit's passes); a TwinError naming the first run that fails. With `refused` (a prediction's, never a fit's)
+    a run the twin refuses (a plan its memory model says cannot fit, though it ran) is left out instead: its
+    entry is None and `refused[i]` says why.
 
     Runs that differ only in their number of micro-batches share their short simulations (twin.fit.paths), so
     each distinct simulation runs once."""
     wanted: list[tuple[tuple, ...]] = []
     extras = []
-    for run, o in zip(runs, overrides):
+    for i, (run, o) in enumerate(zip(runs, overrides)):
         try:
             plans, extra = ((run.schedule,), 0) if run.schedule else step_plans(run.model, run.plan,
                                                                                  cached_machine(machine_name, o),
                                                                                  run.gpus)
         except TwinError as e:
-            raise TwinError(f"{run.where}: {e}") from None
+            if refused is None:
+                raise TwinError(f"{run.where}: {e}") from None
+            refused[i], plans, extra = str(e), (), 0
         wanted.append(tuple((machine_name, o, run.model, p, run.gpus) for p in plans))
         extras.append(extra)
     tasks = list(dict.fromkeys(t for ts in wanted for t in ts))
@@ -105,7 +110,7 @@ def simulate_runs(runs: list[MeasuredRun], machine_name: str, overrides: list[tu
         failed = next((c for c in costs if isinstance(c, str)), None)
         if failed is not None:
             raise TwinError(f"{run.where}: {failed}")
-        out.append(combined(costs, extra))  # type: ignore[arg-type]
+        out.append(combined(costs, extra) if costs else None)  # type: ignore[arg-type]
     return out
 
 
