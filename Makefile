@@ -43,24 +43,36 @@ bench-search: $(BIN)/twin
 # calibration runs only (benchmarks/data/README.md), minutes:
 # - vTrain's A100 cluster, fitted on its 1,440 single-node runs: the host's time per op (the other fittable
 #   numbers end on their bounds on these runs: docs/fit.md);
-# - Perlmutter's A100s: that number carried from that fit (same GPU and software generation; AxoNN is
-#   another code on another host, so this is a transfer, not a measurement);
+# - MosaicML's A100 40 GB cluster, fitted on its 46 one-node MPT runs (FSDP, flash attention, bf16): the
+#   attention rate and the GEMM rate (the host's time per op is not determined by these GPU-bound runs);
+# - Perlmutter's A100s: the host's time per op carried from the first fit, the attention and GEMM rates from
+#   the second (the same A100 40 GB, flash attention, bf16 and sharded data parallelism; AxoNN is another
+#   code on another host, so this is a transfer, not a measurement);
 # - Frontier: its GEMM rate fitted on the Frontier paper's one run on two nodes (22B on 16 GCDs).
 A100_ASSUME := attention=unfused,recompute=full,dtype=fp16,optimizer=flat
+MPT_PARAMS := device.attention_efficiency,device.empirical_gemm_bf16_tflop_per_s
 fit: $(BIN)/twin
 	mkdir -p topologies/fitted
 	$(BIN)/twin fit --machine dgx-a100-800g --runs benchmarks/data/a100-megatron-single-node.csv \
 		--assume $(A100_ASSUME) --params device.launch_interval_us \
 		-o topologies/fitted/dgx-a100-800g.toml
+	$(BIN)/twin fit --machine mpt-a100-40g --runs benchmarks/data/mpt-a100-40gb-one-node.csv \
+		--params $(MPT_PARAMS) -o topologies/fitted/mpt-a100-40g.toml
 	$(BIN)/twin fit --machine perlmutter --from topologies/fitted/dgx-a100-800g.toml \
-		--params device.launch_interval_us -o topologies/fitted/perlmutter.toml
+		--params device.launch_interval_us -o topologies/fitted/perlmutter-host.toml
+	$(BIN)/twin fit --machine topologies/fitted/perlmutter-host.toml --from topologies/fitted/mpt-a100-40g.toml \
+		--params $(MPT_PARAMS) -o topologies/fitted/perlmutter.toml
+	rm topologies/fitted/perlmutter-host.toml
 	$(BIN)/twin fit --machine frontier --runs benchmarks/data/frontier-22b-16gcd.csv \
 		--params device.empirical_gemm_bf16_tflop_per_s --folds 0 -o topologies/fitted/frontier.toml
 
 # Fit on one node, predict the cluster: the A100 protocol in one table, with vTrain's multi-node runs and
-# Megatron-LM's published runs on Selene as validation (3-6 minutes).
+# Megatron-LM's published runs on Selene as validation (3-6 minutes); then MosaicML's MPT runs on 16-128
+# A100 40 GB, predicted from the file `make fit` fitted on their one-node runs.
 bench-fit: $(BIN)/twin
 	$(BIN)/python benchmarks/fit_accuracy.py
+	$(BIN)/twin validate --runs benchmarks/data/mpt-a100-40gb-multi-node.csv --machine mpt-a100-40g \
+		--machine topologies/fitted/mpt-a100-40g.toml
 
 # Every published measurement predicted; rewrites the README's Accuracy table and the validation figures.
 validate: $(BIN)/twin

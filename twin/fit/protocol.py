@@ -22,6 +22,8 @@ VALIDATION_FILES = {
     # Megatron-LM's runs with and without sequence parallelism and selective recompute on Selene, 8-512 A100s
     # (Korthikanti et al. MLSys'23 Table 5)
     "megatron-korthikanti-table5.csv": "955e21d7387939b6ada57b38b71445b7abfabbf00c6d3594259a5fed80160dbd",
+    # MosaicML's MPT runs with FSDP and flash attention on 16-128 A100 40 GB (llm-foundry benchmarking README)
+    "mpt-a100-40gb-multi-node.csv": "fb90774278dafc779df266e24ecf3544c6430b6f1ae5f34bf325136a73a9499f",
 }
 
 
