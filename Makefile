@@ -44,7 +44,8 @@ bench-search: $(BIN)/twin
 # - vTrain's A100 cluster, fitted on its 1,440 single-node runs: the host's time per op (the other fittable
 #   numbers end on their bounds on these runs: docs/fit.md);
 # - MosaicML's A100 40 GB cluster, fitted on its 46 one-node MPT runs (FSDP, flash attention, bf16): the
-#   attention rate and the GEMM rate (the host's time per op is not determined by these GPU-bound runs);
+#   attention rate and the GEMM rate (the host's time per op is not determined by these GPU-bound runs;
+#   MPT trains without dropout);
 # - Perlmutter's A100s: the host's time per op carried from the first fit, the attention and GEMM rates from
 #   the second (the same A100 40 GB, flash attention, bf16 and sharded data parallelism; AxoNN is another
 #   code on another host, so this is a transfer, not a measurement);
@@ -57,7 +58,7 @@ fit: $(BIN)/twin
 		--assume $(A100_ASSUME) --params device.launch_interval_us \
 		-o topologies/fitted/dgx-a100-800g.toml
 	$(BIN)/twin fit --machine mpt-a100-40g --runs benchmarks/data/mpt-a100-40gb-one-node.csv \
-		--params $(MPT_PARAMS) -o topologies/fitted/mpt-a100-40g.toml
+		--assume dropout=0 --params $(MPT_PARAMS) -o topologies/fitted/mpt-a100-40g.toml
 	$(BIN)/twin fit --machine perlmutter --from topologies/fitted/dgx-a100-800g.toml \
 		--params device.launch_interval_us -o topologies/fitted/perlmutter-host.toml
 	$(BIN)/twin fit --machine topologies/fitted/perlmutter-host.toml --from topologies/fitted/mpt-a100-40g.toml \
@@ -71,8 +72,8 @@ fit: $(BIN)/twin
 # A100 40 GB, predicted from the file `make fit` fitted on their one-node runs.
 bench-fit: $(BIN)/twin
 	$(BIN)/python benchmarks/fit_accuracy.py
-	$(BIN)/twin validate --runs benchmarks/data/mpt-a100-40gb-multi-node.csv --machine mpt-a100-40g \
-		--machine topologies/fitted/mpt-a100-40g.toml
+	$(BIN)/twin validate --runs benchmarks/data/mpt-a100-40gb-multi-node.csv --assume dropout=0 \
+		--machine mpt-a100-40g --machine topologies/fitted/mpt-a100-40g.toml
 
 # Every published measurement predicted; rewrites the README's Accuracy table and the validation figures.
 validate: $(BIN)/twin

@@ -291,7 +291,12 @@ def test_fit_input_errors_name_the_row_and_field(tmp_path, capsys):
     rc, out, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(bad), "-o",
                        str(REPO / "topologies" / "dgx-a100-800g.toml"))
     assert_user_error(rc, out, err, "is the input --machine")
+    bad.write_text('layers,hidden,heads,seq,gpus,plan,global_batch,step_time_ms\n2,256,4,256,1,"tp=1",2,1.5\n')
+    rc, out, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(bad), "--assume", "dropout=off",
+                       "-o", str(tmp_path / "o.toml"))
+    assert_user_error(rc, out, err, "line 2", "--assume dropout='off' must be 0 or 1")
     assert not (tmp_path / "o.toml").exists()
+    assert [r.model.dropout for r in load_runs(str(bad), "dropout=0") + load_runs(str(bad))] == [False, True]
 
 
 def test_vtrains_columns_are_read_as_they_are():

@@ -23,7 +23,8 @@ from twin.search.passes import pass_of
 
 H, F, SEQ, VOCAB, HEADS, LAYERS = 512, 2048, 128, 1024, 8, 2
 SMALL = parse_model_spec(SMALL_SPEC)  # hidden 512: apex's layer norm (not a persistent-kernel size)
-WIDE = parse_model_spec(SMALL_SPEC.replace("hidden=512", "hidden=1024"))  # hidden 1024: the persistent kernel
+WIDE_SPEC = SMALL_SPEC.replace("hidden=512", "hidden=1024")
+WIDE = parse_model_spec(WIDE_SPEC)  # hidden 1024: the persistent kernel
 
 
 def build(frontier, model, text: str, global_batch: int):
@@ -32,10 +33,12 @@ def build(frontier, model, text: str, global_batch: int):
     return build_step(model, plan, frontier, gpus)
 
 
-def layer_inventory(h: int, gx: int, mbs: int, attention: str, persistent_ln: bool, acc: int = 10):
+def layer_inventory(h: int, gx: int, mbs: int, attention: str, persistent_ln: bool, acc: int = 10,
+                    dropout: bool = True):
     """(forward, backward): each a list of (<block>.<role>, elements, bytes per element) for one layer and
     micro-batch on a Megatron tensor-parallel rank (gx = TP, gy = gz = 1, no sequence parallelism), in the words of
-    twin.builders.tags; a GEMM or attention kernel has elements None. `acc`: bytes per element of main_grad.add_(grad) (fp32 main_grad in bf16: 4 + 2 + 4)."""
+    twin.builders.tags; a GEMM or attention kernel has elements None. `acc`: bytes per element of main_grad.add_(grad) (fp32 main_grad in bf16: 4 + 2 + 4).
+    Without `dropout` (a model trained without it) the residual adds write no mask and no dropout kernel runs."""
     f, T = 4 * h, mbs * SEQ
     res, heads, ffn, qkv_out = T * h, T * h / gx, T * f / gx, T * 3 * h / gx
     batch = mbs * HEADS // gx  # score matrices
@@ -48,10 +51,12 @@ def layer_inventory(h: int, gx: int, mbs: int, attention: str, persistent_ln: bo
         fwd += [("attn.context_copy", heads, 4)] if mbs > 1 else []
     else:
         softmax = [(f"attn.{role}", scores, nbytes) for role, nbytes in megatron_softmax(SEQ, batch, False)]
-        fwd += [("attn.scores", gemm, 0), *softmax, ("attn.dropout", scores, 5),
+        fwd += [("attn.scores", gemm, 0), *softmax] + ([("attn.dropout", scores, 5)] if dropout else []) + [
                 ("attn.context", gemm, 0), ("attn.context_copy", heads, 4)]
-    fwd += [("attn_out.gemm", gemm, 0), ("resid1.fwd", res, 7), ("ln2.fwd", res, 4), ("mlp_up.gemm", gemm, 0),
-            ("gelu.fwd", ffn, 4), ("mlp_down.gemm", gemm, 0), ("mlp_down.bias", res, 4), ("resid2.fwd", res, 7)]
+    resid = 7 if dropout else 6  # read x and the residual, write the sum (and the 1-byte mask)
+    fwd += [("attn_out.gemm", gemm, 0), ("resid1.fwd", res, resid), ("ln2.fwd", res, 4), ("mlp_up.gemm", gemm, 0),
+            ("gelu.fwd", ffn, 4), ("mlp_down.gemm", gemm, 0), ("mlp_down.bias", res, 4), ("resid2.fwd", res, resid)]
+    dropout_bwd = lambda name: [(name, res, 5)] if dropout else []  # noqa: E731
 
     def ln_bwd(name):
         partial_sum = (f"{name}.bwd_params_sum", h, 2 * 16 * 4 + 2 * 2)  # 16 fp32 partial rows of dgamma and dbeta
@@ -64,12 +69,12 @@ def layer_inventory(h: int, gx: int, mbs: int, attention: str, persistent_ln: bo
     def linear_bwd(name, k, n):
         return [(f"{name}.dI", gemm, 0), (f"{name}.dW", gemm, 0), (f"{name}.acc_weight", k * n / gx, acc)]
 
-    bwd = [("resid2.bwd", res, 5), ("mlp_down.dbias", res, 2), ("mlp_down.acc_bias", h, acc)]
+    bwd = dropout_bwd("resid2.bwd") + [("mlp_down.dbias", res, 2), ("mlp_down.acc_bias", h, acc)]
     bwd += linear_bwd("mlp_down", f, h)
     bwd += [("gelu.bwd", ffn, 6), ("mlp_up.dbias", ffn, 2), ("mlp_up.acc_bias", f / gx, acc)]
     bwd += linear_bwd("mlp_up", h, f)
     bwd += ln_bwd("ln2")
-    bwd += [("resid1.bwd", res, 5), ("attn_out.dbias", res, 2), ("attn_out.acc_bias", h, acc)]
+    bwd += dropout_bwd("resid1.bwd") + [("attn_out.dbias", res, 2), ("attn_out.acc_bias", h, acc)]
     bwd += linear_bwd("attn_out", h, h)
     grads = [("attn.q_grad", heads, 4), ("attn.k_grad", heads, 4), ("attn.v_grad", heads, 4)]
     if attention == "flash":
@@ -77,8 +82,9 @@ def layer_inventory(h: int, gx: int, mbs: int, attention: str, persistent_ln: bo
         bwd += grads if mbs > 1 else [("attn.qkv_grad", 3 * heads, 4)]
     else:
         softmax = [(f"attn.{role}", scores, nbytes) for role, nbytes in megatron_softmax(SEQ, batch, True)]
-        bwd += [("attn.context_dV", gemm, 0), ("attn.context_dP", gemm, 0), ("attn.dropout_bwd", scores, 5),
-                *softmax, ("attn.scores_dQ", gemm, 0), ("attn.scores_dQ_scale", heads, 4),
+        bwd += [("attn.context_dV", gemm, 0), ("attn.context_dP", gemm, 0)]
+        bwd += [("attn.dropout_bwd", scores, 5)] if dropout else []
+        bwd += [*softmax, ("attn.scores_dQ", gemm, 0), ("attn.scores_dQ_scale", heads, 4),
                 ("attn.scores_dK", gemm, 0), ("attn.scores_dK_scale", heads, 4)] + grads
     bwd += [("qkv.dI", gemm, 0), ("qkv.dW", gemm, 0), ("qkv.dbias", qkv_out, 2),
             ("qkv.acc_weight", h * 3 * h / gx, acc), ("qkv.acc_bias", 3 * h / gx, acc)]
@@ -129,6 +135,24 @@ def test_layer_kernels_per_pass(frontier, model, attention, mbs, n_fwd, n_bwd, g
             assert_inventory(layer_ops(program, mb, "fwd", layer), fwd)
             assert_inventory(layer_ops(program, mb, "rc", layer), fwd)  # full recompute reruns the forward
             assert_inventory(layer_ops(program, mb, "bwd", layer), bwd)
+
+
+@pytest.mark.parametrize("attention", ["flash", "unfused"])
+def test_a_model_without_dropout_runs_no_dropout_kernel(frontier, attention):
+    """MPT and LLaMA train without dropout: the residual adds keep no mask, and the embedding's, the attention's
+    and the residuals' dropouts (and their backwards) launch nothing; everything else is as with dropout."""
+    plan = f"tp=2,dp=2,mbs=2,attention={attention},recompute=full"
+    without = build(frontier, parse_model_spec(WIDE_SPEC + ",dropout=0"), plan, 8).schedule.programs[0]
+    fwd, bwd = layer_inventory(1024, 2, 2, attention, persistent_ln=True, dropout=False)
+    fwd_d, bwd_d = layer_inventory(1024, 2, 2, attention, persistent_ln=True)
+    unfused = attention == "unfused"
+    assert (len(fwd_d) - len(fwd), len(bwd_d) - len(bwd)) == (unfused, 2 + unfused)
+    for layer in range(LAYERS):
+        assert_inventory(layer_ops(without, 0, "fwd", layer), fwd)
+        assert_inventory(layer_ops(without, 0, "bwd", layer), bwd)
+    with_dropout = build(frontier, WIDE, plan, 8).schedule.programs[0]
+    embed = [[op for op in p.ops if op.tag.block == "embed" and op.tag.micro_batch == 0] for p in (with_dropout, without)]
+    assert len(embed[0]) - len(embed[1]) == 2  # the embedding's dropout, forward and backward
 
 
 def test_unfused_layer_of_the_dgx_example(frontier):

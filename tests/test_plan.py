@@ -278,6 +278,22 @@ def test_unfused_attention_scores_are_five_bytes_per_score_on_any_grid():
         (flash.model_state, flash.gathered_weights, flash.logits)
 
 
+@pytest.mark.parametrize("attention", ["flash", "unfused"])
+def test_a_model_without_dropout_keeps_no_masks_nor_dropped_scores(attention):
+    """Without dropout each layer keeps 2 m h/(gy r) bytes less (the residual dropouts' 1-byte masks: Korthikanti's
+    34 s b h becomes 32 s b h with sp) and unfused attention 3 bytes a score less (the dropped copy and its mask:
+    the softmax output feeds the V product itself)."""
+    plan = _plan(f"gx=2,mbs=2,recompute=none,attention={attention}", 2)
+    without = replace(SMALL, dropout=False)
+    m, h, scores = 2 * 128, 512, 2 * (8 // 2) * 128 * 128  # tokens; mbs x local heads x s x s
+    saved = memory_per_gpu(SMALL, plan).activations - memory_per_gpu(without, plan).activations
+    per_layer = 2 * m * h + (3 * scores if attention == "unfused" else 0)
+    assert saved == pytest.approx(SMALL.layers * per_layer, rel=1e-12)
+    with pytest.raises(TwinError, match="dropout='no' must be 0 or 1"):
+        parse_model_spec("layers=1,hidden=64,heads=1,dropout=no")
+    assert parse_model_spec("layers=1,hidden=64,heads=1,dropout=0").dropout is False
+
+
 def test_gathered_weights_without_z_are_only_the_dw_block():
     plan = _plan("gx=2,gy=2,mbs=1", 4)
     largest = 512 * 2048  # mlp_up / mlp_down k*n

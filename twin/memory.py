@@ -19,7 +19,8 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
   under sequence parallelism, else 1:
       2m (4h/(gy r) + 4h/gx + 2f/gx) + 2 m h/(gy r)   (the last term: two 1-byte dropout masks)
   which for gy = 1, gx = t, f = 4h is Korthikanti's s b h (10 + 24/t), and
-  with sp s b h 34/t. Unfused attention (plan.attention) also keeps, per
+  with sp s b h 34/t; a model trained without dropout (ModelSpec.dropout)
+  has no masks, nor the dropped scores below. Unfused attention (plan.attention) also keeps, per
   score element (mbs x heads/gx x seq x seq of them), the softmax output and
   the dropout output (bf16) and the dropout mask (1 byte): 5 m a s/gx bytes,
   Korthikanti's 5as/(ht) term (the same with or without sp: sp splits only
@@ -93,7 +94,8 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) ->
     """Saved activations of one layer for `tokens` tokens on one GPU without recompute: all its backward reads."""
     h, f, b = model.hidden, model.ffn, model.dtype_bytes
     residual = residual_split(plan)
-    linears = b * tokens * (4 * h / residual + 4 * h / plan.gx + 2 * f / plan.gx) + 2 * tokens * h / residual
+    masks = 2 * tokens * h / residual if model.dropout else 0.0  # the two residual dropouts' 1-byte masks
+    linears = b * tokens * (4 * h / residual + 4 * h / plan.gx + 2 * f / plan.gx) + masks
     return linears + score_bytes(model, plan, tokens)
 
 
@@ -108,7 +110,8 @@ def score_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) -> float:
     batches = round(tokens / model.seq * local_heads)
     fused = fused_softmax_available(model.seq, batches, model.dtype_bytes)
     probabilities = model.dtype_bytes if fused else 4
-    return elements * (probabilities + model.dtype_bytes + SCORE_MASK_BYTES)
+    dropped = model.dtype_bytes + SCORE_MASK_BYTES if model.dropout else 0  # the dropped copy and its mask
+    return elements * (probabilities + dropped)
 
 
 def layer_input_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) -> float:

@@ -48,6 +48,9 @@ class ModelSpec:
     vocab: int = 50304  # GPT-2's 50,257 padded to a multiple of 128
     ffn: int = 0
     dtype: str = "bf16"
+    # Dropout on the embedding, the attention probabilities and both residual branches, as GPT-2 and Megatron
+    # train; False for models trained without it (MPT, LLaMA): no dropout kernels, masks or dropped copies.
+    dropout: bool = True
 
     def __post_init__(self) -> None:
         if self.ffn == 0:
@@ -159,10 +162,17 @@ def _parse_int_fields(text: str, what: str, allowed: set[str]) -> dict[str, str]
     return fields
 
 
+def parse_switch(text: str, where: str) -> bool:
+    """A 0/1 model field (dropout=0): True or False, or a one-line TwinError naming `where`."""
+    if text.strip() not in ("0", "1"):
+        raise TwinError(f"{where}={text!r} must be 0 or 1")
+    return text.strip() == "1"
+
+
 def parse_model_spec(text: str, name: str = "custom") -> ModelSpec:
-    """Build a ModelSpec from 'layers=..,hidden=..,heads=..[,seq=..,vocab=..,ffn=..,dtype=..]'."""
+    """Build a ModelSpec from 'layers=..,hidden=..,heads=..[,seq=..,vocab=..,ffn=..,dtype=..,dropout=0|1]'."""
     ints = {"layers", "hidden", "heads", "seq", "vocab", "ffn"}
-    fields = _parse_int_fields(text, "--model-spec", ints | {"dtype"})
+    fields = _parse_int_fields(text, "--model-spec", ints | {"dtype", "dropout"})
     missing = {"layers", "hidden", "heads"} - fields.keys()
     if missing:
         raise TwinError(f"--model-spec is missing {', '.join(sorted(missing))} (example: layers=24,hidden=4096,heads=32)")
@@ -170,6 +180,9 @@ def parse_model_spec(text: str, name: str = "custom") -> ModelSpec:
     for key, value in fields.items():
         if key == "dtype":
             kwargs[key] = value
+            continue
+        if key == "dropout":
+            kwargs[key] = parse_switch(value, "--model-spec dropout")
             continue
         try:
             number = int(value)

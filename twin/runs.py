@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from twin.errors import TwinError
-from twin.model import ModelSpec
+from twin.model import ModelSpec, parse_switch
 from twin.plan import ParallelPlan, parse_plan
 
 _COLUMNS = {
@@ -63,7 +63,7 @@ _COLUMNS = {
     "source": ("source",),
 }
 _REQUIRED = ("gpus", "global_batch", "layers", "hidden", "heads", "seq")
-MODEL_ASSUMPTIONS = ("vocab", "ffn", "dtype")  # model fields `assume` may set; the rest are plan fields
+MODEL_ASSUMPTIONS = ("vocab", "ffn", "dtype", "dropout")  # model fields `assume` may set; the rest are plan fields
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,8 @@ def _model(cells: dict[str, str], assumed: dict[str, str], where: str) -> ModelS
             fields[f] = _positive_int(text, where, f)
     dtype = assumed.get("dtype", "bf16")
     try:
-        return ModelSpec(name=cells.get("label", "").strip() or "custom", dtype=dtype, **fields)
+        dropout = parse_switch(assumed["dropout"], "--assume dropout") if "dropout" in assumed else True
+        return ModelSpec(name=cells.get("label", "").strip() or "custom", dtype=dtype, dropout=dropout, **fields)
     except TwinError as e:
         raise TwinError(f"{where}: {e}") from None
 

@@ -40,7 +40,8 @@ class AttentionWriter(RingAttentionWriter):
         s, d = self.model.seq, self.model.head_dim
         self.batched_gemm(*self.kernel(at, "attn", "scores", layer), s, s, d, "NT")  # Q K^T
         self.softmax(at, layer, backward=False)
-        self.score_elementwise(*self.kernel(at, "attn", "dropout", layer), ATTENTION_DROPOUT_BYTES, DROPOUT_FLOPS)
+        if self.model.dropout:
+            self.score_elementwise(*self.kernel(at, "attn", "dropout", layer), ATTENTION_DROPOUT_BYTES, DROPOUT_FLOPS)
         self.batched_gemm(*self.kernel(at, "attn", "context", layer), s, d, s, "NN")  # probs V
         self.elementwise(*self.kernel(at, "attn", "context_copy", layer), heads, COPY_BYTES, 0)
 
@@ -65,8 +66,9 @@ class AttentionWriter(RingAttentionWriter):
         s, d = self.model.seq, self.model.head_dim
         self.batched_gemm(*self.kernel(at, "attn", "context_dV", layer), s, d, s, "TN")  # probs^T dO
         self.batched_gemm(*self.kernel(at, "attn", "context_dP", layer), s, s, d, "NT")  # dO V^T
-        self.score_elementwise(*self.kernel(at, "attn", "dropout_bwd", layer), ATTENTION_DROPOUT_BACKWARD_BYTES,
-                               DROPOUT_FLOPS)
+        if self.model.dropout:
+            self.score_elementwise(*self.kernel(at, "attn", "dropout_bwd", layer), ATTENTION_DROPOUT_BACKWARD_BYTES,
+                                   DROPOUT_FLOPS)
         self.softmax(at, layer, backward=True)
         self.batched_gemm(*self.kernel(at, "attn", "scores_dQ", layer), s, d, s, "NN")  # dS K
         self.elementwise(*self.kernel(at, "attn", "scores_dQ_scale", layer), heads, COPY_BYTES, 1)

@@ -98,14 +98,16 @@ class EndsWriter(StageBase):
         self.elementwise(*self.end_op(at, "embed", "add"), out, EMBEDDING_ADD_BYTES, 1)
         if self.plan.mbs > 1:
             self.elementwise(*self.end_op(at, "embed", "transpose"), out, COPY_BYTES, 0)
-        self.elementwise(*self.end_op(at, "embed", "dropout"), self.residual_elements(), EMBEDDING_DROPOUT_BYTES,
-                         DROPOUT_FLOPS)
+        if self.model.dropout:
+            self.elementwise(*self.end_op(at, "embed", "dropout"), self.residual_elements(), EMBEDDING_DROPOUT_BYTES,
+                             DROPOUT_FLOPS)
 
     def embedding_backward(self, at: Pass) -> None:
         """The embedding's backward in the pass `at`: dropout, each table's dense gradient, the tied head's, the
         accumulations."""
         out = self.embedding_elements()
-        self.elementwise(*self.end_op(at, "embed", "dropout"), self.residual_elements(), DROPOUT_BACKWARD_BYTES, 2)
+        if self.model.dropout:
+            self.elementwise(*self.end_op(at, "embed", "dropout"), self.residual_elements(), DROPOUT_BACKWARD_BYTES, 2)
         for table, elements in (("pos", self.position_table_elements()), ("word", self.word_table_elements())):
             if self.plan.mbs > 1:
                 self.elementwise(*self.end_op(at, "embed", f"{table}_copy"), out, COPY_BYTES, 0)

@@ -13,7 +13,7 @@ from twin.builders.linears import LinearWriter
 from twin.builders.megatron_kernels import (
     BIAS_ADD_BYTES, DROPOUT_BACKWARD_BYTES, GELU_BACKWARD_BYTES, GELU_BYTES, GRAD_ADD_BYTES, LAYERNORM_BACKWARD_BYTES,
     LAYERNORM_BYTES, LAYERNORM_PARTIAL_BYTES, LAYERNORM_PARTIAL_ROWS, LAYERNORM_PARTIAL_SUM_BYTES,
-    PERSISTENT_LAYERNORM_HIDDEN, RESIDUAL_DROPOUT_BYTES,
+    PERSISTENT_LAYERNORM_HIDDEN, RESIDUAL_ADD_BYTES, RESIDUAL_DROPOUT_BYTES,
 )
 from twin.builders.replay import BlockRecorder
 from twin.builders.stage import Linear
@@ -56,13 +56,14 @@ class LayerWriter(LinearWriter, AttentionWriter):
         self.elementwise(*self.named(at, qkv, "bias"), self.output_elements(qkv), BIAS_ADD_BYTES, 1)
         self.attention_forward(at, layer)
         gathered = self.linear_forward(at, attn_out, gathered, up)
-        self.elementwise(*self.kernel(at, "resid1", "fwd", layer), res, RESIDUAL_DROPOUT_BYTES, 3)
+        residual_bytes, dropped = (RESIDUAL_DROPOUT_BYTES, 1) if self.model.dropout else (RESIDUAL_ADD_BYTES, 0)
+        self.elementwise(*self.kernel(at, "resid1", "fwd", layer), res, residual_bytes, 2 + dropped)
         self.elementwise(*self.kernel(at, "ln2", "fwd", layer), res, LAYERNORM_BYTES, 5)
         gathered = self.linear_forward(at, up, gathered, down)
         self.elementwise(*self.kernel(at, "gelu", "fwd", layer), m * f / gx, GELU_BYTES, 8)
         gathered = self.linear_forward(at, down, gathered, after)
         self.elementwise(*self.named(at, down, "bias"), self.output_elements(down), BIAS_ADD_BYTES, 1)
-        self.elementwise(*self.kernel(at, "resid2", "fwd", layer), res, RESIDUAL_DROPOUT_BYTES, 2)
+        self.elementwise(*self.kernel(at, "resid2", "fwd", layer), res, residual_bytes, 1 + dropped)
         return gathered
 
     def write_block_backward(self, at: Pass, linears: list[Linear]) -> None:
@@ -71,14 +72,16 @@ class LayerWriter(LinearWriter, AttentionWriter):
         m = self.tokens
         qkv, attn_out, up, down = linears
         layer = qkv.layer
-        self.elementwise(*self.kernel(at, "resid2", "bwd", layer), res, DROPOUT_BACKWARD_BYTES, 2)
+        if self.model.dropout:
+            self.elementwise(*self.kernel(at, "resid2", "bwd", layer), res, DROPOUT_BACKWARD_BYTES, 2)
         self.bias_backward(at, down)
         self.linear_backward(at, down)
         self.elementwise(*self.kernel(at, "gelu", "bwd", layer), m * f / gx, GELU_BACKWARD_BYTES, 8)
         self.bias_backward(at, up)
         self.linear_backward(at, up)
         self.layernorm_backward(at, layer, "ln2", grad_add=True)
-        self.elementwise(*self.kernel(at, "resid1", "bwd", layer), res, DROPOUT_BACKWARD_BYTES, 2)
+        if self.model.dropout:
+            self.elementwise(*self.kernel(at, "resid1", "bwd", layer), res, DROPOUT_BACKWARD_BYTES, 2)
         self.bias_backward(at, attn_out)
         self.linear_backward(at, attn_out)
         self.attention_backward(at, layer)

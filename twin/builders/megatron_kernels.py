@@ -38,6 +38,10 @@ RESIDUAL_DROPOUT_BYTES = 2 + 2 + 2 + 1
 # Its backward (TorchScript's autodiff of dropout): read the gradient and the mask, write dx. The residual's
 # gradient passes through without a kernel; the bias's is a reduction (BIAS_GRAD_BYTES).
 DROPOUT_BACKWARD_BYTES = 2 + 1 + 2
+# A model trained without dropout (ModelSpec.dropout False) adds the residual without a mask, and its backward
+# passes the gradient through without a kernel; the embedding's and attention's dropouts run no kernel at all
+# (ATen's dropout returns its input at p = 0).
+RESIDUAL_ADD_BYTES = 2 + 2 + 2
 # The residual stream feeds a layer norm and a residual add: autograd sums its two gradients (one add per layer
 # norm: the layer's input, and the first residual add's output).
 GRAD_ADD_BYTES = 2 + 2 + 2
