@@ -19,11 +19,16 @@
    Table 5, 22B-1T on 8-512 A100s), predicted with topologies/dgx-a100.toml as
    it is and with the host interval fitted in step 1 carried to it (as `make
    fit` carries it to Perlmutter: another code on another host, so a
-   transfer, not a fit).
+   transfer, not a fit);
+5. a third cluster and code: MosaicML's MPT runs on A100 40 GB (PyTorch
+   FSDP, flash attention, bf16; llm-foundry's benchmarking table), fitted on
+   its 46 one-node runs (the attention and GEMM rates, as `make fit`) and
+   predicting its 32 runs on 16-128 GPUs, never fitted; a run the twin's
+   memory model refuses is counted as not predicted.
 
 Prints the targets of the fit issue beside what was measured, with the ratio.
 Data: benchmarks/data/README.md (vTrain, Bang et al., MICRO'24; Narayanan et al., SC'21; Korthikanti et al.,
-MLSys'23).
+MLSys'23; mosaicml/llm-foundry).
 """
 
 from __future__ import annotations
@@ -69,6 +74,13 @@ SELENE_SETS = (
     ("selene_2022", DATA / "megatron-korthikanti-table5.csv", "attention=unfused,dtype=fp16",
      "Selene 2022, 8-512 GPUs: {n} runs, full and selective recompute"),
 )
+# MosaicML's MPT runs (benchmarks/data/README.md): calibration and validation files, the cluster, what the runs
+# do not say (MPT trains without dropout), and the numbers its one-node runs pin down (as `make fit`).
+MPT_CALIBRATION = DATA / "mpt-a100-40gb-one-node.csv"
+MPT_VALIDATION = DATA / "mpt-a100-40gb-multi-node.csv"
+MPT_MACHINE = "mpt-a100-40g"
+MPT_ASSUME = "dropout=0"
+MPT_PARAMS = ("device.attention_efficiency", "device.empirical_gemm_bf16_tflop_per_s")
 TARGETS = {  # the fit issue's targets: (what, target, lower is better)
     "multi_node_mean_abs_pct": ("A100 multi-node, fitted on one node: mean |error| %", 10.0),
     "min_spearman": ("A100 multi-node: Spearman within each model size (min)", 0.9),
@@ -83,6 +95,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fitted", default="out/a100-fitted.toml", help="where to write the fitted machine file")
     ap.add_argument("--carried", default="out/dgx-a100-carried.toml",
                     help="where to write Selene's machine file with the fitted numbers carried to it")
+    ap.add_argument("--mpt-fitted", default="out/mpt-a100-40g-fitted.toml",
+                    help="where to write the machine file fitted on MosaicML's one-node runs")
     ap.add_argument("--figure", default="figures/fit-a100.png", help="predicted vs measured, both files (PNG)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -104,6 +118,15 @@ def main(argv: list[str] | None = None) -> dict:
     write(load_machine(SELENE_MACHINE).path, f"carried from {Path(args.fitted).name} ({MACHINE}), fitted there on "
           f"{CALIBRATION.name} by benchmarks/fit_accuracy.py", args.carried)
     validation, columns = _predict(VALIDATION, ASSUME, (MACHINE, args.fitted), args.jobs)
+    mpt_calibration = load_runs(str(MPT_CALIBRATION), MPT_ASSUME)
+    mpt = fit(mpt_calibration, MPT_MACHINE, (), fit_parameters(load_machine(MPT_MACHINE), MPT_PARAMS), folds=5,
+              jobs=args.jobs)
+    write_fitted(load_machine(MPT_MACHINE).path,
+                 {p.path: (v, f"twin fit on {MPT_CALIBRATION.name} ({len(mpt_calibration)} runs, assuming "
+                              f"{MPT_ASSUME}) by benchmarks/fit_accuracy.py") for p, v in zip(mpt.params, mpt.values)},
+                 args.mpt_fitted)
+    mpt_validation, mpt_columns = _predict(MPT_VALIDATION, MPT_ASSUME, (MPT_MACHINE, args.mpt_fitted), args.jobs)
+    mpt_kept = [i for i, p in enumerate(mpt_columns["fitted"]["predicted_s"]) if p is not None]
     selene = {key: _predict(path, assume, (SELENE_MACHINE, args.carried), args.jobs)
               for key, path, assume, _ in SELENE_SETS}
     measured = np.array([r.step_time_s for r in validation])
@@ -115,7 +138,10 @@ def main(argv: list[str] | None = None) -> dict:
          {name: col["predicted_s"] for name, col in columns.items()}),
         *((title.format(n=len(selene[key][0])), [r.step_time_s for r in selene[key][0]],
            {name: col["predicted_s"] for name, col in selene[key][1].items()}) for key, _, _, title in SELENE_SETS),
-    ], "A100s: fitted on one node of vTrain's cluster, predicting it and Selene (Megatron-DeepSpeed, Megatron-LM)")
+        (f"MosaicML MPT, 16-128 A100 40 GB: {len(mpt_kept)} runs, fitted on its one node",
+         [mpt_validation[i].step_time_s for i in mpt_kept],
+         {name: [col["predicted_s"][i] for i in mpt_kept] for name, col in mpt_columns.items()}),
+    ], "A100s fitted on one node: vTrain's cluster predicting it and Selene (Megatron); MosaicML's (FSDP, flash)")
     doc = {
         "fit": {"params": {p.path: {"file": s, "fitted": v, "std": e}
                            for p, s, v, e in zip(result.params, result.start, result.values, result.std)},
@@ -125,39 +151,49 @@ def main(argv: list[str] | None = None) -> dict:
                 "single_node_cv": error_stats(result.cv_errors)},
         "multi_node": columns,
         **{key: selene[key][1] for key, _, _, _ in SELENE_SETS},
+        "mpt_fit": {"params": {p.path: {"file": st, "fitted": v, "std": e}
+                               for p, st, v, e in zip(mpt.params, mpt.start, mpt.values, mpt.std)},
+                    "one_node_file": error_stats(mpt.errors_before), "one_node_fitted": error_stats(mpt.errors_after),
+                    "one_node_cv": error_stats(mpt.cv_errors), "runs": len(mpt_calibration)},
+        "mpt_multi_node": mpt_columns,
         "measured": {
             "multi_node_mean_abs_pct": columns["fitted"]["mean_abs_pct"],
             "min_spearman": min(columns["fitted"]["spearman_by_model"].values()),
             "single_node_cv_mean_abs_pct": 100 * float(np.abs(result.cv_errors).mean()),
             "fit_wall_s": fit_s,
         },
-        "assume": ASSUME, **{f"{key}_assume": assume for key, _, assume, _ in SELENE_SETS},
+        "assume": ASSUME, **{f"{key}_assume": assume for key, _, assume, _ in SELENE_SETS}, "mpt_assume": MPT_ASSUME,
         "wall_s": time.perf_counter() - wall, "figure": args.figure,
     }
     if args.json:
         print(json.dumps(doc, indent=2))
         return doc
-    _print(doc, result, validation, {key: len(runs) for key, (runs, _) in selene.items()})
+    _print(doc, result, validation, {key: len(runs) for key, (runs, _) in selene.items()}, len(mpt_validation))
     return doc
 
 
 def _predict(path: Path, assume: str, machines: tuple[str, str], jobs: int) -> tuple[list, dict]:
     """The runs of a validation file, each predicted with the first-principles machine file and the fitted one (or
     the one the fit was carried to): error statistics and, within each model size of at least three runs,
-    Spearman's rank correlation between the measured and the predicted order."""
+    Spearman's rank correlation between the measured and the predicted order. A run the twin refuses (twin validate
+    --runs: its memory model says the plan cannot fit) is None in "predicted_s" and out of the statistics."""
     runs = load_runs(str(path), assume)
     measured = np.array([r.step_time_s for r in runs])
     columns = {}
     for name, machine in zip(("first principles", "fitted"), machines):
-        paths = simulate_runs(runs, machine, [()] * len(runs), jobs)
-        predicted = np.array([p.step_s for p in paths])
-        columns[name] = {**error_stats(predicted / measured - 1),
-                         "spearman_by_model": spearman_by_label(runs, measured, predicted),
-                         "predicted_s": predicted.tolist()}
+        refused: dict[int, str] = {}
+        paths = simulate_runs(runs, machine, [()] * len(runs), jobs, refused=refused)
+        kept = np.array([p is not None for p in paths])
+        predicted = np.array([p.step_s for p in paths if p is not None])
+        columns[name] = {**error_stats(predicted / measured[kept] - 1), "runs": int(kept.sum()),
+                         "spearman_by_model": spearman_by_label([r for r, k in zip(runs, kept) if k],
+                                                                measured[kept], predicted),
+                         "predicted_s": [p.step_s if p is not None else None for p in paths],
+                         "not_predicted": {runs[i].where: why for i, why in refused.items()}}
     return runs, columns
 
 
-def _print(doc: dict, result, validation, selene_counts: dict[str, int]) -> None:
+def _print(doc: dict, result, validation, selene_counts: dict[str, int], mpt_count: int) -> None:
     f = doc["fit"]
     print(f"twin fit on {CALIBRATION.name} ({len(result.runs)} runs, assuming {ASSUME}): {f['passes']} passes, "
           f"{f['wall_s']:.0f} s")
@@ -165,6 +201,9 @@ def _print(doc: dict, result, validation, selene_counts: dict[str, int]) -> None
         print(f"  {path:<42} {p['file']:>9.4g} -> {p['fitted']:>9.4g} ± {p['std']:.2g}")
     if f["left_out"]:
         print(f"  left out (no run depends on them): {', '.join(f['left_out'])}")
+    print(f"twin fit on {MPT_CALIBRATION.name} (assuming {MPT_ASSUME}):")
+    for path, p in doc["mpt_fit"]["params"].items():
+        print(f"  {path:<42} {p['file']:>9.4g} -> {p['fitted']:>9.4g} ± {p['std']:.2g}")
     print(f"\n{'runs':<50}{'column':<18}{'mean |e|':>9}{'mean e':>9}{'max |e|':>9}   Spearman by model size")
     rows = [("single node (first pass's runs)", "machine file", f["single_node_file_subset"], None),
             ("single node, 1,440 runs", "fitted", f["single_node_fitted"], None),
@@ -174,8 +213,15 @@ def _print(doc: dict, result, validation, selene_counts: dict[str, int]) -> None
     for key, path, _, _ in SELENE_SETS:
         for name, col in doc[key].items():
             rows.append((f"Selene: {path.stem}, {selene_counts[key]} runs", name, col, None))
+    m = doc["mpt_fit"]
+    rows += [(f"MPT one node, {m['runs']} runs (A100 40 GB)", "machine file", m["one_node_file"], None),
+             (f"MPT one node, {m['runs']} runs (A100 40 GB)", "fitted", m["one_node_fitted"], None),
+             (f"MPT one node, {m['runs']} runs (A100 40 GB)", "5-fold CV", m["one_node_cv"], None)]
+    for name, col in doc["mpt_multi_node"].items():
+        rows.append((f"MPT 16-128 GPUs, {col['runs']} of {mpt_count} runs (validation)", name, col,
+                     col["spearman_by_model"]))
     for what, column, s, rho in rows:
-        order = ", ".join(f"{k}B {v:.2f}" for k, v in rho.items()) if rho else ""
+        order = ", ".join(f"{k if k[-1] in 'BM' else k + 'B'} {v:.2f}" for k, v in rho.items()) if rho else ""
         print(f"{what:<50}{column:<18}{s['mean_abs_pct']:>8.1f}%{s['mean_pct']:>+8.1f}%{s['max_abs_pct']:>8.1f}%   "
               f"{order}".rstrip())
     print(f"\n{'target':<62}{'target':>8}{'measured':>10}{'ratio':>8}")
@@ -184,6 +230,8 @@ def _print(doc: dict, result, validation, selene_counts: dict[str, int]) -> None
         better = "min_spearman" != key
         ratio = value / target if better else target / value
         print(f"{what:<62}{target:>8.2f}{value:>10.2f}{ratio:>8.2f}{'  (met)' if ratio <= 1 else ''}")
+    for where, why in doc["mpt_multi_node"]["fitted"]["not_predicted"].items():
+        print(f"not predicted, {where}: {why}")
     print(f"\n(ratio < 1 meets a target; wall time {doc['wall_s']:.0f} s; figure {doc['figure']})")
 
 
