@@ -109,22 +109,21 @@ def main(argv: list[str] | None = None) -> dict:
     fit_s = time.perf_counter() - t
     Path(args.fitted).parent.mkdir(parents=True, exist_ok=True)
 
-    def write(machine_path: str, provenance: str, out: str) -> None:
-        """The fitted numbers into a copy of the machine file at `machine_path`, each with `provenance`."""
-        write_fitted(machine_path, {p.path: (v, provenance) for p, v in zip(result.params, result.values)}, out)
+    def write(fitted, machine_path: str, provenance: str, out: str) -> None:
+        """The numbers of the FitResult `fitted` into a copy of the machine file at `machine_path`, each with
+        `provenance`."""
+        write_fitted(machine_path, {p.path: (v, provenance) for p, v in zip(fitted.params, fitted.values)}, out)
 
-    write(base.path, f"twin fit on {CALIBRATION.name} ({len(calibration)} runs, assuming {ASSUME}) by "
+    write(result, base.path, f"twin fit on {CALIBRATION.name} ({len(calibration)} runs, assuming {ASSUME}) by "
           "benchmarks/fit_accuracy.py", args.fitted)
-    write(load_machine(SELENE_MACHINE).path, f"carried from {Path(args.fitted).name} ({MACHINE}), fitted there on "
-          f"{CALIBRATION.name} by benchmarks/fit_accuracy.py", args.carried)
+    write(result, load_machine(SELENE_MACHINE).path, f"carried from {Path(args.fitted).name} ({MACHINE}), fitted "
+          f"there on {CALIBRATION.name} by benchmarks/fit_accuracy.py", args.carried)
     validation, columns = _predict(VALIDATION, ASSUME, (MACHINE, args.fitted), args.jobs)
     mpt_calibration = load_runs(str(MPT_CALIBRATION), MPT_ASSUME)
     mpt = fit(mpt_calibration, MPT_MACHINE, (), fit_parameters(load_machine(MPT_MACHINE), MPT_PARAMS), folds=5,
               jobs=args.jobs)
-    write_fitted(load_machine(MPT_MACHINE).path,
-                 {p.path: (v, f"twin fit on {MPT_CALIBRATION.name} ({len(mpt_calibration)} runs, assuming "
-                              f"{MPT_ASSUME}) by benchmarks/fit_accuracy.py") for p, v in zip(mpt.params, mpt.values)},
-                 args.mpt_fitted)
+    write(mpt, load_machine(MPT_MACHINE).path, f"twin fit on {MPT_CALIBRATION.name} ({len(mpt_calibration)} runs, "
+          f"assuming {MPT_ASSUME}) by benchmarks/fit_accuracy.py", args.mpt_fitted)
     mpt_validation, mpt_columns = _predict(MPT_VALIDATION, MPT_ASSUME, (MPT_MACHINE, args.mpt_fitted), args.jobs)
     mpt_kept = [i for i, p in enumerate(mpt_columns["fitted"]["predicted_s"]) if p is not None]
     selene = {key: _predict(path, assume, (SELENE_MACHINE, args.carried), args.jobs)

@@ -232,8 +232,9 @@ def test_a_number_the_runs_leave_open_is_refused(synthetic, tmp_path, monkeypatc
     assert _undetermined(params, np.array([18.8]), np.array([5.0])) is None
     assert _undetermined(params, np.array([18.8]), np.array([np.nan])) is None  # an exact solve: no spread
     rows = list(csv.reader(synthetic.read_text().splitlines()))
+    step = HEADER.index("step_time_s")
     for i, row in enumerate(rows[1:]):  # every other run 20% slower: a spread no parameter explains
-        row[7] = repr(float(row[7]) * (1.2 if i % 2 else 1.0))
+        row[step] = repr(float(row[step]) * (1.2 if i % 2 else 1.0))
     noisy = tmp_path / "noisy.csv"
     with open(noisy, "w", newline="") as f:
         csv.writer(f).writerows(rows)

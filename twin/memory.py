@@ -20,8 +20,8 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
       2m (4h/(gy r) + 4h/gx + 2f/gx) + 2 m h/(gy r)   (the last term: two 1-byte dropout masks)
   which for gy = 1, gx = t, f = 4h is Korthikanti's s b h (10 + 24/t), and
   with sp s b h 34/t; a model trained without dropout (ModelSpec.dropout)
-  has no masks, nor the dropped scores below. Unfused attention (plan.attention) also keeps, per
-  score element (mbs x heads/gx x seq x seq of them), the softmax output and
+  has no masks, nor the dropped scores below. Unfused attention
+  (plan.attention) also keeps, per score element (mbs x heads/gx x seq x seq of them), the softmax output and
   the dropout output (bf16) and the dropout mask (1 byte): 5 m a s/gx bytes,
   Korthikanti's 5as/(ht) term (the same with or without sp: sp splits only
   the tokens outside attention). Flash attention never stores it (its

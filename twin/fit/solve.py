@@ -17,8 +17,9 @@ The fit is refused, with one line saying why, when it is degenerate: a
 parameter ends on its bound, a parameter has no effect on any run, two
 parameters move the runs alike (their columns of the Jacobian are nearly
 parallel), so the runs cannot tell them apart, or a parameter's standard
-error is more than half its value, so the runs leave even its size open. Each value comes with a
-standard error from the Jacobian at the solution, and the fit with a k-fold
+error is more than half its value, so the runs leave even its size open.
+Each value comes with a standard error from the Jacobian at the solution,
+and the fit with a k-fold
 cross-validated error: each fold's parameters are fitted without its runs,
 on the final pass's surrogate, and predict them there (the surrogate matches
 simulation to a fraction of a percent near the fit; tests check it). A fold
@@ -78,7 +79,7 @@ class FitResult:
 
 def simulate_runs(runs: list[MeasuredRun], machine_name: str, overrides: list[tuple[Override, ...]], jobs: int,
                   progress: Callable | None = None, workers: SimulationWorkers | None = None,
-                  refused: dict[int, str] | None = None) -> list[PathCosts]:
+                  refused: dict[int, str] | None = None) -> list[PathCosts | None]:
     """Every run simulated at its own overrides, in `jobs` processes (or `workers`, which outlive the call: a
     fit's passes); a TwinError naming the first run that fails. With `refused` (a prediction's, never a fit's)
     a run the twin refuses (a plan its memory model says cannot fit, though it ran) is left out instead: its
