@@ -330,6 +330,26 @@ def test_megatron_sc21_runs_are_table_1_of_the_paper_run_backwards():
     assert "tp=8,pp=4,dp=32,mbs=2,vpp=3 gb=1792" in what_ran(runs[5])  # validate --runs' rows show the interleaving
 
 
+@pytest.mark.parametrize("name, count, gpus", [("mpt-a100-40gb-one-node.csv", 46, {8}),
+                                                ("mpt-a100-40gb-multi-node.csv", 32, {16, 32, 64, 128})])
+def test_mosaicml_runs_reproduce_the_tables_mfu(name, count, gpus):
+    """Each MPT row's step time is its tokens over the tokens per second its source quotes, its plan FSDP over every
+    GPU with the table's micro-batch, and MosaicML's MFU formula ((3 x 2 N s + 3 x 4 l h s^2) per sequence over
+    312 TF/s per GPU) on the row's shape gives the MFU the table prints: the shapes, the vocabulary and the
+    throughput were copied right."""
+    runs = load_runs(str(REPO / "benchmarks" / "data" / name), "dropout=0")
+    assert len(runs) == count and {r.gpus for r in runs} == gpus
+    for r in runs:
+        m, p = r.model, r.plan
+        tokens_per_s = float(re.search(r"\): (\d+) tokens/s", r.source).group(1))
+        mfu = float(re.search(r"MFU ([0-9.]+)%", r.source).group(1)) / 100
+        assert r.step_time_s == pytest.approx(p.global_batch * m.seq / tokens_per_s, rel=1e-5)
+        assert (p.gz, p.gx * p.gy * p.gdata * p.pp) == (r.gpus, 1) and p.attention == "flash"
+        assert p.recompute == ("full" if "checkpointing True" in r.source else "none")
+        per_sequence = 3 * 2 * m.params * m.seq + 3 * m.layers * 4 * m.hidden * m.seq ** 2
+        assert per_sequence * tokens_per_s / m.seq / (r.gpus * 312e12) == pytest.approx(mfu, rel=1e-3), r.where
+
+
 def test_korthikanti_runs_pair_full_recompute_with_sequence_parallel_selective_recompute():
     """Table 5's eight runs: each model once with full recompute and once with sequence parallelism and selective
     recompute on the same GPUs and batch; each step time is the seconds its source column quotes."""
