@@ -24,7 +24,8 @@
    FSDP, flash attention, bf16; llm-foundry's benchmarking table), fitted on
    its 46 one-node runs (the attention and GEMM rates, as `make fit`) and
    predicting its 32 runs on 16-128 GPUs, never fitted; a run the twin's
-   memory model refuses is counted as not predicted.
+   memory model refuses is counted as not predicted; and the same code's 61
+   runs on A100 80 GB (dgx-a100, with the two rates carried to it).
 
 Prints the targets of the fit issue beside what was measured, with the ratio.
 Data: benchmarks/data/README.md (vTrain, Bang et al., MICRO'24; Narayanan et al., SC'21; Korthikanti et al.,
@@ -79,6 +80,7 @@ SELENE_SETS = (
 MPT_CALIBRATION = DATA / "mpt-a100-40gb-one-node.csv"
 MPT_VALIDATION = DATA / "mpt-a100-40gb-multi-node.csv"
 MPT_MACHINE = "mpt-a100-40g"
+MPT_80GB = DATA / "mpt-a100-80gb.csv"  # the same code on A100 80 GB (dgx-a100), mostly one node: a transfer
 MPT_ASSUME = "dropout=0"
 MPT_PARAMS = ("device.attention_efficiency", "device.empirical_gemm_bf16_tflop_per_s")
 TARGETS = {  # the fit issue's targets: (what, target, lower is better)
@@ -97,6 +99,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="where to write Selene's machine file with the fitted numbers carried to it")
     ap.add_argument("--mpt-fitted", default="out/mpt-a100-40g-fitted.toml",
                     help="where to write the machine file fitted on MosaicML's one-node runs")
+    ap.add_argument("--mpt-carried", default="out/dgx-a100-mpt-carried.toml",
+                    help="where to write dgx-a100 with the numbers fitted on MosaicML's A100 40 GB runs carried to it")
     ap.add_argument("--figure", default="figures/fit-a100.png", help="predicted vs measured, both files (PNG)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -124,7 +128,10 @@ def main(argv: list[str] | None = None) -> dict:
               jobs=args.jobs)
     write(mpt, load_machine(MPT_MACHINE).path, f"twin fit on {MPT_CALIBRATION.name} ({len(mpt_calibration)} runs, "
           f"assuming {MPT_ASSUME}) by benchmarks/fit_accuracy.py", args.mpt_fitted)
+    write(mpt, load_machine(SELENE_MACHINE).path, f"carried from {Path(args.mpt_fitted).name} ({MPT_MACHINE}), "
+          f"fitted there on {MPT_CALIBRATION.name} by benchmarks/fit_accuracy.py", args.mpt_carried)
     mpt_validation, mpt_columns = _predict(MPT_VALIDATION, MPT_ASSUME, (MPT_MACHINE, args.mpt_fitted), args.jobs)
+    mpt_80gb, mpt_80gb_columns = _predict(MPT_80GB, MPT_ASSUME, (SELENE_MACHINE, args.mpt_carried), args.jobs)
     mpt_kept = [i for i, p in enumerate(mpt_columns["fitted"]["predicted_s"]) if p is not None]
     selene = {key: _predict(path, assume, (SELENE_MACHINE, args.carried), args.jobs)
               for key, path, assume, _ in SELENE_SETS}
@@ -140,7 +147,10 @@ def main(argv: list[str] | None = None) -> dict:
         (f"MosaicML MPT, 16-128 A100 40 GB: {len(mpt_kept)} runs, fitted on its one node",
          [mpt_validation[i].step_time_s for i in mpt_kept],
          {name: [col["predicted_s"][i] for i in mpt_kept] for name, col in mpt_columns.items()}),
-    ], "A100s fitted on one node: vTrain's cluster predicting it and Selene (Megatron); MosaicML's (FSDP, flash)")
+        (f"MosaicML MPT, A100 80 GB: {len(mpt_80gb)} runs, the 40 GB fit carried", [r.step_time_s for r in mpt_80gb],
+         {name: col["predicted_s"] for name, col in mpt_80gb_columns.items()}),
+    ], "A100s fitted on one node: vTrain's cluster predicting it and Selene (Megatron); MosaicML's 40 GB predicting "
+       "it and its 80 GB runs (FSDP, flash)")
     doc = {
         "fit": {"params": {p.path: {"file": s, "fitted": v, "std": e}
                            for p, s, v, e in zip(result.params, result.start, result.values, result.std)},
@@ -155,6 +165,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "one_node_file": error_stats(mpt.errors_before), "one_node_fitted": error_stats(mpt.errors_after),
                     "one_node_cv": error_stats(mpt.cv_errors), "runs": len(mpt_calibration)},
         "mpt_multi_node": mpt_columns,
+        "mpt_80gb": mpt_80gb_columns,
         "measured": {
             "multi_node_mean_abs_pct": columns["fitted"]["mean_abs_pct"],
             "min_spearman": min(columns["fitted"]["spearman_by_model"].values()),
@@ -167,7 +178,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.json:
         print(json.dumps(doc, indent=2))
         return doc
-    _print(doc, result, validation, {key: len(runs) for key, (runs, _) in selene.items()}, len(mpt_validation))
+    _print(doc, result, validation, {key: len(runs) for key, (runs, _) in selene.items()},
+           {"mpt_multi_node": len(mpt_validation), "mpt_80gb": len(mpt_80gb)})
     return doc
 
 
@@ -192,7 +204,7 @@ def _predict(path: Path, assume: str, machines: tuple[str, str], jobs: int) -> t
     return runs, columns
 
 
-def _print(doc: dict, result, validation, selene_counts: dict[str, int], mpt_count: int) -> None:
+def _print(doc: dict, result, validation, selene_counts: dict[str, int], mpt_counts: dict[str, int]) -> None:
     f = doc["fit"]
     print(f"twin fit on {CALIBRATION.name} ({len(result.runs)} runs, assuming {ASSUME}): {f['passes']} passes, "
           f"{f['wall_s']:.0f} s")
@@ -216,9 +228,9 @@ def _print(doc: dict, result, validation, selene_counts: dict[str, int], mpt_cou
     rows += [(f"MPT one node, {m['runs']} runs (A100 40 GB)", "machine file", m["one_node_file"], None),
              (f"MPT one node, {m['runs']} runs (A100 40 GB)", "fitted", m["one_node_fitted"], None),
              (f"MPT one node, {m['runs']} runs (A100 40 GB)", "5-fold CV", m["one_node_cv"], None)]
-    for name, col in doc["mpt_multi_node"].items():
-        rows.append((f"MPT 16-128 GPUs, {col['runs']} of {mpt_count} runs (validation)", name, col,
-                     col["spearman_by_model"]))
+    for key, what in (("mpt_multi_node", "MPT 16-128 GPUs"), ("mpt_80gb", "MPT A100 80 GB, carried")):
+        for name, col in doc[key].items():
+            rows.append((f"{what}, {col['runs']} of {mpt_counts[key]} runs", name, col, col["spearman_by_model"]))
     for what, column, s, rho in rows:
         order = ", ".join(f"{k if k[-1] in 'BM' else k + 'B'} {v:.2f}" for k, v in rho.items()) if rho else ""
         print(f"{what:<50}{column:<18}{s['mean_abs_pct']:>8.1f}%{s['mean_pct']:>+8.1f}%{s['max_abs_pct']:>8.1f}%   "
@@ -229,8 +241,9 @@ def _print(doc: dict, result, validation, selene_counts: dict[str, int], mpt_cou
         better = "min_spearman" != key
         ratio = value / target if better else target / value
         print(f"{what:<62}{target:>8.2f}{value:>10.2f}{ratio:>8.2f}{'  (met)' if ratio <= 1 else ''}")
-    for where, why in doc["mpt_multi_node"]["fitted"]["not_predicted"].items():
-        print(f"not predicted, {where}: {why}")
+    for key in ("mpt_multi_node", "mpt_80gb"):
+        for where, why in doc[key]["fitted"]["not_predicted"].items():
+            print(f"not predicted, {where}: {why}")
     print(f"\n(ratio < 1 meets a target; wall time {doc['wall_s']:.0f} s; figure {doc['figure']})")
 
 

@@ -331,7 +331,8 @@ def test_megatron_sc21_runs_are_table_1_of_the_paper_run_backwards():
 
 
 @pytest.mark.parametrize("name, count, gpus", [("mpt-a100-40gb-one-node.csv", 46, {8}),
-                                                ("mpt-a100-40gb-multi-node.csv", 32, {16, 32, 64, 128})])
+                                                ("mpt-a100-40gb-multi-node.csv", 32, {16, 32, 64, 128}),
+                                                ("mpt-a100-80gb.csv", 61, {8, 32, 64})])
 def test_mosaicml_runs_reproduce_the_tables_mfu(name, count, gpus):
     """Each MPT row's step time is its tokens over the tokens per second its source quotes, its plan FSDP over every
     GPU with the table's micro-batch, and MosaicML's MFU formula ((3 x 2 N s + 3 x 4 l h s^2) per sequence over

@@ -24,6 +24,8 @@ VALIDATION_FILES = {
     "megatron-korthikanti-table5.csv": "955e21d7387939b6ada57b38b71445b7abfabbf00c6d3594259a5fed80160dbd",
     # MosaicML's MPT runs with FSDP and flash attention on 16-128 A100 40 GB (llm-foundry benchmarking README)
     "mpt-a100-40gb-multi-node.csv": "fb90774278dafc779df266e24ecf3544c6430b6f1ae5f34bf325136a73a9499f",
+    # the same code's runs on A100 80 GB (mostly one node), which the 40 GB one-node fit is carried to and predicts
+    "mpt-a100-80gb.csv": "a5d8ab6925cc3d015c5e4e11a510be8686f988e5ba341f4397c07880ee7d4ed1",
 }
 
 
