@@ -241,8 +241,9 @@ def _print(doc: dict, result, validation, selene_counts: dict[str, int], mpt_cou
         better = "min_spearman" != key
         ratio = value / target if better else target / value
         print(f"{what:<62}{target:>8.2f}{value:>10.2f}{ratio:>8.2f}{'  (met)' if ratio <= 1 else ''}")
-    for key in ("mpt_multi_node", "mpt_80gb"):
-        for where, why in doc[key]["fitted"]["not_predicted"].items():
+    for key in ("multi_node", *(key for key, _, _, _ in SELENE_SETS), "mpt_multi_node", "mpt_80gb"):
+        refused = {where: why for col in doc[key].values() for where, why in col["not_predicted"].items()}
+        for where, why in refused.items():
             print(f"not predicted, {where}: {why}")
     print(f"\n(ratio < 1 meets a target; wall time {doc['wall_s']:.0f} s; figure {doc['figure']})")
 
