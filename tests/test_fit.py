@@ -158,8 +158,7 @@ def test_validate_runs_leaves_out_a_run_the_twin_refuses_and_says_why(synthetic,
                       "no run could be predicted")
     rc, out, err = run(capsys, "fit", "--machine", MACHINE, "--runs", str(mixed), "--params",
                        "device.launch_interval_us", "--folds", "0", "-o", str(tmp_path / "x.toml"))
-    last = err.splitlines()[-1]  # after the first pass's progress line
-    assert rc == 2 and last.startswith("twin: error:") and "line 5: plan does not fit" in last
+    assert_user_error(rc, out, err, "line 5: plan does not fit")  # before any pass: nothing else on stderr
     assert not (tmp_path / "x.toml").exists()
 
 

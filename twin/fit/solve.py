@@ -178,6 +178,17 @@ def _degeneracy(params: tuple[FitParameter, ...], J: np.ndarray) -> str | None:
     return None
 
 
+def _check_runs(runs: list[MeasuredRun], machine) -> None:
+    """A one-line TwinError naming the first run whose plan the twin refuses on `machine` (it does not divide the
+    model, or its memory does not fit even the whole HBM), before any pass: the early passes simulate a subset."""
+    for run in runs:
+        if run.schedule is None:
+            try:
+                step_plans(run.model, run.plan, machine, run.gpus)
+            except TwinError as e:
+                raise TwinError(f"{run.where}: {e}") from None
+
+
 def _undetermined(params: tuple[FitParameter, ...], values: np.ndarray, std: np.ndarray) -> str | None:
     """Why a value is too uncertain to write into a machine file, or None: its standard error is more than
     UNDETERMINED of it, so the runs leave even its size open (zero within two standard errors) and the
@@ -221,6 +232,7 @@ def fit(runs: list[MeasuredRun], machine_name: str, base: tuple[Override, ...], 
     if folds == 1 or folds < 0 or folds > len(runs):
         raise TwinError(f"--folds must be 0 (no cross-validation) or 2..{len(runs)}, got {folds}")
     fold = fold_of(runs, folds) if folds else None  # before any simulation: too few groups is an error
+    _check_runs(runs, machine)  # a run that cannot be simulated is named now, not after minutes of passes
     everything = np.arange(len(runs))
     subset = everything[::SUBSET_STRIDE] if len(runs) >= SUBSET_MIN * SUBSET_STRIDE else everything
     with SimulationWorkers(jobs, keep_schedules=True) as workers:  # across passes, each with its runs' schedules
