@@ -56,7 +56,9 @@ def layer_inventory(h: int, gx: int, mbs: int, attention: str, persistent_ln: bo
     resid = 7 if dropout else 6  # read x and the residual, write the sum (and the 1-byte mask)
     fwd += [("attn_out.gemm", gemm, 0), ("resid1.fwd", res, resid), ("ln2.fwd", res, 4), ("mlp_up.gemm", gemm, 0),
             ("gelu.fwd", ffn, 4), ("mlp_down.gemm", gemm, 0), ("mlp_down.bias", res, 4), ("resid2.fwd", res, resid)]
-    dropout_bwd = lambda name: [(name, res, 5)] if dropout else []  # noqa: E731
+
+    def dropout_bwd(name):  # read the gradient and the mask, write dx; nothing without dropout
+        return [(name, res, 5)] if dropout else []
 
     def ln_bwd(name):
         partial_sum = (f"{name}.bwd_params_sum", h, 2 * 16 * 4 + 2 * 2)  # 16 fp32 partial rows of dgamma and dbeta
@@ -151,7 +153,8 @@ def test_a_model_without_dropout_runs_no_dropout_kernel(frontier, attention):
         assert_inventory(layer_ops(without, 0, "fwd", layer), fwd)
         assert_inventory(layer_ops(without, 0, "bwd", layer), bwd)
     with_dropout = build(frontier, WIDE, plan, 8).schedule.programs[0]
-    embed = [[op for op in p.ops if op.tag.block == "embed" and op.tag.micro_batch == 0] for p in (with_dropout, without)]
+    embed = [[op for op in p.ops if op.tag.block == "embed" and op.tag.micro_batch == 0]
+             for p in (with_dropout, without)]
     assert len(embed[0]) - len(embed[1]) == 2  # the embedding's dropout, forward and backward
 
 
