@@ -132,37 +132,26 @@ def main(argv: list[str] | None = None) -> dict:
           f"fitted there on {MPT_CALIBRATION.name} by benchmarks/fit_accuracy.py", args.mpt_carried)
     mpt_validation, mpt_columns = _predict(MPT_VALIDATION, MPT_ASSUME, (MPT_MACHINE, args.mpt_fitted), args.jobs)
     mpt_80gb, mpt_80gb_columns = _predict(MPT_80GB, MPT_ASSUME, (SELENE_MACHINE, args.mpt_carried), args.jobs)
-    mpt_kept = [i for i, p in enumerate(mpt_columns["fitted"]["predicted_s"]) if p is not None]
     selene = {key: _predict(path, assume, (SELENE_MACHINE, args.carried), args.jobs)
               for key, path, assume, _ in SELENE_SETS}
-    measured = np.array([r.step_time_s for r in validation])
     single = np.array([r.step_time_s for r in calibration])
     measured_vs_predicted_figure(args.figure, [
         (f"one node: {len(calibration)} calibration runs", list(single),
          {"fitted (5-fold cross-validated)": list(single * (1 + result.cv_errors))}),
-        (f"64-512 GPUs: {len(validation)} validation runs, never fitted", list(measured),
-         {name: col["predicted_s"] for name, col in columns.items()}),
-        *((title.format(n=len(selene[key][0])), [r.step_time_s for r in selene[key][0]],
-           {name: col["predicted_s"] for name, col in selene[key][1].items()}) for key, _, _, title in SELENE_SETS),
-        (f"MosaicML MPT, 16-128 A100 40 GB: {len(mpt_kept)} runs, fitted on its one node",
-         [mpt_validation[i].step_time_s for i in mpt_kept],
-         {name: [col["predicted_s"][i] for i in mpt_kept] for name, col in mpt_columns.items()}),
-        (f"MosaicML MPT, A100 80 GB: {len(mpt_80gb)} runs, the 40 GB fit carried", [r.step_time_s for r in mpt_80gb],
-         {name: col["predicted_s"] for name, col in mpt_80gb_columns.items()}),
+        _panel("64-512 GPUs: {n} validation runs, never fitted", validation, columns),
+        *(_panel(title, *selene[key]) for key, _, _, title in SELENE_SETS),
+        _panel("MosaicML MPT, 16-128 A100 40 GB: {n} runs, fitted on its one node", mpt_validation, mpt_columns),
+        _panel("MosaicML MPT, A100 80 GB: {n} runs, the 40 GB fit carried", mpt_80gb, mpt_80gb_columns),
     ], "A100s fitted on one node: vTrain's cluster predicting it and Selene (Megatron); MosaicML's 40 GB predicting "
        "it and its 80 GB runs (FSDP, flash)")
     doc = {
-        "fit": {"params": {p.path: {"file": s, "fitted": v, "std": e}
-                           for p, s, v, e in zip(result.params, result.start, result.values, result.std)},
-                "left_out": list(result.dropped), "passes": result.passes, "wall_s": fit_s,
+        "fit": {"params": _params(result), "left_out": list(result.dropped), "passes": result.passes, "wall_s": fit_s,
                 "single_node_file_subset": error_stats(result.errors_before),
                 "single_node_fitted": error_stats(result.errors_after),
                 "single_node_cv": error_stats(result.cv_errors)},
         "multi_node": columns,
         **{key: selene[key][1] for key, _, _, _ in SELENE_SETS},
-        "mpt_fit": {"params": {p.path: {"file": st, "fitted": v, "std": e}
-                               for p, st, v, e in zip(mpt.params, mpt.start, mpt.values, mpt.std)},
-                    "one_node_file": error_stats(mpt.errors_before), "one_node_fitted": error_stats(mpt.errors_after),
+        "mpt_fit": {"params": _params(mpt), "one_node_file": error_stats(mpt.errors_before), "one_node_fitted": error_stats(mpt.errors_after),
                     "one_node_cv": error_stats(mpt.cv_errors), "runs": len(mpt_calibration)},
         "mpt_multi_node": mpt_columns,
         "mpt_80gb": mpt_80gb_columns,
@@ -181,6 +170,19 @@ def main(argv: list[str] | None = None) -> dict:
     _print(doc, result, validation, {key: len(runs) for key, (runs, _) in selene.items()},
            {"mpt_multi_node": len(mpt_validation), "mpt_80gb": len(mpt_80gb)})
     return doc
+
+
+def _params(result) -> dict:
+    """Each fitted number of a FitResult: the file's value, the fitted one and its standard error."""
+    return {p.path: {"file": s, "fitted": v, "std": e}
+            for p, s, v, e in zip(result.params, result.start, result.values, result.std)}
+
+
+def _panel(title: str, runs: list, columns: dict) -> tuple[str, list[float], dict[str, list[float]]]:
+    """One figure panel of _predict's columns: the runs every column predicted ({n} in `title` counts them)."""
+    kept = [i for i in range(len(runs)) if all(col["predicted_s"][i] is not None for col in columns.values())]
+    return (title.format(n=len(kept)), [runs[i].step_time_s for i in kept],
+            {name: [col["predicted_s"][i] for i in kept] for name, col in columns.items()})
 
 
 def _predict(path: Path, assume: str, machines: tuple[str, str], jobs: int) -> tuple[list, dict]:

@@ -184,8 +184,8 @@ def validate_runs(args: argparse.Namespace) -> int:
     # A run some column could not predict is left out of every column's statistics, so columns compare alike.
     kept = np.all([np.isfinite(c) for c in columns.values()], axis=0)
     if not kept.any():
-        first = next(iter(next(r for r in refused.values() if r).items()))
-        raise TwinError(f"--runs: no run could be predicted; {runs[first[0]].where}: {first[1]}")
+        where, why = next((runs[i].where, why) for reasons in refused.values() for i, why in reasons.items())
+        raise TwinError(f"--runs: no run could be predicted; {where}: {why}")
     kept_runs = [r for r, k in zip(runs, kept) if k]
     doc = {"runs_file": args.runs, "assume": args.assume or "", "machines": list(columns),
            "overrides": {field: value for field, value in overrides}, "notes": notes, "rows": [

@@ -37,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 
-from topologies.machine import load_machine
+from topologies.machine import Machine, load_machine
 from topologies.overrides import Override
 from twin.collector import infrequent
 from twin.errors import TwinError
@@ -178,7 +178,7 @@ def _degeneracy(params: tuple[FitParameter, ...], J: np.ndarray) -> str | None:
     return None
 
 
-def _check_runs(runs: list[MeasuredRun], machine) -> None:
+def _check_runs(runs: list[MeasuredRun], machine: Machine) -> None:
     """A one-line TwinError naming the first run whose plan the twin refuses on `machine` (it does not divide the
     model, or its memory does not fit even the whole HBM), before any pass: the early passes simulate a subset."""
     for run in runs:
