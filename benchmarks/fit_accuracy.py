@@ -25,7 +25,10 @@
    its 46 one-node runs (the attention and GEMM rates, as `make fit`) and
    predicting its 32 runs on 16-128 GPUs, never fitted; a run the twin's
    memory model refuses is counted as not predicted; and the same code's 61
-   runs on A100 80 GB (dgx-a100, with the two rates carried to it).
+   runs on A100 80 GB (dgx-a100, with the two rates carried to it);
+6. the same code on H100 80 GB (llm-foundry's H100 tables of October 2023 and
+   January 2024): fitted on its 37 one-node runs, predicting its 33 runs on
+   16-512 GPUs, never fitted.
 
 Prints the targets of the fit issue beside what was measured, with the ratio.
 Data: benchmarks/data/README.md (vTrain, Bang et al., MICRO'24; Narayanan et al., SC'21; Korthikanti et al.,
@@ -75,14 +78,23 @@ SELENE_SETS = (
     ("selene_2022", DATA / "megatron-korthikanti-table5.csv", "attention=unfused,dtype=fp16",
      "Selene 2022, 8-512 GPUs: {n} runs, full and selective recompute"),
 )
-# MosaicML's MPT runs (benchmarks/data/README.md): calibration and validation files, the cluster, what the runs
-# do not say (MPT trains without dropout), and the numbers its one-node runs pin down (as `make fit`).
-MPT_CALIBRATION = DATA / "mpt-a100-40gb-one-node.csv"
-MPT_VALIDATION = DATA / "mpt-a100-40gb-multi-node.csv"
-MPT_MACHINE = "mpt-a100-40g"
-MPT_80GB = DATA / "mpt-a100-80gb.csv"  # the same code on A100 80 GB (dgx-a100), mostly one node: a transfer
+# MosaicML's MPT runs (benchmarks/data/README.md): what the runs do not say (MPT trains without dropout), the
+# numbers each cluster's one-node runs pin down (as `make fit`), and per cluster: JSON key, GPU, calibration file,
+# machine, and its validation sets (JSON key, file, the machine the fit is carried to or None for the cluster's
+# own, panel title with {n} for the number of runs predicted).
 MPT_ASSUME = "dropout=0"
 MPT_PARAMS = ("device.attention_efficiency", "device.empirical_gemm_bf16_tflop_per_s")
+MPT_CLUSTERS = (
+    ("mpt", "A100 40 GB", DATA / "mpt-a100-40gb-one-node.csv", "mpt-a100-40g", (
+        ("mpt_multi_node", DATA / "mpt-a100-40gb-multi-node.csv", None,
+         "MosaicML MPT, 16-128 A100 40 GB: {n} runs, fitted on its one node"),
+        # the same code on A100 80 GB (dgx-a100), mostly one node: a transfer
+        ("mpt_80gb", DATA / "mpt-a100-80gb.csv", SELENE_MACHINE,
+         "MosaicML MPT, A100 80 GB: {n} runs, the 40 GB fit carried"))),
+    ("mpt_h100", "H100 80 GB", DATA / "mpt-h100-80gb-one-node.csv", "mpt-h100-80g", (
+        ("mpt_h100_multi_node", DATA / "mpt-h100-80gb-multi-node.csv", None,
+         "MosaicML MPT, 16-512 H100 80 GB: {n} runs, fitted on its one node"),)),
+)
 TARGETS = {  # the fit issue's targets: (what, target, lower is better)
     "multi_node_mean_abs_pct": ("A100 multi-node, fitted on one node: mean |error| %", 10.0),
     "min_spearman": ("A100 multi-node: Spearman within each model size (min)", 0.9),
@@ -97,11 +109,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--fitted", default="out/a100-fitted.toml", help="where to write the fitted machine file")
     ap.add_argument("--carried", default="out/dgx-a100-carried.toml",
                     help="where to write Selene's machine file with the fitted numbers carried to it")
-    ap.add_argument("--mpt-fitted", default="out/mpt-a100-40g-fitted.toml",
-                    help="where to write the machine file fitted on MosaicML's one-node runs")
-    ap.add_argument("--mpt-carried", default="out/dgx-a100-mpt-carried.toml",
-                    help="where to write dgx-a100 with the numbers fitted on MosaicML's A100 40 GB runs carried to it")
-    ap.add_argument("--figure", default="figures/fit-a100.png", help="predicted vs measured, both files (PNG)")
+    ap.add_argument("--mpt-out", default="out",
+                    help="folder for the machine files fitted on MosaicML's one-node runs (<machine>-fitted.toml) "
+                         "and carried from them (<machine>-mpt-carried.toml)")
+    ap.add_argument("--figure", default="figures/fit-one-node.png", help="predicted vs measured, every set (PNG)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     wall = time.perf_counter()
@@ -123,15 +134,8 @@ def main(argv: list[str] | None = None) -> dict:
     write(result, load_machine(SELENE_MACHINE).path, f"carried from {Path(args.fitted).name} ({MACHINE}), fitted "
           f"there on {CALIBRATION.name} by benchmarks/fit_accuracy.py", args.carried)
     validation, columns = _predict(VALIDATION, ASSUME, (MACHINE, args.fitted), args.jobs)
-    mpt_calibration = load_runs(str(MPT_CALIBRATION), MPT_ASSUME)
-    mpt = fit(mpt_calibration, MPT_MACHINE, (), fit_parameters(load_machine(MPT_MACHINE), MPT_PARAMS), folds=5,
-              jobs=args.jobs)
-    write(mpt, load_machine(MPT_MACHINE).path, f"twin fit on {MPT_CALIBRATION.name} ({len(mpt_calibration)} runs, "
-          f"assuming {MPT_ASSUME}) by benchmarks/fit_accuracy.py", args.mpt_fitted)
-    write(mpt, load_machine(SELENE_MACHINE).path, f"carried from {Path(args.mpt_fitted).name} ({MPT_MACHINE}), "
-          f"fitted there on {MPT_CALIBRATION.name} by benchmarks/fit_accuracy.py", args.mpt_carried)
-    mpt_validation, mpt_columns = _predict(MPT_VALIDATION, MPT_ASSUME, (MPT_MACHINE, args.mpt_fitted), args.jobs)
-    mpt_80gb, mpt_80gb_columns = _predict(MPT_80GB, MPT_ASSUME, (SELENE_MACHINE, args.mpt_carried), args.jobs)
+    mpt = {key: _mpt_cluster(calibration_file, machine, sets, args.mpt_out, write, args.jobs)
+           for key, _, calibration_file, machine, sets in MPT_CLUSTERS}
     selene = {key: _predict(path, assume, (SELENE_MACHINE, args.carried), args.jobs)
               for key, path, assume, _ in SELENE_SETS}
     single = np.array([r.step_time_s for r in calibration])
@@ -140,10 +144,10 @@ def main(argv: list[str] | None = None) -> dict:
          {"fitted (5-fold cross-validated)": list(single * (1 + result.cv_errors))}),
         _panel("64-512 GPUs: {n} validation runs, never fitted", validation, columns),
         *(_panel(title, *selene[key]) for key, _, _, title in SELENE_SETS),
-        _panel("MosaicML MPT, 16-128 A100 40 GB: {n} runs, fitted on its one node", mpt_validation, mpt_columns),
-        _panel("MosaicML MPT, A100 80 GB: {n} runs, the 40 GB fit carried", mpt_80gb, mpt_80gb_columns),
-    ], "A100s fitted on one node: vTrain's cluster predicting it and Selene (Megatron); MosaicML's 40 GB predicting "
-       "it and its 80 GB runs (FSDP, flash)")
+        *(_panel(title, *mpt[key]["sets"][set_key]) for key, _, _, _, sets in MPT_CLUSTERS
+          for set_key, _, _, title in sets),
+    ], "Fitted on one node: vTrain's A100s predicting them and Selene (Megatron); MosaicML's A100 40 GB predicting "
+       "them and its 80 GB runs, its H100s predicting them (FSDP, flash)")
     doc = {
         "fit": {"params": _params(result), "left_out": list(result.dropped), "passes": result.passes, "wall_s": fit_s,
                 "single_node_file_subset": error_stats(result.errors_before),
@@ -151,10 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
                 "single_node_cv": error_stats(result.cv_errors)},
         "multi_node": columns,
         **{key: selene[key][1] for key, _, _, _ in SELENE_SETS},
-        "mpt_fit": {"params": _params(mpt), "one_node_file": error_stats(mpt.errors_before), "one_node_fitted": error_stats(mpt.errors_after),
-                    "one_node_cv": error_stats(mpt.cv_errors), "runs": len(mpt_calibration)},
-        "mpt_multi_node": mpt_columns,
-        "mpt_80gb": mpt_80gb_columns,
+        **{f"{key}_fit": mpt[key]["fit"] for key, *_ in MPT_CLUSTERS},
+        **{set_key: mpt[key]["sets"][set_key][1] for key, _, _, _, sets in MPT_CLUSTERS for set_key, *_ in sets},
         "measured": {
             "multi_node_mean_abs_pct": columns["fitted"]["mean_abs_pct"],
             "min_spearman": min(columns["fitted"]["spearman_by_model"].values()),
@@ -168,8 +170,33 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(doc, indent=2))
         return doc
     _print(doc, result, validation, {key: len(runs) for key, (runs, _) in selene.items()},
-           {"mpt_multi_node": len(mpt_validation), "mpt_80gb": len(mpt_80gb)})
+           {set_key: len(mpt[key]["sets"][set_key][0]) for key, _, _, _, sets in MPT_CLUSTERS
+            for set_key, *_ in sets})
     return doc
+
+
+def _mpt_cluster(calibration_file: Path, machine: str, sets: tuple, out: str, write, jobs: int) -> dict:
+    """One MosaicML cluster: `twin fit` on its one-node runs (as `make fit`), the fitted file written to
+    `out`/<machine>-fitted.toml (and carried to each set's other machine), and each validation set predicted with
+    the first-principles file and the fitted or carried one."""
+    runs = load_runs(str(calibration_file), MPT_ASSUME)
+    result = fit(runs, machine, (), fit_parameters(load_machine(machine), MPT_PARAMS), folds=5, jobs=jobs)
+    fitted = str(Path(out) / f"{machine}-fitted.toml")
+    write(result, load_machine(machine).path, f"twin fit on {calibration_file.name} ({len(runs)} runs, assuming "
+          f"{MPT_ASSUME}) by benchmarks/fit_accuracy.py", fitted)
+    predicted = {}
+    for set_key, path, carried_to, _ in sets:
+        pair = (machine, fitted)
+        if carried_to is not None:
+            carried = str(Path(out) / f"{carried_to}-mpt-carried.toml")
+            write(result, load_machine(carried_to).path, f"carried from {Path(fitted).name} ({machine}), fitted "
+                  f"there on {calibration_file.name} by benchmarks/fit_accuracy.py", carried)
+            pair = (carried_to, carried)
+        predicted[set_key] = _predict(path, MPT_ASSUME, pair, jobs)
+    return {"fit": {"params": _params(result), "one_node_file": error_stats(result.errors_before),
+                    "one_node_fitted": error_stats(result.errors_after), "one_node_cv": error_stats(result.cv_errors),
+                    "runs": len(runs), "file": calibration_file.name},
+            "sets": predicted}
 
 
 def _params(result) -> dict:
@@ -214,9 +241,10 @@ def _print(doc: dict, result, validation, selene_counts: dict[str, int], mpt_cou
         print(f"  {path:<42} {p['file']:>9.4g} -> {p['fitted']:>9.4g} ± {p['std']:.2g}")
     if f["left_out"]:
         print(f"  left out (no run depends on them): {', '.join(f['left_out'])}")
-    print(f"twin fit on {MPT_CALIBRATION.name} (assuming {MPT_ASSUME}):")
-    for path, p in doc["mpt_fit"]["params"].items():
-        print(f"  {path:<42} {p['file']:>9.4g} -> {p['fitted']:>9.4g} ± {p['std']:.2g}")
+    for key, *_ in MPT_CLUSTERS:
+        print(f"twin fit on {doc[key + '_fit']['file']} (assuming {MPT_ASSUME}):")
+        for path, p in doc[key + "_fit"]["params"].items():
+            print(f"  {path:<42} {p['file']:>9.4g} -> {p['fitted']:>9.4g} ± {p['std']:.2g}")
     print(f"\n{'runs':<50}{'column':<18}{'mean |e|':>9}{'mean e':>9}{'max |e|':>9}   Spearman by model size")
     rows = [("single node (first pass's runs)", "machine file", f["single_node_file_subset"], None),
             ("single node, 1,440 runs", "fitted", f["single_node_fitted"], None),
@@ -226,13 +254,15 @@ def _print(doc: dict, result, validation, selene_counts: dict[str, int], mpt_cou
     for key, path, _, _ in SELENE_SETS:
         for name, col in doc[key].items():
             rows.append((f"Selene: {path.stem}, {selene_counts[key]} runs", name, col, None))
-    m = doc["mpt_fit"]
-    rows += [(f"MPT one node, {m['runs']} runs (A100 40 GB)", "machine file", m["one_node_file"], None),
-             (f"MPT one node, {m['runs']} runs (A100 40 GB)", "fitted", m["one_node_fitted"], None),
-             (f"MPT one node, {m['runs']} runs (A100 40 GB)", "5-fold CV", m["one_node_cv"], None)]
-    for key, what in (("mpt_multi_node", "MPT 16-128 GPUs"), ("mpt_80gb", "MPT A100 80 GB, carried")):
-        for name, col in doc[key].items():
-            rows.append((f"{what}, {col['runs']} of {mpt_counts[key]} runs", name, col, col["spearman_by_model"]))
+    for key, gpu, _, _, sets in MPT_CLUSTERS:
+        m = doc[key + "_fit"]
+        rows += [(f"MPT one node, {m['runs']} runs ({gpu})", column, m[stat], None)
+                 for column, stat in (("machine file", "one_node_file"), ("fitted", "one_node_fitted"),
+                                      ("5-fold CV", "one_node_cv"))]
+        for set_key, path, carried_to, _ in sets:
+            what = f"MPT {path.stem.removeprefix('mpt-')}{', carried' if carried_to else ''}"
+            rows += [(f"{what}, {col['runs']} of {mpt_counts[set_key]} runs", name, col, col["spearman_by_model"])
+                     for name, col in doc[set_key].items()]
     for what, column, s, rho in rows:
         order = ", ".join(f"{k if k[-1] in 'BM' else k + 'B'} {v:.2f}" for k, v in rho.items()) if rho else ""
         print(f"{what:<50}{column:<18}{s['mean_abs_pct']:>8.1f}%{s['mean_pct']:>+8.1f}%{s['max_abs_pct']:>8.1f}%   "
@@ -243,7 +273,7 @@ def _print(doc: dict, result, validation, selene_counts: dict[str, int], mpt_cou
         better = "min_spearman" != key
         ratio = value / target if better else target / value
         print(f"{what:<62}{target:>8.2f}{value:>10.2f}{ratio:>8.2f}{'  (met)' if ratio <= 1 else ''}")
-    for key in ("multi_node", *(key for key, _, _, _ in SELENE_SETS), "mpt_multi_node", "mpt_80gb"):
+    for key in ("multi_node", *(key for key, _, _, _ in SELENE_SETS), *mpt_counts):
         refused = {where: why for col in doc[key].values() for where, why in col["not_predicted"].items()}
         for where, why in refused.items():
             print(f"not predicted, {where}: {why}")

@@ -329,14 +329,17 @@ def test_megatron_sc21_runs_are_table_1_of_the_paper_run_backwards():
     assert "tp=8,pp=4,dp=32,mbs=2,vpp=3 gb=1792" in what_ran(runs[5])  # validate --runs' rows show the interleaving
 
 
-@pytest.mark.parametrize("name, count, gpus", [("mpt-a100-40gb-one-node.csv", 46, {8}),
-                                                ("mpt-a100-40gb-multi-node.csv", 32, {16, 32, 64, 128}),
-                                                ("mpt-a100-80gb.csv", 61, {8, 32, 64})])
-def test_mosaicml_runs_reproduce_the_tables_mfu(name, count, gpus):
+@pytest.mark.parametrize("name, count, gpus, peak", [
+    ("mpt-a100-40gb-one-node.csv", 46, {8}, 312e12),
+    ("mpt-a100-40gb-multi-node.csv", 32, {16, 32, 64, 128}, 312e12),
+    ("mpt-a100-80gb.csv", 61, {8, 32, 64}, 312e12),
+    ("mpt-h100-80gb-one-node.csv", 37, {8}, 989e12),
+    ("mpt-h100-80gb-multi-node.csv", 33, {16, 32, 64, 128, 256, 512}, 989e12)])
+def test_mosaicml_runs_reproduce_the_tables_mfu(name, count, gpus, peak):
     """Each MPT row's step time is its tokens over the tokens per second its source quotes, its plan FSDP over every
     GPU with the table's micro-batch, and MosaicML's MFU formula ((3 x 2 N s + 3 x 4 l h s^2) per sequence over
-    312 TF/s per GPU) on the row's shape gives the MFU the table prints: the shapes, the vocabulary and the
-    throughput were copied right."""
+    the GPU's dense bf16 peak, 312 TF/s for an A100 and 989 for an H100) on the row's shape gives the MFU the table
+    prints: the shapes, the vocabulary and the throughput were copied right."""
     runs = load_runs(str(REPO / "benchmarks" / "data" / name), "dropout=0")
     assert len(runs) == count and {r.gpus for r in runs} == gpus
     for r in runs:
@@ -347,7 +350,7 @@ def test_mosaicml_runs_reproduce_the_tables_mfu(name, count, gpus):
         assert (p.gz, p.gx * p.gy * p.gdata * p.pp) == (r.gpus, 1) and p.attention == "flash"
         assert p.recompute == ("full" if "checkpointing True" in r.source else "none")
         per_sequence = 3 * 2 * m.params * m.seq + 3 * m.layers * 4 * m.hidden * m.seq ** 2
-        assert per_sequence * tokens_per_s / m.seq / (r.gpus * 312e12) == pytest.approx(mfu, rel=1e-3), r.where
+        assert per_sequence * tokens_per_s / m.seq / (r.gpus * peak) == pytest.approx(mfu, rel=1e-3), r.where
 
 
 def test_korthikanti_runs_pair_full_recompute_with_sequence_parallel_selective_recompute():

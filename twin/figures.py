@@ -155,10 +155,15 @@ def weak_scaling_validation_figure(path: str, machine: str, gpus: list[int], pub
 def measured_vs_predicted_figure(path: str, panels: list[tuple[str, list[float], dict[str, list[float]]]],
                                  title: str) -> None:
     """Predicted against measured step time, one panel per set of runs and one marker per column (machine
-    file), on log axes around the line of perfect prediction and its +-10% band."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.6), squeeze=False)
+    file), on log axes around the line of perfect prediction and its +-10% band; at most four panels a row, so
+    that many sets stay readable."""
+    cols = min(len(panels), 4)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.6 * rows), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
     markers = ["o", "s", "^", "D"]
-    for ax, (name, measured, columns) in zip(axes[0], panels):
+    for ax, (name, measured, columns) in zip(axes.flat, panels):
         lo = min(min(measured), *(min(v) for v in columns.values())) * 0.8
         hi = max(max(measured), *(max(v) for v in columns.values())) * 1.25
         line = [lo, hi]

@@ -26,6 +26,8 @@ VALIDATION_FILES = {
     "mpt-a100-40gb-multi-node.csv": "fb90774278dafc779df266e24ecf3544c6430b6f1ae5f34bf325136a73a9499f",
     # the same code's runs on A100 80 GB (mostly one node), which the 40 GB one-node fit is carried to and predicts
     "mpt-a100-80gb.csv": "a5d8ab6925cc3d015c5e4e11a510be8686f988e5ba341f4397c07880ee7d4ed1",
+    # the same code's runs on 16-512 H100 80 GB (llm-foundry's H100 tables of October 2023 and January 2024)
+    "mpt-h100-80gb-multi-node.csv": "ea283e64a09c0216b670e903b5fb1772216ccc5b7d20622826fc2a73672c61cf",
 }
 
 
