@@ -164,3 +164,24 @@ def test_overlap_switches_change_only_dependencies(frontier):
     off = build(frontier, "gx=2,gy=2,gz=2,gdata=2", "oar=0,ors=0,oag=0").program
     assert Counter((op.name, op.tag, op.work) for op in on.ops) == Counter((op.name, op.tag, op.work) for op in off.ops)
     assert [op.deps for op in on.ops] != [op.deps for op in off.ops]
+
+
+@pytest.mark.parametrize("oag", [0, 1])
+def test_resharded_weights_are_gathered_again_before_each_backward(frontier, oag):
+    """FSDP's FULL_SHARD (reshard=1) without recompute: each linear's weights gathered in the forward and again
+    in the backward, before its dI GEMM; with oag each backward gather is issued by the linear before it in the
+    backward's order (FSDP's BACKWARD_PRE prefetch), so it waits on no compute of its own linear."""
+    b = build(frontier, "gx=2,gy=2,gz=2,gdata=2", f"recompute=none,reshard=1,oag={oag}")
+    before = happens_before(b.program)
+    backward_gemms = [op.id for op in b.program.ops if op.tag.phase == "bwd" and op.tag.role == "dI"]
+    for (mb, layer, name), got in linear_ops(b.program).items():
+        (forward,), (backward,) = got["fwd.ag_z"], got["bwd.ag_z"]
+        (d_input,) = got["bwd.dI"]
+        assert backward.id in before[d_input.id] and forward.id in before[backward.id]
+        assert not ({d_input.id, got["bwd.dW"][0].id} & before[backward.id])
+        # prefetched: issued before the dI GEMM of the linear before it in the backward; the LM head, first in the
+        # backward of each micro-batch, gathers its own
+        prefetched = any(backward.id < g < d_input.id for g in backward_gemms)
+        assert prefetched == (bool(oag) and layer is not None), (mb, layer, name)
+    kept = build(frontier, "gx=2,gy=2,gz=2,gdata=2", f"recompute=full,reshard=1,oag={oag}").program
+    assert kept.ops == build(frontier, "gx=2,gy=2,gz=2,gdata=2", f"recompute=full,oag={oag}").program.ops

@@ -141,6 +141,7 @@ def test_unfused_attention_with_selective_recompute_runs_and_its_numerics_pass(t
     ("tp=2,pp=2,sp=1,mbs=1", 4),  # sequence parallelism across pipeline stages
     ("gx=2,gy=2,gz=2", 8),  # every tensor axis > 1
     ("gz=2,gdata=2,zero=3", 4),  # ZeRO-3: weights sharded over z+data
+    ("gz=2,gdata=2,reshard=1,recompute=none", 4),  # FSDP's FULL_SHARD: weights gathered again for the backward
     ("gx=2,gdata=2,mbs=2", 4),  # gradient accumulation + data-parallel all-reduce
     ("tp=2,pp=2,mbs=1", 4),  # pipeline: layers on two stages, p2p transfers
 ])

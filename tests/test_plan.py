@@ -300,6 +300,29 @@ def test_gathered_weights_without_z_are_only_the_dw_block():
     assert memory_per_gpu(SMALL, plan).gathered_weights == pytest.approx(2 * largest / 4, rel=1e-12)
 
 
+@pytest.mark.parametrize("recompute", ["none", "selective"])
+def test_resharded_weights_are_held_one_layer_at_a_time(recompute):
+    """FSDP's FULL_SHARD (reshard=1) frees each layer's gathered weights after its forward, so without full
+    recompute it holds one layer's (and the prefetched linear's), as full recompute does, where keeping them for
+    the backward holds every layer's; the rest of the memory is the same."""
+    kept = _plan(f"gz=4,mbs=1,recompute={recompute}", 4)
+    resharded, rebuilt = replace(kept, reshard=True), replace(kept, recompute="full")
+    block = SMALL.params_per_layer * 2  # bf16, over gx * gy = 1
+    assert (memory_per_gpu(SMALL, kept).gathered_weights - memory_per_gpu(SMALL, resharded).gathered_weights
+            == pytest.approx((SMALL.layers - 1) * block, rel=1e-12))
+    assert memory_per_gpu(SMALL, resharded).gathered_weights == memory_per_gpu(SMALL, rebuilt).gathered_weights
+    assert memory_per_gpu(SMALL, resharded).activations == memory_per_gpu(SMALL, kept).activations
+
+
+def test_reshard_needs_sharded_weights_and_round_trips():
+    plan = parse_plan("gz=2,gdata=2,reshard=1,recompute=none")
+    assert plan.reshard and parse_plan(plan.describe()) == plan
+    assert "reshard" not in parse_plan("gz=2").describe()  # the default keeps the text plans always had
+    validate_plan(_plan("gdata=2,zero=3,reshard=1", 4), SMALL, 2)  # ZeRO-3 shards them over gdata
+    with pytest.raises(TwinError, match="reshard=1 .* shards none"):
+        validate_plan(_plan("gx=2,gdata=2,zero=1,reshard=1", 4), SMALL, 4)
+
+
 def test_memory_needs_a_resolved_micro_batch():
     with pytest.raises(ValueError):
         memory_per_gpu(SMALL, _plan("gx=2"))

@@ -39,6 +39,8 @@ PLANS = [
     "gx=2,pp=4,mbs=1,ga=8,recompute=selective,attention=unfused",
     "gx=2,gz=2,pp=2,vpp=2,mbs=1,ga=4",
     "tp=2,pp=2,dp=2,zero=1,sp=1,mbs=2,ga=4",
+    *(f"gx=2,gz=2,pp=2,mbs=1,ga=4,recompute=none,reshard=1,oag={g}" for g in (0, 1)),
+    "gz=2,gdata=2,zero=3,mbs=1,ga=3,recompute=selective,attention=unfused,reshard=1",
 ]
 
 

@@ -13,7 +13,9 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
 - Gathered weights: the all-gathered (gx x gy) weight blocks of one block (and
   the next linear's when oag prefetches it), plus the unreduced dW block.
   Without recompute the forward keeps every layer's gathered weights for its
-  backward, as autograd does.
+  backward, as autograd does, unless the plan reshards them (plan.reshard:
+  FSDP's FULL_SHARD frees them after each layer's forward and gathers them
+  again for its backward).
 - Activations per micro-batch of m = mbs x seq tokens, for one layer, in bf16
   (Korthikanti et al. arXiv 2205.05198, redone for this layout), with r = gx
   under sequence parallelism, else 1:
@@ -161,13 +163,13 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
     tp = plan.tensor_parallel_size
     model_state = model_state_bytes_per_param(plan.zero, plan.gradient_replicas) * stage_params(model, plan, stage) / tp
 
-    shard_ways = plan.gz * (plan.gradient_replicas if plan.zero == 3 else 1)
     stage_layers = model.layers // plan.pp
     block_params = model.params_per_layer / (plan.gx * plan.gy)
     largest_linear = max(k * n for _, k, n, _ in model.linear_shapes()) / (plan.gx * plan.gy)
     gathered = 0.0
-    if shard_ways > 1:
-        gathered = b * block_params * (stage_layers if plan.recompute != "full" else 1)
+    if plan.gathered_shards > 1:
+        kept_for_backward = plan.recompute != "full" and not plan.reshard
+        gathered = b * block_params * (stage_layers if kept_for_backward else 1)
         gathered += b * largest_linear * (1 if plan.oag else 0)  # the next linear, prefetched
     gathered += b * largest_linear  # dW before its reduction
 

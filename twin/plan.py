@@ -38,6 +38,13 @@ global_batch / (gdata gz) sequences per step, in `ga` micro-batches of `mbs`
 sequences (with a pipeline, `ga` is the number of micro-batches m per step).
 When neither mbs nor ga is given, twin.memory.resolve_micro_batch picks one.
 
+`reshard` is what the weights sharded over gz (or gdata under ZeRO-3) do
+between a layer's forward and its backward: 0 keeps the gathered weights for
+the backward (AxoNN's Algorithm 1, FSDP's SHARD_GRAD_OP: the default); 1
+frees them after the forward and gathers them again for the backward
+(PyTorch FSDP's FULL_SHARD, reshard_after_forward). With full recompute both
+gather again for the recompute, so they differ only without it.
+
 The overlap switches are AxoNN's (reference/algorithms.md section 2):
 oar (backward all-reduce of dI overlaps the dW GEMM), ors (reduce-scatter of dW
 waited only at the end of backward), oag (next layer's weight all-gather
@@ -84,6 +91,7 @@ class ParallelPlan:
     vpp: int = 1  # virtual stages (model chunks) per pipeline rank: interleaved 1F1B when > 1
     zero: int = 0  # ZeRO stage over the data axis
     sp: bool = False  # Megatron sequence parallelism over gx (needs gy = 1)
+    reshard: bool = False  # sharded weights freed after each layer's forward, gathered again for its backward (FSDP)
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -110,9 +118,15 @@ class ParallelPlan:
         return self.gdata * self.cp
 
     @property
+    def gathered_shards(self) -> int:
+        """How many ways each (gx, gy) weight block is sharded and all-gathered before its use: gz, times the
+        gradient replicas under ZeRO-3."""
+        return self.gz * (self.gradient_replicas if self.zero == 3 else 1)
+
+    @property
     def weight_shards(self) -> int:
         """How many ways each stage's weights are split: the 3D grid, times the gradient replicas under ZeRO-3."""
-        return self.tensor_parallel_size * (self.gradient_replicas if self.zero == 3 else 1)
+        return self.gx * self.gy * self.gathered_shards
 
     @property
     def batch_split(self) -> int:
@@ -139,6 +153,8 @@ class ParallelPlan:
             parts.append(f"zero={self.zero}")
         if self.sp:
             parts.append("sp=1")
+        if self.reshard:
+            parts.append("reshard=1")
         if self.mbs:
             parts.append(f"mbs={self.mbs}")
         if self.ga:
@@ -161,7 +177,7 @@ _INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero"}
 # them positive or not at all (no 0 meaning "choose").
 _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
                "zero": limits.Range(0, 3, "(a ZeRO stage)")}
-_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp"}
+_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
 _WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
@@ -170,8 +186,8 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(_WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
-    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,zero=..,sp=..,mbs=..,ga=..,attention=..,optimizer=..,
-    p2p=..,recompute=..,oar=0,..,tune=0]'.
+    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,zero=..,sp=..,reshard=..,mbs=..,ga=..,attention=..,
+    optimizer=..,p2p=..,recompute=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
     'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and
@@ -246,6 +262,9 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
         raise TwinError(f"--plan: zero={plan.zero} is not a ZeRO stage; use 0, 1, 2 or 3")
     for key in _WORD_KEYS:  # a plan made in code has not been through parse_plan
         _checked_word(key, getattr(plan, key))
+    if plan.reshard and plan.gathered_shards == 1:
+        raise TwinError("--plan: reshard=1 frees sharded weights after the forward, but this plan shards none; "
+                        "shard them (gz > 1, or zero=3 over gdata) or leave reshard out")
     if plan.sp and plan.gy > 1:
         raise TwinError(f"--plan: sp=1 is Megatron sequence parallelism over gx and needs gy=1 (got gy={plan.gy})")
     stages = plan.pp * plan.vpp
@@ -270,7 +289,7 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
         raise TwinError(f"--plan: cp={plan.cp} runs ring attention on the fused kernel (as Megatron-Core does); "
                         "use attention=flash or cp=1")
     zero3 = plan.zero == 3
-    shards = plan.gz * (plan.gradient_replicas if zero3 else 1)
+    shards = plan.gathered_shards
     over = "gz" + ("*cp" if zero3 and plan.cp > 1 else "") + ("*gdata" if zero3 else "")
     for name, k, n, _ in model.linear_shapes() + [("lm_head", model.hidden, model.vocab, False)]:
         block = k * n // (plan.gx * plan.gy)

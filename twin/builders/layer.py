@@ -39,10 +39,16 @@ class LayerWriter(LinearWriter, AttentionWriter):
         return self.blocks.write(self.w, kind, at, layer, gathered, self.deferred_waits,
                                  lambda: self.write_block_forward(at, linears, gathered, after))
 
-    def block_backward(self, at: Pass, linears: list[Linear]) -> None:
-        """One block's backward in the pass `at` (selective recompute adds recompute ops), in autograd's order."""
-        self.blocks.write(self.w, ("backward",), at, linears[0].layer, None, self.deferred_waits,
-                          lambda: self.write_block_backward(at, linears))
+    def block_backward(self, at: Pass, linears: list[Linear], gathered: int | None = None,
+                       after: Linear | None = None) -> int | None:
+        """One block's backward in the pass `at` (selective recompute adds recompute ops), in autograd's order.
+        With reshard (LinearWriter.regathers_backward) its weights are gathered again: `gathered` is the first
+        linear's, prefetched by the block before, and `after` the next linear of the backward, whose gather this
+        block prefetches and returns."""
+        layer = linears[0].layer
+        prefetch = None if after is None else (after.block, None if after.layer is None else after.layer - layer)
+        return self.blocks.write(self.w, ("backward", prefetch), at, layer, gathered, self.deferred_waits,
+                                 lambda: self.write_block_backward(at, linears, gathered, after))
 
     def write_block_forward(self, at: Pass, linears: list[Linear], gathered: int | None,
                             after: Linear | None) -> int | None:
@@ -66,7 +72,8 @@ class LayerWriter(LinearWriter, AttentionWriter):
         self.elementwise(*self.kernel(at, "resid2", "fwd", layer), res, residual_bytes, 1 + dropped)
         return gathered
 
-    def write_block_backward(self, at: Pass, linears: list[Linear]) -> None:
+    def write_block_backward(self, at: Pass, linears: list[Linear], gathered: int | None = None,
+                             after: Linear | None = None) -> int | None:
         """block_backward, op by op."""
         res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
         m = self.tokens
@@ -75,18 +82,19 @@ class LayerWriter(LinearWriter, AttentionWriter):
         if self.model.dropout:
             self.elementwise(*self.kernel(at, "resid2", "bwd", layer), res, DROPOUT_BACKWARD_BYTES, 2)
         self.bias_backward(at, down)
-        self.linear_backward(at, down)
+        gathered = self.linear_backward(at, down, gathered=gathered, prefetch=up)
         self.elementwise(*self.kernel(at, "gelu", "bwd", layer), m * f / gx, GELU_BACKWARD_BYTES, 8)
         self.bias_backward(at, up)
-        self.linear_backward(at, up)
+        gathered = self.linear_backward(at, up, gathered=gathered, prefetch=attn_out)
         self.layernorm_backward(at, layer, "ln2", grad_add=True)
         if self.model.dropout:
             self.elementwise(*self.kernel(at, "resid1", "bwd", layer), res, DROPOUT_BACKWARD_BYTES, 2)
         self.bias_backward(at, attn_out)
-        self.linear_backward(at, attn_out)
+        gathered = self.linear_backward(at, attn_out, gathered=gathered, prefetch=qkv)
         self.attention_backward(at, layer)
-        self.linear_backward(at, qkv, bias=True)
+        gathered = self.linear_backward(at, qkv, bias=True, gathered=gathered, prefetch=after)
         self.layernorm_backward(at, layer, "ln1", grad_add=True)
+        return gathered
 
     def layernorm_backward(self, at: Pass, layer: int | None, block: str, grad_add: bool) -> None:
         """A layer norm's backward kernels (LAYERNORM_* constants) in the pass `at`, autograd's sum of the residual

@@ -2,7 +2,8 @@
 
 The convention is twin.builders.schedule's (its module docstring): W's (x, y)
 block sharded along Z (z+data under ZeRO-3), gathered before the forward
-GEMM and its gradient reduce-scattered after dW; the forward output
+GEMM (and, with reshard and no full recompute, again before the backward's
+dI GEMM) and its gradient reduce-scattered after dW; the forward output
 all-reduced over the linear's forward axis, dI over its backward axis;
 sequence parallelism (sp=1, over X) gathers and scatters the activations
 instead. The overlap switches decide only the waits (oar, ors) and when the
@@ -54,14 +55,34 @@ class LinearWriter(StageBase):
                 self.blocking(*self.named(at, lin, f"ar_{axis}"), "all_reduce", axis, self.b * rows * n_loc)
         return next_gather
 
-    def linear_backward(self, at: Pass, lin: Linear, bias: bool = False, accumulate: bool = True) -> None:
+    @property
+    def regathers_backward(self) -> bool:
+        """Whether the backward gathers the sharded weights again: FSDP's reshard after forward freed them, and no
+        full recompute gathered them back (the recompute's forward does that itself)."""
+        return self.plan.reshard and self.plan.recompute != "full" and self.sizes[self.shard_axis] > 1
+
+    def backward_gather(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None) -> int | None:
+        """Under regathers_backward: wait for `lin`'s weights (`gathered`, prefetched by the linear before in the
+        backward's order, or gathered here) and, with oag, prefetch those of `prefetch`, the next linear of the
+        backward (FSDP's BACKWARD_PRE); returns that prefetched gather. Otherwise nothing."""
+        if not self.regathers_backward:
+            return None
+        if gathered is None:
+            gathered = self.gather_weight(at, lin)
+        self.w.wait(gathered)
+        return self.gather_weight(at, prefetch) if (prefetch and self.plan.oag) else None
+
+    def linear_backward(self, at: Pass, lin: Linear, bias: bool = False, accumulate: bool = True,
+                        gathered: int | None = None, prefetch: Linear | None = None) -> int | None:
         """dI, dW (and, for a linear that adds its bias itself, dbias: LinearWithGradAccumulationAndAsyncCommunication
-        .backward), then the accumulation of its weight (and that bias) into main_grad.
+        .backward), then the accumulation of its weight (and that bias) into main_grad. With reshard its weights
+        are gathered first (backward_gather: `gathered`, `prefetch`); returns the prefetched gather of `prefetch`.
 
         A z-sharded weight accumulates its reduce-scattered shard, after the reduce-scatter's wait without ors;
         with ors the reduce-scatter is waited only at the end of the backward (AxoNN), and the add is issued in
         its place here all the same: its wait on the shard is not modelled."""
         w, plan = self.w, self.plan
+        next_gather = self.backward_gather(at, lin, gathered, prefetch)
         sp = plan.sp and self.sizes["x"] > 1
         rows, k_loc, n_loc = self.gemm_dims(lin)
         tune = plan.tune_gemm
@@ -102,6 +123,7 @@ class LinearWriter(StageBase):
             self.accumulate(at, lin.block, lin.layer, "weight", k_loc * n_loc / self.sizes[axis])
             if bias:
                 self.accumulate(at, lin.block, lin.layer, "bias", n_loc)
+        return next_gather
 
     def bias_backward(self, at: Pass, lin: Linear) -> None:
         """The gradient of a bias added outside the linear's GEMM (a reduction over tokens), and its accumulation."""

@@ -100,17 +100,23 @@ class PipelineWriter(LayerWriter, EndsWriter):
 
     def backward_chunk(self, mb: int, chunk: int) -> None:
         at = self.pass_of("bwd", mb, chunk)
+        blocks = self.chunks[chunk][::-1]
+        # with reshard, the backward's linears in their order, each block prefetching the first of the next
+        order = [lin for block in blocks for lin in block[::-1]] if self.regathers_backward else []
+        gathered = None
         if self.is_last(chunk):
             # Tied to the word table on one stage: its gradient is summed with the lookup's and accumulated there.
-            self.linear_backward(at, self.lm_head, accumulate=self.plan.pp > 1)
+            gathered = self.linear_backward(at, self.lm_head, accumulate=self.plan.pp > 1,
+                                            prefetch=order[0] if order else None)
             self.layernorm_backward(at, None, "ln_f", grad_add=False)
         else:
             self.receive(at, "grad", self.neighbour(chunk, +1))
         recompute = at.to("rc")
-        for block in reversed(self.chunks[chunk]):
+        for i, block in enumerate(blocks):
             if self.plan.recompute == "full":
                 self.block_forward(recompute, block, None, None)
-            self.block_backward(at, block)
+            after = order[4 * i + 4] if 4 * i + 4 < len(order) else None
+            gathered = self.block_backward(at, block, gathered, after)
         if self.is_first(chunk):
             self.embedding_backward(at)
         else:

@@ -64,8 +64,9 @@ def add_step_arguments(p: argparse.ArgumentParser, required: bool = True) -> Non
     p.add_argument(
         "--plan", required=required,
         help="parallel plan: AxoNN's gx=..,gy=..,gz=..,gdata=.. and/or Megatron's tp=..,pp=..,dp=.. "
-        "[,cp=..,vpp=..,zero=0-3,sp=0|1,mbs=..,ga=..,attention=flash|unfused,optimizer=megatron|flat,"
-        "p2p=split|full,recompute=full|selective|none,oar=0|1,ors=..,oag=..,tune=0|1]. Axes (their product is --gpus): " + axes.help_text(),
+        "[,cp=..,vpp=..,zero=0-3,sp=0|1,reshard=0|1,mbs=..,ga=..,attention=flash|unfused,optimizer=megatron|flat,"
+        "p2p=split|full,recompute=full|selective|none,oar=0|1,ors=..,oag=..,tune=0|1] (reshard=1: sharded weights "
+        "gathered again for the backward, as FSDP's FULL_SHARD). Axes (their product is --gpus): " + axes.help_text(),
     )
     p.add_argument("--global-batch", type=count_flag(limits.SEQUENCES),
                    help="sequences per step (default: 16.8M tokens / seq, as AxoNN)")

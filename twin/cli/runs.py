@@ -44,6 +44,7 @@ def what_ran(run: MeasuredRun) -> str:
     p = run.plan
     extras = [f"{key}={n}" for key, n in (("gy", p.gy), ("gz", p.gz), ("cp", p.cp), ("vpp", p.vpp)) if n > 1]
     extras += ([f"zero={p.zero}"] if p.zero else []) + (["sp=1"] if p.sp else [])  # beyond Megatron's four degrees
+    extras += ["reshard=1"] if p.reshard else []  # FSDP's FULL_SHARD beside its SHARD_GRAD_OP
     extras += [f"recompute={p.recompute}"] if p.recompute != "full" else []  # Korthikanti's pairs differ by it
     plan = ",".join([f"tp={p.gx},pp={p.pp},dp={p.gdata},mbs={p.mbs}", *extras])
     return (f"{run.label + ' ' if run.label else ''}h={run.model.hidden} L={run.model.layers} "

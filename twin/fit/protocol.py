@@ -23,11 +23,11 @@ VALIDATION_FILES = {
     # (Korthikanti et al. MLSys'23 Table 5)
     "megatron-korthikanti-table5.csv": "955e21d7387939b6ada57b38b71445b7abfabbf00c6d3594259a5fed80160dbd",
     # MosaicML's MPT runs with FSDP and flash attention on 16-128 A100 40 GB (llm-foundry benchmarking README)
-    "mpt-a100-40gb-multi-node.csv": "fb90774278dafc779df266e24ecf3544c6430b6f1ae5f34bf325136a73a9499f",
+    "mpt-a100-40gb-multi-node.csv": "ef5cc3b9e7836b2f7dcab00d848391a7d967698f11b529b4a3cd1cb8da88440a",
     # the same code's runs on A100 80 GB (mostly one node), which the 40 GB one-node fit is carried to and predicts
-    "mpt-a100-80gb.csv": "a5d8ab6925cc3d015c5e4e11a510be8686f988e5ba341f4397c07880ee7d4ed1",
+    "mpt-a100-80gb.csv": "064c490f9937099b472f50c8389f48fabcfe749303db31b695fc9d2290ae71a7",
     # the same code's runs on 16-512 H100 80 GB (llm-foundry's H100 tables of October 2023 and January 2024)
-    "mpt-h100-80gb-multi-node.csv": "ea283e64a09c0216b670e903b5fb1772216ccc5b7d20622826fc2a73672c61cf",
+    "mpt-h100-80gb-multi-node.csv": "930b4445bf77c72c36e14bd8a9e247b83572b1dfad3570903f03f6d0d53caa07",
 }
 
 
