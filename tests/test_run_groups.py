@@ -43,6 +43,10 @@ def test_each_group_is_the_mean_of_its_runs_errors_in_the_fields_order():
     assert [tuple(g["key"].values()) for g in two] == [(512, 1), (1024, 1), (1024, 2)]
     lines = format_groups(two, ("hidden", "mbs"), ["a", "b"])
     assert lines[2].startswith("hidden=512 mbs=1") and "-20.0%" in lines[2] and "30.0%" in lines[2]  # +10%, -50%
+    long = "topologies/fitted/a-machine-file-with-a-long-name.toml"
+    renamed = group_errors(runs, {"dgx-a100": columns["a"], long: columns["b"]}, ("tp",))
+    heading = format_groups(renamed, ("tp",), ["dgx-a100", long])[0]
+    assert heading.split()[-2:] == ["dgx-a100", "...th-a-long-name.toml"]  # a file by its name, cut from the left
 
 
 def test_interleaved_runs_group_by_their_chunks():

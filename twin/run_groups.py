@@ -9,6 +9,7 @@ combination says so in one command instead of a script over the JSON.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -68,10 +69,17 @@ def group_errors(runs: list["MeasuredRun"], columns: dict[str, np.ndarray],
 
 def format_groups(groups: list[dict], fields: tuple[str, ...], names: list[str]) -> list[str]:
     """The table `twin validate --runs --by` prints: a line per group, per machine its mean and mean |error|."""
-    header = f"{'by ' + ','.join(fields):<34}{'runs':>6}" + "".join(f"{n[-22:]:>24}" for n in names)
+    header = f"{'by ' + ','.join(fields):<34}{'runs':>6}" + "".join(f"{_column_label(n):>24}" for n in names)
     lines = [header, f"{'':<40}" + "".join(f"{'mean   mean |e|':>24}" for _ in names)]
     for g in groups:
         key = " ".join(f"{f}={'-' if v is None else v}" for f, v in g["key"].items())
         cells = "".join(f"{g['error_pct'][n]['mean']:>+14.1f}%{g['error_pct'][n]['mean_abs']:>8.1f}%" for n in names)
         lines.append(f"{key[:33]:<34}{g['runs']:>6}{cells}")
     return lines
+
+
+def _column_label(machine: str) -> str:
+    """A machine's column heading in 22 characters: a machine file by its file name (the folder is in the lines
+    above the table), cut from the left with an ellipsis if still longer."""
+    label = Path(machine).name
+    return label if len(label) <= 22 else "..." + label[-19:]
