@@ -1,7 +1,7 @@
-"""Measure one node, predict the cluster: the fit protocol on Megatron-DeepSpeed's A100 runs, in one table.
+"""Measure one node, predict the cluster: the fit protocol on A100 and H100 runs, in one table.
 
     .venv/bin/python benchmarks/fit_accuracy.py [--json] [--jobs N] [--fitted out/a100-fitted.toml]
-        [--carried out/dgx-a100-carried.toml] [--figure PNG]
+        [--carried out/dgx-a100-carried.toml] [--mpt-out out] [--figure PNG]
 
 1. `twin fit` on the single-node calibration file (1,440 runs on 2-8 A100s of
    one node) from topologies/dgx-a100-800g.toml, with the assumptions and the
@@ -124,17 +124,12 @@ def main(argv: list[str] | None = None) -> dict:
     fit_s = time.perf_counter() - t
     Path(args.fitted).parent.mkdir(parents=True, exist_ok=True)
 
-    def write(fitted, machine_path: str, provenance: str, out: str) -> None:
-        """The numbers of the FitResult `fitted` into a copy of the machine file at `machine_path`, each with
-        `provenance`."""
-        write_fitted(machine_path, {p.path: (v, provenance) for p, v in zip(fitted.params, fitted.values)}, out)
-
-    write(result, base.path, f"twin fit on {CALIBRATION.name} ({len(calibration)} runs, assuming {ASSUME}) by "
+    _write(result, base.path, f"twin fit on {CALIBRATION.name} ({len(calibration)} runs, assuming {ASSUME}) by "
           "benchmarks/fit_accuracy.py", args.fitted)
-    write(result, load_machine(SELENE_MACHINE).path, f"carried from {Path(args.fitted).name} ({MACHINE}), fitted "
+    _write(result, load_machine(SELENE_MACHINE).path, f"carried from {Path(args.fitted).name} ({MACHINE}), fitted "
           f"there on {CALIBRATION.name} by benchmarks/fit_accuracy.py", args.carried)
     validation, columns = _predict(VALIDATION, ASSUME, (MACHINE, args.fitted), args.jobs)
-    mpt = {key: _mpt_cluster(calibration_file, machine, sets, args.mpt_out, write, args.jobs)
+    mpt = {key: _mpt_cluster(calibration_file, machine, sets, args.mpt_out, args.jobs)
            for key, _, calibration_file, machine, sets in MPT_CLUSTERS}
     selene = {key: _predict(path, assume, (SELENE_MACHINE, args.carried), args.jobs)
               for key, path, assume, _ in SELENE_SETS}
@@ -175,21 +170,21 @@ def main(argv: list[str] | None = None) -> dict:
     return doc
 
 
-def _mpt_cluster(calibration_file: Path, machine: str, sets: tuple, out: str, write, jobs: int) -> dict:
+def _mpt_cluster(calibration_file: Path, machine: str, sets: tuple, out: str, jobs: int) -> dict:
     """One MosaicML cluster: `twin fit` on its one-node runs (as `make fit`), the fitted file written to
     `out`/<machine>-fitted.toml (and carried to each set's other machine), and each validation set predicted with
     the first-principles file and the fitted or carried one."""
     runs = load_runs(str(calibration_file), MPT_ASSUME)
     result = fit(runs, machine, (), fit_parameters(load_machine(machine), MPT_PARAMS), folds=5, jobs=jobs)
     fitted = str(Path(out) / f"{machine}-fitted.toml")
-    write(result, load_machine(machine).path, f"twin fit on {calibration_file.name} ({len(runs)} runs, assuming "
+    _write(result, load_machine(machine).path, f"twin fit on {calibration_file.name} ({len(runs)} runs, assuming "
           f"{MPT_ASSUME}) by benchmarks/fit_accuracy.py", fitted)
     predicted = {}
     for set_key, path, carried_to, _ in sets:
         pair = (machine, fitted)
         if carried_to is not None:
             carried = str(Path(out) / f"{carried_to}-mpt-carried.toml")
-            write(result, load_machine(carried_to).path, f"carried from {Path(fitted).name} ({machine}), fitted "
+            _write(result, load_machine(carried_to).path, f"carried from {Path(fitted).name} ({machine}), fitted "
                   f"there on {calibration_file.name} by benchmarks/fit_accuracy.py", carried)
             pair = (carried_to, carried)
         predicted[set_key] = _predict(path, MPT_ASSUME, pair, jobs)
@@ -197,6 +192,12 @@ def _mpt_cluster(calibration_file: Path, machine: str, sets: tuple, out: str, wr
                     "one_node_fitted": error_stats(result.errors_after), "one_node_cv": error_stats(result.cv_errors),
                     "runs": len(runs), "file": calibration_file.name},
             "sets": predicted}
+
+
+def _write(fitted, machine_path: str, provenance: str, out: str) -> None:
+    """The numbers of the FitResult `fitted` into a copy of the machine file at `machine_path`, each with
+    `provenance`."""
+    write_fitted(machine_path, {p.path: (v, provenance) for p, v in zip(fitted.params, fitted.values)}, out)
 
 
 def _params(result) -> dict:

@@ -337,9 +337,10 @@ def test_megatron_sc21_runs_are_table_1_of_the_paper_run_backwards():
     ("mpt-h100-80gb-multi-node.csv", 33, {16, 32, 64, 128, 256, 512}, 989e12)])
 def test_mosaicml_runs_reproduce_the_tables_mfu(name, count, gpus, peak):
     """Each MPT row's step time is its tokens over the tokens per second its source quotes, its plan FSDP over every
-    GPU with the table's micro-batch (resharding the weights after the forward where the table says FULL_SHARD), and MosaicML's MFU formula ((3 x 2 N s + 3 x 4 l h s^2) per sequence over
-    the GPU's dense bf16 peak, 312 TF/s for an A100 and 989 for an H100) on the row's shape gives the MFU the table
-    prints: the shapes, the vocabulary and the throughput were copied right."""
+    GPU with the table's micro-batch (resharding the weights after the forward where the table says FULL_SHARD),
+    and MosaicML's MFU formula ((3 x 2 N s + 3 x 4 l h s^2) per sequence over the GPU's dense bf16 peak, 312 TF/s
+    for an A100 and 989 for an H100) on the row's shape gives the MFU the table prints: the shapes, the vocabulary
+    and the throughput were copied right."""
     runs = load_runs(str(REPO / "benchmarks" / "data" / name), "dropout=0")
     assert len(runs) == count and {r.gpus for r in runs} == gpus
     for r in runs:
