@@ -161,6 +161,7 @@ CASES: list[tuple[str, list[str]]] = [
     ("search axes", [*SEARCH, "--axes", "gx,foo"]),
     ("search zero", [*SEARCH, "--zero", "5"]),
     ("search recompute", [*SEARCH, "--recompute", "sometimes"]),
+    ("search reshard", [*SEARCH, "--reshard", "yes"]),
     ("search mbs text", [*SEARCH, "--mbs", "x"]),
     ("search jobs 0", [*SEARCH, "--jobs", "0"]),
     ("search figure format", [*SEARCH, "--figure", "{tmp}/l.txt"]),

@@ -75,6 +75,29 @@ def test_lower_bound_never_exceeds_the_simulated_step():
     assert max(ratios) > 0.95  # and it is not vacuous
 
 
+def test_fsdp_resharding_is_searched_where_it_changes_the_plan():
+    """--reshard 0,1: a FULL_SHARD variant of every plan with sharded weights and without full recompute, none
+    elsewhere (the same step); each bounded from below, and branch and bound ranks them as simulating every plan."""
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC)
+    space = SearchSpace(axes=("gx", "gz", "gdata"), recompute=("none", "full"), reshard=(False, True))
+    found = enumerate_space(model, 16, 64, machine.device.hbm_bytes, space).candidates
+    plain = enumerate_space(model, 16, 64, machine.device.hbm_bytes, replace(space, reshard=(False,))).candidates
+    resharded = [c for c in found if c.plan.reshard]
+    assert {c.plan for c in found if not c.plan.reshard} == {c.plan for c in plain}
+    assert resharded and all(c.plan.gathered_shards > 1 and c.plan.recompute == "none" for c in resharded)
+    expected = {replace(c.plan, reshard=True) for c in plain if c.plan.gz > 1 and c.plan.recompute == "none"}
+    assert {replace(c.plan, mbs=0, ga=0) for c in resharded} == {replace(p, mbs=0, ga=0) for p in expected}
+    bounds = BoundModel(machine, 16)
+    for cand in resharded:
+        built = build_step(model, cand.plan, machine, 16)
+        assert bounds.bound_s(built.schedule) <= simulate(built.schedule, machine).step_time_s * (1 + 1e-9)
+    pruned = search(model, 16, 64, machine, space, top=8, use_cache=False, jobs=1)
+    every = search(model, 16, 64, machine, space, top=8, exhaustive=True, use_cache=False, jobs=1)
+    assert [(r.plan, r.step_time_s) for r in pruned.ranked] == [(r.plan, r.step_time_s) for r in every.ranked]
+    assert "reshard 0,1" in pruned.space
+
+
 def test_branch_and_bound_ranks_exactly_as_simulating_every_plan():
     machine = load_machine("frontier")
     model = parse_model_spec(SEARCH_SPEC)
@@ -144,6 +167,8 @@ def test_search_command_json_and_figure(capsys, tmp_path):
     (["--axes", "gx,gq"], ["--axes", "gq"]),
     (["--zero", "5"], ["--zero"]),
     (["--recompute", "some"], ["--recompute"]),
+    (["--reshard", "2"], ["--reshard '2' must be 0, 1 or 0,1"]),
+    (["--reshard", ","], ["--reshard is empty"]),
     (["--min-tp", "8", "--max-tp", "4"], ["--max-tp"]),
     (["--global-batch", "3", "--axes", "gz,gdata"], ["no valid plan", "global batch not divisible by gdata*gz"]),
     (["--gpus", "7", "--axes", "gx,gy"], ["no valid plan", "heads not divisible by gx", "hidden not divisible by gy"]),

@@ -18,6 +18,14 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
         raise TwinError(f"{flag} {text!r} must be comma-separated integers, e.g. 0,1") from None
 
 
+def _switches(text: str, flag: str) -> tuple[bool, ...]:
+    """A comma-separated list of 0 and 1 as booleans."""
+    values = _ints(text, flag)
+    if any(v not in (0, 1) for v in values):
+        raise TwinError(f"{flag} {text!r} must be 0, 1 or 0,1")
+    return tuple(bool(v) for v in values)
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     from topologies.overrides import describe_overrides
     from twin.figures import landscape_figure
@@ -39,7 +47,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         check_outputs({"--figure": args.figure}, {"--machine": machine.path}, {"--figure": FIGURE_FORMATS})
     axes = comma_words(args.axes) if args.axes else DEFAULT_AXES
     space = SearchSpace(axes=axes, min_tp=args.min_tp, max_tp=args.max_tp or 0, zero=_ints(args.zero, "--zero"),
-                        recompute=comma_words(args.recompute), mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else ())
+                        recompute=comma_words(args.recompute), reshard=_switches(args.reshard, "--reshard"),
+                        mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else ())
     bar = ProgressBar(shows_progress(args))
     moves = None
     try:
@@ -118,6 +127,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--zero", default="0", help="ZeRO stages to try over gdata, e.g. 0,1 (default 0)")
     p.add_argument("--recompute", default="full",
                    help="recompute modes to try, from full,selective,none (default full)")
+    p.add_argument("--reshard", default="0",
+                   help="FSDP's resharding to try: 0 keeps sharded weights gathered for the backward (AxoNN, "
+                   "SHARD_GRAD_OP), 1 gathers them again (FULL_SHARD: less memory, one more all-gather per linear), "
+                   "0,1 both; only plans with sharded weights (gz > 1 or ZeRO-3) and without full recompute differ "
+                   "(default 0)")
     p.add_argument("--mbs", default="auto",
                    help="micro-batch sizes to try, e.g. 1,2,4; auto (default): the largest that "
                    "fits without a pipeline, every power of two that fits with one")

@@ -2,8 +2,11 @@
 
 A plan is one factorisation of G into the degrees of the searched axes
 (twin.axes: by default gx gy gz gdata pp; cp when asked for; the others
-stay 1), a ZeRO stage, a recompute mode and a micro-batch size,
-with AxoNN's overlap switches and GEMM tuning on. Plans are checked exactly
+stay 1), a ZeRO stage, a recompute mode, whether sharded weights are
+gathered again for the backward (`reshard`, FSDP's FULL_SHARD; only where
+some are sharded and recompute is not full, elsewhere it changes nothing and
+the plan is kept once) and a micro-batch size, with AxoNN's overlap switches
+and GEMM tuning on. Plans are checked exactly
 as `twin simulate` checks them (twin.plan.validate_plan: divisibility of
 heads, hidden, ffn, vocabulary, weight blocks and batch), then pruned by
 memory fit (twin.memory) before anything is simulated.
@@ -44,6 +47,7 @@ class SearchSpace:
     max_gx: int = 0  # 0: no limit (AxoNN's Fig. 7 baseline: 1D tensor parallelism over a whole node, gx = 8)
     zero: tuple[int, ...] = (0,)
     recompute: tuple[str, ...] = ("full",)
+    reshard: tuple[bool, ...] = (False,)  # FSDP's FULL_SHARD (True) beside SHARD_GRAD_OP / AxoNN (False)
     mbs: tuple[int, ...] = ()  # () = auto (module docstring)
 
     def __post_init__(self) -> None:
@@ -64,14 +68,17 @@ class SearchSpace:
             raise TwinError(f"--max-tp {self.max_tp} is below --min-tp {self.min_tp}; raise it or drop one")
         if any(m < 1 for m in self.mbs):
             raise TwinError("--mbs values must be positive integers")
+        if not self.reshard:
+            raise TwinError("--reshard is empty; give 0, 1 or 0,1")
 
     def describe(self) -> str:
         tp = f"tp {self.min_tp}..{self.max_tp or 'any'}"
         if self.min_gx > 1 or self.max_gx:
             tp += f", gx {self.min_gx}..{self.max_gx or 'any'}"
         mbs = ",".join(map(str, self.mbs)) if self.mbs else "auto"
+        reshard = "" if self.reshard == (False,) else f"; reshard {','.join(str(int(r)) for r in self.reshard)}"
         return (f"axes {','.join(self.axes)}; {tp}; zero {','.join(map(str, self.zero))}; "
-                f"recompute {','.join(self.recompute)}; mbs {mbs}")
+                f"recompute {','.join(self.recompute)}{reshard}; mbs {mbs}")
 
 
 @dataclass(frozen=True)
@@ -151,15 +158,23 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
         except TwinError as e:
             rejected[_reason(str(e))] += 1
             continue
-        fits = _micro_batches(model, plan, space, usable)
-        if not fits:
-            rejected["does not fit in memory"] += 1
-            smallest = memory_per_gpu(model, with_micro_batch(plan, 1)).total
-            over = (smallest - usable) / 1e9
-            overflow = over if overflow is None else min(overflow, over)
-            continue
-        candidates += [Candidate(p, mem) for p, mem in fits]
+        for variant in _reshard_variants(plan, space.reshard):
+            fits = _micro_batches(model, variant, space, usable)
+            if not fits:
+                rejected["does not fit in memory"] += 1
+                smallest = memory_per_gpu(model, with_micro_batch(variant, 1)).total
+                over = (smallest - usable) / 1e9
+                overflow = over if overflow is None else min(overflow, over)
+                continue
+            candidates += [Candidate(p, mem) for p, mem in fits]
     return Space(tuple(candidates), len(degrees), rejected, overflow)
+
+
+def _reshard_variants(plan: ParallelPlan, reshard: tuple[bool, ...]) -> list[ParallelPlan]:
+    """`plan` with each asked-for reshard that changes it: reshard=1 only where weights are sharded and recompute is
+    not full (elsewhere the step is the same), so each distinct plan once."""
+    applies = plan.gathered_shards > 1 and plan.recompute != "full"
+    return [replace(plan, reshard=r) for r in dict.fromkeys(r and applies for r in reshard)]
 
 
 _DIVISIBILITY = re.compile(r"^(?:--)?(?:model )?(.*?)(?: k\*n/\(gx\*gy\))? \((?:LM head )?(?:split|sharded) over ([^)]+)\): ")
