@@ -96,6 +96,10 @@ def test_fsdp_resharding_is_searched_where_it_changes_the_plan():
     every = search(model, 16, 64, machine, space, top=8, exhaustive=True, use_cache=False, jobs=1)
     assert [(r.plan, r.step_time_s) for r in pruned.ranked] == [(r.plan, r.step_time_s) for r in every.ranked]
     assert "reshard 0,1" in pruned.space
+    tiny = 1e6  # nothing fits in 1 MB: each plan is rejected once, whatever its variants
+    none_fit = enumerate_space(model, 16, 64, tiny, space).rejected["does not fit in memory"]
+    assert none_fit == enumerate_space(model, 16, 64, tiny, replace(space, reshard=(False,))).rejected[
+        "does not fit in memory"] > 0
 
 
 def test_branch_and_bound_ranks_exactly_as_simulating_every_plan():

@@ -158,15 +158,15 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
         except TwinError as e:
             rejected[_reason(str(e))] += 1
             continue
-        for variant in _reshard_variants(plan, space.reshard):
-            fits = _micro_batches(model, variant, space, usable)
-            if not fits:
-                rejected["does not fit in memory"] += 1
-                smallest = memory_per_gpu(model, with_micro_batch(variant, 1)).total
-                over = (smallest - usable) / 1e9
-                overflow = over if overflow is None else min(overflow, over)
-                continue
-            candidates += [Candidate(p, mem) for p, mem in fits]
+        variants = _reshard_variants(plan, space.reshard)
+        fits = [fit for variant in variants for fit in _micro_batches(model, variant, space, usable)]
+        if not fits:
+            rejected["does not fit in memory"] += 1
+            smallest = min(memory_per_gpu(model, with_micro_batch(v, 1)).total for v in variants)
+            over = (smallest - usable) / 1e9
+            overflow = over if overflow is None else min(overflow, over)
+            continue
+        candidates += [Candidate(p, mem) for p, mem in fits]
     return Space(tuple(candidates), len(degrees), rejected, overflow)
 
 
