@@ -83,6 +83,9 @@ CASES: list[tuple[str, list[str]]] = [
     ("spec dtype", sim(model_spec="layers=2,hidden=64,heads=4,dtype=fp8")),
     ("spec unknown key", sim(model_spec="layers=2,hidden=64,heads=4,experts=8")),
     ("spec not an int", sim(model_spec="layers=2.5,hidden=64,heads=4")),
+    ("spec kv_heads not dividing heads", sim(model_spec="layers=2,hidden=64,heads=4,kv_heads=3")),
+    ("spec kv_heads not split by tp", sim(model_spec="layers=2,hidden=64,heads=4,kv_heads=1")),
+    ("spec arch", sim(model_spec="layers=2,hidden=64,heads=4,arch=mamba")),
     ("unknown model", ["simulate", *[a if a != "--model-spec" else "--model"
                                      for a in _with(STEP, model_spec="GPT-7Q")]]),
     # machines and --set

@@ -25,7 +25,7 @@ from twin.cli import main  # noqa: E402
 from twin.errors import TwinError  # noqa: E402
 from twin.ir import Attention  # noqa: E402
 from twin.ir_io import load_schedule, save_schedule  # noqa: E402
-from twin.model import get_model  # noqa: E402
+from twin.model import ModelSpec, get_model  # noqa: E402
 from twin.plan import parse_plan  # noqa: E402
 from twin.report import Summary  # noqa: E402
 
@@ -35,8 +35,8 @@ LIMIT_S = 120  # per launch
 REPO = Path(__file__).resolve().parents[1]
 
 
-def export(tmp_path, plan: str, gpus: int, batch: int = 8, name: str = "step.json"):
-    model = get_model("tiny")
+def export(tmp_path, plan: str, gpus: int, batch: int = 8, name: str = "step.json", model: ModelSpec | None = None):
+    model = model or get_model("tiny")
     built = build_step(model, parse_plan(plan, parse_plan(f"global_batch={batch}")), load_machine("frontier"), gpus)
     path = tmp_path / name
     save_schedule(built.schedule, path)
@@ -147,6 +147,19 @@ def test_unfused_attention_with_selective_recompute_runs_and_its_numerics_pass(t
 ])
 def test_numerics_pass_for_more_plans(tmp_path, plan, gpus):
     schedule, path = export(tmp_path, plan, gpus)
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+
+
+# The tiny model in Llama's form: grouped-query attention (2 K/V heads for 4), a SwiGLU MLP, no biases.
+TINY_LLAMA = ModelSpec(name="tiny-llama", layers=2, hidden=256, heads=4, kv_heads=2, ffn=384, seq=128, vocab=1024,
+                       dropout=False, arch="llama")
+
+
+@pytest.mark.parametrize("plan", ["gx=2,gz=2", "gx=2,gy=2,mbs=2"])
+def test_numerics_pass_for_a_llama_model(tmp_path, plan):
+    """The QKV linear's narrower K/V and the MLP's fused gate and up are shapes the 4D layout must split right."""
+    schedule, path = export(tmp_path, plan, 4, model=TINY_LLAMA)
     result = numerics(schedule, path, tmp_path / "num")
     assert result["ok"], result["failures"]
 

@@ -295,3 +295,73 @@ def test_embedding_kernels(frontier):
     assert named["mb0.embed.ar_x"].work == Collective("all_reduce", "x", 2 * 2 * SEQ * H, "bf16")
     assert named["mb0.embed_bwd.word_zero"].work.nbytes == pytest.approx(2 * VOCAB * H / 2)
     assert named["mb0.embed_bwd.tied_grad_add"].work.nbytes == pytest.approx(6 * VOCAB * H / 2)
+
+
+# ---- a Llama layer (ModelSpec.arch "llama") ------------------------------------------------------------------------
+
+LLAMA_SPEC = "layers=2,hidden=1024,heads=8,kv_heads=2,ffn=1536,seq=128,vocab=1024,arch=llama"
+
+
+def llama_layer_inventory(gx: int, mbs: int, acc: int = 10):
+    """(forward, backward) of one Llama layer and micro-batch with flash attention, as layer_inventory for GPT:
+    RMSNorm (the persistent kernel at hidden 1024, gamma alone), no biases, rotary embedding on q and on k, k and v
+    a quarter of q (2 K/V heads for 8), SwiGLU over the ffn outputs (read gate and up, write the product; backward
+    read both and the gradient, write both gradients), residual adds without dropout."""
+    h, f, kv = 1024, 1536, 2 / 8
+    T = mbs * SEQ
+    res, heads, ffn = T * h, T * h / gx, T * f / gx
+    gemm = None
+    fwd = [("ln1.fwd", res, 4), ("qkv.gemm", gemm, 0), ("rope_q.fwd", heads, 4), ("rope_k.fwd", heads * kv, 4),
+           ("attn.q_copy", heads, 4), ("attn.k_copy", heads * kv, 4), ("attn.v_copy", heads * kv, 4),
+           ("attn.seqlens", mbs + 1, 4), ("attn.fwd", gemm, 0)]
+    fwd += [("attn.context_copy", heads, 4)] if mbs > 1 else []
+    fwd += [("attn_out.gemm", gemm, 0), ("resid1.fwd", res, 6), ("ln2.fwd", res, 4), ("mlp_up.gemm", gemm, 0),
+            ("swiglu.fwd", ffn, 6), ("mlp_down.gemm", gemm, 0), ("resid2.fwd", res, 6)]
+
+    def norm_bwd(name):  # one fp32 partial-sum row set (dgamma), no beta to accumulate
+        return [(f"{name}.bwd", res, 6), (f"{name}.bwd_params_sum", h, 16 * 4 + 2), (f"{name}.grad_add", res, 6),
+                (f"{name}.acc_weight", h, acc)]
+
+    def linear_bwd(name, k, n):
+        return [(f"{name}.dI", gemm, 0), (f"{name}.dW", gemm, 0), (f"{name}.acc_weight", k * n / gx, acc)]
+
+    bwd = linear_bwd("mlp_down", f, h) + [("swiglu.bwd", ffn, 10)] + linear_bwd("mlp_up", h, 2 * f)
+    bwd += norm_bwd("ln2") + linear_bwd("attn_out", h, h)
+    bwd += ([("attn.bwd_copy", heads, 4)] if mbs > 1 else []) + [("attn.bwd", gemm, 0)]
+    if mbs > 1:
+        bwd += [("attn.q_grad", heads, 4), ("attn.k_grad", heads * kv, 4), ("attn.v_grad", heads * kv, 4)]
+    else:
+        bwd += [("attn.qkv_grad", heads * (1 + 2 * kv), 4)]
+    bwd += [("rope_q.bwd", heads, 4), ("rope_k.bwd", heads * kv, 4)]
+    bwd += linear_bwd("qkv", h, h * (1 + 2 * kv)) + norm_bwd("ln1")
+    return fwd, bwd
+
+
+@pytest.mark.parametrize("gx, mbs", [(1, 1), (2, 2)])
+def test_llama_layer_kernels(frontier, gx, mbs):
+    b = build(frontier, parse_model_spec(LLAMA_SPEC), f"tp={gx},dp=2,mbs={mbs},attention=flash,recompute=full",
+              2 * 2 * mbs)
+    program = b.schedule.programs[0]
+    fwd, bwd = llama_layer_inventory(gx, mbs)
+    for layer in range(LAYERS):
+        assert_inventory(layer_ops(program, 0, "fwd", layer), fwd)
+        assert_inventory(layer_ops(program, 0, "rc", layer), fwd)
+        assert_inventory(layer_ops(program, 0, "bwd", layer), bwd)
+    qkv = next(op.work for op in program.ops if (op.tag.phase, op.tag.block, op.tag.role) == ("fwd", "qkv", "gemm"))
+    up = next(op.work for op in program.ops if (op.tag.phase, op.tag.block, op.tag.role) == ("fwd", "mlp_up", "gemm"))
+    assert qkv.n == (1024 + 2 * 2 * 128) // gx and up.n == 2 * 1536 // gx  # narrower K/V; gate and up in one GEMM
+
+
+@pytest.mark.parametrize("spec", [SMALL_SPEC, LLAMA_SPEC])
+@pytest.mark.parametrize("pp", [1, 2])
+def test_data_parallel_all_reduce_moves_every_parameter_once(frontier, spec, pp):
+    """Summed over the pipeline's stages, the gradient all-reduces carry every parameter of the model once (Llama's
+    untied LM head among them), plus GPT's tied table once more on the last stage when pp > 1."""
+    model = parse_model_spec(spec)
+    b = build(frontier, model, f"tp=1,dp=2,pp={pp},mbs=1", 2 * 2)
+    total = 0.0
+    for stage in range(pp):
+        program = b.schedule.programs[b.schedule.program_of()[stage * 2]]  # rank 0 of each stage (dp inner to pp)
+        total += sum(op.work.nbytes for op in program.ops if op.is_comm and op.tag.role == "ar_data")
+    tied_copy = VOCAB * model.hidden if pp > 1 and model.tied_head else 0
+    assert total == pytest.approx(2 * (model.params + tied_copy))

@@ -43,8 +43,48 @@ def test_catalog_model_size_matches_its_name(name):
 
 
 def test_every_nominal_catalog_entry_is_checked():
-    # Guard for the parametrisation above: only the test model lacks a size in its name.
-    assert [n for n in CATALOG if _nominal(n) is None] == ["tiny"]
+    # Guard for the parametrisation above: only the test model and the Llama models (checked against Meta's exact
+    # counts below) lack a GPT-style size in their name.
+    assert [n for n in CATALOG if _nominal(n) is None] == [*LLAMA_PARAMS, "tiny"]
+
+
+# The released checkpoints' parameter counts (sum of numel over the Hugging Face safetensors), which the
+# architecture must reproduce exactly: SwiGLU (3 matrices), grouped-query attention, RMSNorm, no biases, no
+# position table, an untied LM head.
+LLAMA_PARAMS = {
+    "Llama-2-7B": 6_738_415_616, "Llama-2-13B": 13_015_864_320, "Llama-2-70B": 68_976_648_192,
+    "Llama-3.1-8B": 8_030_261_248, "Llama-3.1-70B": 70_553_706_496, "Llama-3.1-405B": 405_853_388_800,
+}
+
+
+@pytest.mark.parametrize("name", LLAMA_PARAMS)
+def test_llama_parameter_counts_are_the_released_checkpoints(name):
+    assert CATALOG[name].params == LLAMA_PARAMS[name]
+
+
+def test_llama_linears_have_grouped_kv_and_a_gated_mlp():
+    m = get_model("Llama-3.1-70B")  # 64 heads of 128, 8 K/V heads, ffn 28672
+    shapes = {name: (k, n) for name, k, n, _ in m.linear_shapes()}
+    assert shapes["qkv"] == (8192, 8192 + 2 * 8 * 128)
+    assert shapes["mlp_up"] == (8192, 2 * 28672)  # gate and up, one GEMM
+    assert shapes["mlp_down"] == (28672, 8192)
+    assert (m.biased, m.tied_head, m.learned_positions, m.dropout) == (False, False, False, False)
+
+
+def test_llama_flop_formula_counts_its_weights_as_narayanan_counts_gpts():
+    """6 (model) or 8 (hardware) FLOPs per linear weight and token, attention's 12 (16) s l h, the head's 6 V h: the
+    same sums as Narayanan's closed form, which a GPT layer's 12 h^2 weights reproduce."""
+    gpt = ModelSpec(name="gpt", layers=4, hidden=3072, heads=24)
+    as_llama = ModelSpec(name="x", layers=gpt.layers, hidden=gpt.hidden, heads=gpt.heads, vocab=gpt.vocab,
+                         ffn=8 * gpt.hidden // 3, arch="llama")  # SwiGLU at ffn 8h/3 holds 8 h^2, as GPT's MLP
+    assert as_llama.linear_weights_per_layer == gpt.linear_weights_per_layer == 12 * gpt.hidden**2
+    for formula in ("hardware", "model"):
+        assert as_llama.flops_per_step(8, formula) == pytest.approx(gpt.flops_per_step(8, formula), rel=1e-12)
+    m = get_model("Llama-3.1-8B")
+    tokens = 4 * m.seq
+    six_n = 6 * (m.params - m.embedding_params - m.layers * 2 * m.hidden - m.hidden) * tokens  # 6N, N: matmul weights
+    attention = 12 * m.layers * m.hidden * m.seq * tokens
+    assert m.flops_per_step(4, "model") == pytest.approx(six_n + attention, rel=1e-12)
 
 
 @pytest.mark.parametrize(

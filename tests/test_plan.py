@@ -222,6 +222,23 @@ def test_activations_and_logits_follow_the_documented_formulas():
     assert mem.total == pytest.approx(mem.model_state + mem.gathered_weights + mem.activations + mem.logits)
 
 
+def test_llama_activations_and_model_state():
+    """A Llama layer without recompute keeps the residual stream's four tensors, q and the context whole but k and v
+    at kv_heads/heads, and its SwiGLU MLP's 2f gate-and-up outputs and f down inputs; no dropout masks. Its model
+    state counts the untied LM head (V h) and RMSNorm's gamma alone."""
+    model = parse_model_spec("layers=2,hidden=1024,heads=8,kv_heads=2,ffn=1536,seq=128,vocab=1024,arch=llama")
+    gx, mbs = 2, 2
+    plan = _plan(f"gx={gx},mbs={mbs},recompute=none,attention=flash", 2)
+    m, h, f = mbs * 128, 1024, 1536
+    layer = 2 * m * (4 * h + (2 + 2 * 2 / 8) * h / gx + 3 * f / gx)
+    mem = memory_per_gpu(model, plan)
+    assert mem.activations == pytest.approx(2 * layer, rel=1e-12)
+    per_layer = h * (h + 2 * 2 * 128) + h * h + 3 * h * f + 2 * h
+    params = 2 * per_layer + 1024 * h + 1024 * h + h
+    assert model.params == params
+    assert mem.model_state == pytest.approx(16 * params / gx, rel=1e-12)
+
+
 def test_korthikanti_special_case():
     # gy = 1, gx = t, f = 4h: 2m(4h + 4h/t + 8h/t) + 2mh = m h (10 + 24/t) ... per layer (Korthikanti's s b h (10 + 24/t))
     model = parse_model_spec("layers=1,hidden=1024,heads=8,seq=256,vocab=1024")

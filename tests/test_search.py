@@ -24,6 +24,8 @@ from twin.sim.engine import simulate
 
 # A model whose every plan on 16 Frontier GCDs simulates in well under a second.
 SEARCH_SPEC = "layers=4,hidden=1024,heads=16,seq=512,vocab=4096"
+# The same in Llama's form: grouped-query attention (4 K/V heads: gx 8 and 16 no longer divide them), SwiGLU.
+LLAMA_SEARCH_SPEC = "layers=4,hidden=1024,heads=16,kv_heads=4,ffn=2816,seq=512,vocab=4096,arch=llama"
 
 
 @pytest.fixture(autouse=True)
@@ -59,9 +61,10 @@ def test_pipeline_plans_try_every_power_of_two_micro_batch_that_fits():
     assert sorted(p.mbs for p in script) == [1, 2, 4, 8, 16, 32]
 
 
-def test_lower_bound_never_exceeds_the_simulated_step():
+@pytest.mark.parametrize("spec", [SEARCH_SPEC, LLAMA_SEARCH_SPEC])
+def test_lower_bound_never_exceeds_the_simulated_step(spec):
     machine = load_machine("frontier")
-    model = parse_model_spec(SEARCH_SPEC)
+    model = parse_model_spec(spec)
     bounds = BoundModel(machine, 16)
     space = enumerate_space(model, 16, 64, machine.device.hbm_bytes, SearchSpace(axes=("gx", "gy", "gz", "gdata", "pp")))
     assert len(space.candidates) > 20
@@ -102,9 +105,10 @@ def test_fsdp_resharding_is_searched_where_it_changes_the_plan():
         "does not fit in memory"] > 0
 
 
-def test_branch_and_bound_ranks_exactly_as_simulating_every_plan():
+@pytest.mark.parametrize("spec", [SEARCH_SPEC, LLAMA_SEARCH_SPEC])
+def test_branch_and_bound_ranks_exactly_as_simulating_every_plan(spec):
     machine = load_machine("frontier")
-    model = parse_model_spec(SEARCH_SPEC)
+    model = parse_model_spec(spec)
     space = SearchSpace(axes=("gx", "gy", "gz", "gdata", "pp"), zero=(0, 1))
     pruned = search(model, 16, 64, machine, space, top=10, use_cache=False, jobs=1)
     screen = rank._WORKER["screen"]  # inline (jobs=1): the search's own ScreenModel

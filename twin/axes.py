@@ -32,7 +32,7 @@ class Divides:
     {factor}: the error reads "<what>: <value> is not divisible by <n>; <fix>".
     """
 
-    dimension: str  # a ModelSpec attribute: heads, hidden, ffn, vocab, seq
+    dimension: str  # a ModelSpec attribute: heads, kv_heads, hidden, ffn, vocab, seq
     what: str
     fix: str
     factor: int = 1
@@ -56,6 +56,8 @@ AXES: tuple[Axis, ...] = (  # innermost first: the mesh's order
     Axis("gx", "x", "AxoNN's X (Megatron's tensor parallelism when alone): heads and the MLP's columns",
          aliases=("tp",), divides=(
              Divides("heads", "model heads (split over {axis})", "choose {axis} dividing the head count"),
+             Divides("kv_heads", "model kv_heads (K/V heads split over {axis})",
+                     "choose {axis} dividing the K/V head count"),
              Divides("hidden", "model hidden (split over {axis})", "choose {axis} dividing hidden"),
              Divides("ffn", "model ffn (split over {axis})", "choose {axis} dividing ffn"),
              Divides("vocab", "model vocab (LM head split over {axis})", "choose {axis} dividing the vocabulary"))),
@@ -75,7 +77,7 @@ KEYS: tuple[str, ...] = tuple(axis.key for axis in AXES)
 DEFAULT_SEARCH: tuple[str, ...] = tuple(axis.key for axis in AXES if axis.searched_by_default)
 ALIASES: dict[str, str] = {alias: axis.key for axis in AXES for alias in axis.aliases}
 BATCH_KEYS: tuple[str, ...] = tuple(axis.key for axis in AXES if axis.splits_batch)  # gz, gdata
-DIMENSIONS: tuple[str, ...] = ("heads", "hidden", "ffn", "vocab", "seq")  # the order divisibility is checked in
+DIMENSIONS: tuple[str, ...] = ("heads", "kv_heads", "hidden", "ffn", "vocab", "seq")  # the order divisibility is checked in
 
 
 def degrees_text(degrees: dict[str, int]) -> str:

@@ -22,7 +22,10 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
       2m (4h/(gy r) + 4h/gx + 2f/gx) + 2 m h/(gy r)   (the last term: two 1-byte dropout masks)
   which for gy = 1, gx = t, f = 4h is Korthikanti's s b h (10 + 24/t), and
   with sp s b h 34/t; a model trained without dropout (ModelSpec.dropout)
-  has no masks, nor the dropped scores below. Unfused attention
+  has no masks, nor the dropped scores below. With grouped-query attention
+  k and v are kv_heads/heads of q (4h/gx becomes (2 + 2 kv_heads/heads) h/gx),
+  and a SwiGLU MLP (Llama) keeps its first linear's 2f outputs and the down
+  projection's f inputs (3f/gx in place of 2f/gx). Unfused attention
   (plan.attention) also keeps, per score element (mbs x heads/gx x seq x seq of them), the softmax output and
   the dropout output (bf16) and the dropout mask (1 byte): 5 m a s/gx bytes,
   Korthikanti's 5as/(ht) term (the same with or without sp: sp splits only
@@ -97,7 +100,9 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) ->
     h, f, b = model.hidden, model.ffn, model.dtype_bytes
     residual = residual_split(plan)
     masks = 2 * tokens * h / residual if model.dropout else 0.0  # the two residual dropouts' 1-byte masks
-    linears = b * tokens * (4 * h / residual + 4 * h / plan.gx + 2 * f / plan.gx) + masks
+    heads = (2 + 2 * model.kv_fraction) * h  # q, k, v and the attention's output (k, v narrower with GQA)
+    mlp = (3 if model.gated else 2) * f  # the first linear's output (SwiGLU's gate and up) and the down's input
+    linears = b * tokens * (4 * h / residual + heads / plan.gx + mlp / plan.gx) + masks
     return linears + score_bytes(model, plan, tokens)
 
 
@@ -138,13 +143,14 @@ def kept_and_rebuilt_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) ->
 
 
 def stage_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
-    """Parameters a pipeline stage holds: its layers, the embedding on the first,
-    and on the last the LM head (tied to the embedding, so a second copy only when pp > 1)."""
+    """Parameters a pipeline stage holds: its layers, the embedding on the first, and on the last the final norm and
+    the LM head (GPT's tied to the embedding, so a second copy only when pp > 1; Llama's its own)."""
     params = model.layers // plan.pp * model.params_per_layer
     if stage == 0:
         params += model.embedding_params
     if stage == plan.pp - 1:
-        params += 2 * model.hidden + (model.vocab * model.hidden if plan.pp > 1 else 0)
+        head = model.vocab * model.hidden if plan.pp > 1 or not model.tied_head else 0
+        params += model.norm_params + head
     return params
 
 

@@ -1,8 +1,23 @@
-"""GPT-style transformer descriptions, with parameter and FLOP accounting.
+"""Decoder-only transformer descriptions (GPT and Llama styles), with parameter and FLOP accounting.
 
 A ModelSpec is plain data: the shape of a decoder-only transformer. The
-catalog holds every model named in reference/published.md; `parse_model_spec`
-builds any other from `layers=..,hidden=..,heads=..`.
+catalog holds every model named in reference/published.md and Meta's Llama 2
+and Llama 3.1 shapes; `parse_model_spec` builds any other from
+`layers=..,hidden=..,heads=..`.
+
+Two architectures (`arch`), because what a layer launches and holds follows
+from them:
+
+- "gpt" (GPT-2/3, Megatron's default): LayerNorm (gamma and beta), biases on
+  every linear, a GeLU MLP (ffn = 4h by default), learned position
+  embeddings, the LM head tied to the word table.
+- "llama" (Touvron et al. 2023; Llama 3, arXiv 2407.21783): RMSNorm (gamma
+  only), no biases, a SwiGLU MLP (three matrices: gate and up fused into one
+  linear of 2 x ffn outputs, then down), rotary position embeddings (no
+  table; a kernel on q and k), an untied LM head.
+
+Grouped-query attention (`kv_heads` < heads, either architecture) gives K and
+V kv_heads heads each: the QKV linear has h + 2 kv_heads head_dim outputs.
 
 FLOP formulas (Narayanan et al., SC'21; reference/algorithms.md section 6),
 for B sequences of length s, l layers, hidden h, vocabulary V:
@@ -13,7 +28,11 @@ for B sequences of length s, l layers, hidden h, vocabulary V:
 Both the AxoNN paper and the Frontier authors' code report throughput with the
 recompute form, so that is the default formula here, and the report always
 names the formula it used. Both formulas assume ffn = 4h;
-for other ffn sizes they are still what the papers would report. They are the
+for other ffn sizes they are still what the papers would report. For a
+Llama model they are the same sums with its linears' weights in place of
+12 h^2 per layer: 6 (model) or 8 (hardware) FLOPs per weight and token, plus
+attention's 12 (16) s l h and the LM head's 6 V h per token, which is how
+torchtitan and Megatron-LM count Llama (6N + 12 l h s). They are the
 published-comparable figure only: the achieved throughput and % of peak count
 the FLOPs of the ops the schedule executes (twin.report), since the formulas
 overcount a plan that recomputes less or a model with a narrower ffn.
@@ -33,12 +52,14 @@ FLOPS_FORMULAS = ("hardware", "model")
 
 # What each shape field counts (twin.limits): a checked range, so a typo cannot build a model no machine holds.
 _FIELD_RANGES = {"layers": limits.LAYERS, "hidden": limits.WIDTH, "heads": limits.WIDTH, "seq": limits.SEQ_LEN,
-                 "vocab": limits.VOCAB, "ffn": limits.WIDTH}
+                 "vocab": limits.VOCAB, "ffn": limits.WIDTH, "kv_heads": limits.WIDTH}
+
+ARCHES = ("gpt", "llama")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer. `ffn` defaults to 4 x hidden."""
+    """A decoder-only transformer. `ffn` defaults to 4 x hidden, `kv_heads` to heads (no grouped-query attention)."""
 
     name: str
     layers: int
@@ -51,10 +72,14 @@ class ModelSpec:
     # Dropout on the embedding, the attention probabilities and both residual branches, as GPT-2 and Megatron
     # train; False for models trained without it (MPT, LLaMA): no dropout kernels, masks or dropped copies.
     dropout: bool = True
+    kv_heads: int = 0
+    arch: str = "gpt"
 
     def __post_init__(self) -> None:
         if self.ffn == 0:
             object.__setattr__(self, "ffn", 4 * self.hidden)
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
         for field, allowed in _FIELD_RANGES.items():
             limits.check_count(getattr(self, field), f"model {field}", allowed)
         if self.hidden % self.heads:
@@ -62,8 +87,13 @@ class ModelSpec:
                 f"model hidden={self.hidden} is not divisible by heads={self.heads}; "
                 "choose heads that divide hidden"
             )
+        if self.heads % self.kv_heads:
+            raise TwinError(f"model heads={self.heads} is not divisible by kv_heads={self.kv_heads}; "
+                            "choose kv_heads dividing the head count (each K/V head serves a group of query heads)")
         if self.dtype not in DTYPE_BYTES:
             raise TwinError(f"model dtype={self.dtype!r} is unknown; use one of {sorted(DTYPE_BYTES)}")
+        if self.arch not in ARCHES:
+            raise TwinError(f"model arch={self.arch!r} is unknown; use one of {', '.join(ARCHES)}")
 
     @property
     def dtype_bytes(self) -> int:
@@ -73,6 +103,31 @@ class ModelSpec:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    @property
+    def gated(self) -> bool:
+        """A SwiGLU MLP: its first linear holds the gate and the up projection, 2 x ffn outputs."""
+        return self.arch == "llama"
+
+    @property
+    def biased(self) -> bool:
+        """Biases on the linears and LayerNorm's beta (GPT); none in Llama."""
+        return self.arch == "gpt"
+
+    @property
+    def tied_head(self) -> bool:
+        """The LM head shares the word table (GPT); Llama's has its own weights."""
+        return self.arch == "gpt"
+
+    @property
+    def learned_positions(self) -> bool:
+        """A learned position table (GPT); Llama rotates q and k instead (no parameters)."""
+        return self.arch == "gpt"
+
+    @property
+    def kv_fraction(self) -> float:
+        """K's (and V's) width over Q's: kv_heads / heads, 1 without grouped-query attention."""
+        return self.kv_heads / self.heads
+
     def linear_shapes(self) -> list[tuple[str, int, int, bool]]:
         """The four linears of one block: (name, k, n, transposed).
 
@@ -81,39 +136,65 @@ class ModelSpec:
         """
         h, f = self.hidden, self.ffn
         return [
-            ("qkv", h, 3 * h, False),
+            ("qkv", h, h + 2 * self.kv_heads * self.head_dim, False),
             ("attn_out", h, h, True),
-            ("mlp_up", h, f, False),
+            ("mlp_up", h, (2 if self.gated else 1) * f, False),
             ("mlp_down", f, h, True),
         ]
 
     @property
+    def norm_params(self) -> int:
+        """One norm's parameters: LayerNorm's gamma and beta, RMSNorm's gamma."""
+        return (2 if self.biased else 1) * self.hidden
+
+    @property
+    def linear_weights_per_layer(self) -> int:
+        """The weights of one block's linears (no biases): what Narayanan's 12 h^2 counts."""
+        return sum(k * n for _, k, n, _ in self.linear_shapes())
+
+    @property
     def params_per_layer(self) -> int:
-        """Weights and biases of one block, layer norms included."""
-        linear = sum(k * n + n for _, k, n, _ in self.linear_shapes())
-        return linear + 2 * 2 * self.hidden
+        """Weights and biases of one block, its two norms included."""
+        biases = sum(n for _, _, n, _ in self.linear_shapes()) if self.biased else 0
+        return self.linear_weights_per_layer + biases + 2 * self.norm_params
 
     @property
     def embedding_params(self) -> int:
-        """Token and position embeddings; the LM head is tied to the token embedding."""
-        return self.vocab * self.hidden + self.seq * self.hidden
+        """The embedding module: the word table, and GPT's learned position table (Llama's rotary has none)."""
+        return self.vocab * self.hidden + (self.seq * self.hidden if self.learned_positions else 0)
+
+    @property
+    def lm_head_params(self) -> int:
+        """The LM head's own weights: none where it is tied to the word table."""
+        return 0 if self.tied_head else self.vocab * self.hidden
 
     @property
     def params(self) -> int:
-        return self.layers * self.params_per_layer + self.embedding_params + 2 * self.hidden
+        return self.layers * self.params_per_layer + self.embedding_params + self.lm_head_params + self.norm_params
 
     def flops_per_step(self, sequences: int, formula: str = "hardware") -> float:
-        """Training FLOPs for `sequences` sequences by Narayanan's formula."""
+        """Training FLOPs for `sequences` sequences by Narayanan's formula (module docstring; Llama's weights in
+        place of 12 h^2)."""
         B, s, l, h, V = sequences, self.seq, self.layers, self.hidden, self.vocab
-        if formula == "hardware":
-            return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
-        if formula == "model":
+        if formula not in FLOPS_FORMULAS:
+            raise TwinError(f"flops formula {formula!r} is unknown; use one of {list(FLOPS_FORMULAS)}")
+        if self.arch == "gpt":
+            if formula == "hardware":
+                return 96.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
             return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
-        raise TwinError(f"flops formula {formula!r} is unknown; use one of {list(FLOPS_FORMULAS)}")
+        passes = 4 if formula == "hardware" else 3  # forward, backward's two GEMMs, and the recompute's forward
+        per_token = passes * 2 * l * (self.linear_weights_per_layer + 2 * s * h) + 6 * V * h
+        return float(B * s * per_token)
 
 
 def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
     return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads)
+
+
+def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq: int
+           ) -> ModelSpec:
+    return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab,
+                     seq=seq, dropout=False, arch="llama")
 
 
 # reference/published.md, section A (AxoNN SC'24 Table II) and section B (Dash et al. ISC'24).
@@ -132,6 +213,15 @@ CATALOG: dict[str, ModelSpec] = {
         _gpt("22B", 48, 6144, 48),
         _gpt("175B", 96, 12288, 96),
         _gpt("1T", 128, 25600, 160),
+        # Touvron et al., "Llama 2" (arXiv 2307.09288) and the released configs: sequence 4096, vocabulary 32,000.
+        _llama("Llama-2-7B", 32, 4096, 32, 32, 11008, 32000, 4096),
+        _llama("Llama-2-13B", 40, 5120, 40, 40, 13824, 32000, 4096),
+        _llama("Llama-2-70B", 80, 8192, 64, 8, 28672, 32000, 4096),
+        # "The Llama 3 Herd of Models" (arXiv 2407.21783) Table 3: 8 K/V heads, vocabulary 128,000 (128,256 in the
+        # released tokenizer); sequence 8192 in pre-training.
+        _llama("Llama-3.1-8B", 32, 4096, 32, 8, 14336, 128256, 8192),
+        _llama("Llama-3.1-70B", 80, 8192, 64, 8, 28672, 128256, 8192),
+        _llama("Llama-3.1-405B", 126, 16384, 128, 8, 53248, 128256, 8192),
         # Small enough to execute on a laptop CPU.
         ModelSpec(name="tiny", layers=2, hidden=256, heads=4, seq=128, vocab=1024),
     ]
@@ -142,6 +232,10 @@ SOURCES = {
     "22B": "Dash et al. ISC'24 (arXiv 2312.12705)",
     "175B": "Dash et al. ISC'24 (arXiv 2312.12705)",
     "1T": "Dash et al. ISC'24 (arXiv 2312.12705)",
+    **{n: "Touvron et al. 2023, Llama 2 (arXiv 2307.09288); released config.json" for n in CATALOG
+       if n.startswith("Llama-2")},
+    **{n: "Llama 3 Herd of Models (arXiv 2407.21783) Table 3; released config.json" for n in CATALOG
+       if n.startswith("Llama-3")},
     "tiny": "exatwin test model",
 }
 
@@ -170,15 +264,18 @@ def parse_switch(text: str, where: str) -> bool:
 
 
 def parse_model_spec(text: str, name: str = "custom") -> ModelSpec:
-    """Build a ModelSpec from 'layers=..,hidden=..,heads=..[,seq=..,vocab=..,ffn=..,dtype=..,dropout=0|1]'."""
-    ints = {"layers", "hidden", "heads", "seq", "vocab", "ffn"}
-    fields = _parse_int_fields(text, "--model-spec", ints | {"dtype", "dropout"})
+    """Build a ModelSpec from 'layers=..,hidden=..,heads=..[,seq=..,vocab=..,ffn=..,kv_heads=..,arch=gpt|llama,
+    dtype=..,dropout=0|1]'. arch=llama trains without dropout unless dropout=1 is given."""
+    ints = {"layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads"}
+    fields = _parse_int_fields(text, "--model-spec", ints | {"dtype", "dropout", "arch"})
     missing = {"layers", "hidden", "heads"} - fields.keys()
     if missing:
         raise TwinError(f"--model-spec is missing {', '.join(sorted(missing))} (example: layers=24,hidden=4096,heads=32)")
     kwargs: dict[str, object] = {}
+    if fields.get("arch") == "llama" and "dropout" not in fields:
+        kwargs["dropout"] = False
     for key, value in fields.items():
-        if key == "dtype":
+        if key in ("dtype", "arch"):
             kwargs[key] = value
             continue
         if key == "dropout":

@@ -275,7 +275,7 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
         )
     if plan.vpp > 1 and plan.pp == 1:
         raise TwinError("--plan: vpp > 1 (interleaved 1F1B) needs pipeline parallelism; set pp > 1 or vpp=1")
-    for dimension in axes.DIMENSIONS:  # heads, hidden, ffn, vocab, seq: each split by the axes that say so
+    for dimension in axes.DIMENSIONS:  # heads, kv_heads, hidden, ffn, vocab, seq: each split by the axes that say so
         for axis in axes.AXES:
             for rule in axis.divides:
                 if rule.dimension == dimension:

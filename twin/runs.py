@@ -17,6 +17,7 @@ spacing ignored, under our names or the names of the vTrain data set
 | plan           | plan (e.g. `tp=2,pp=4,mbs=2`)               | or the degrees below |
 | tp, dp, pp, mbs | tp / tensor parallelism, dp / data parallelism, pp / pipeline parallelism, mbs / micro batch | |
 | ffn, vocab     | ffn, vocab                                  | optional |
+| kv_heads, arch | kv_heads / kv heads, arch (gpt or llama)    | optional (arch=llama trains without dropout) |
 | label          | label, parameters (billion)                 | optional: groups rows (e.g. by model size) |
 | source         | source                                      | optional: where the measurement comes from |
 
@@ -59,11 +60,13 @@ _COLUMNS = {
     "mbs": ("mbs", "micro batch", "micro_batch"),
     "ffn": ("ffn",),
     "vocab": ("vocab",),
+    "kv_heads": ("kv_heads", "kv heads"),
+    "arch": ("arch",),
     "label": ("label", "parameters (billion)"),
     "source": ("source",),
 }
 _REQUIRED = ("gpus", "global_batch", "layers", "hidden", "heads", "seq")
-MODEL_ASSUMPTIONS = ("vocab", "ffn", "dtype", "dropout")  # model fields `assume` may set; the rest are plan fields
+MODEL_ASSUMPTIONS = ("vocab", "ffn", "kv_heads", "arch", "dtype", "dropout")  # model fields `assume` may set; the rest are plan fields
 
 
 @dataclass(frozen=True)
@@ -154,14 +157,16 @@ def parse_assumptions(text: str) -> tuple[dict[str, str], str]:
 
 def _model(cells: dict[str, str], assumed: dict[str, str], where: str) -> ModelSpec:
     fields = {f: _positive_int(cells[f], where, f) for f in ("layers", "hidden", "heads", "seq")}
-    for f in ("ffn", "vocab"):
+    for f in ("ffn", "vocab", "kv_heads"):
         text = cells.get(f, "").strip() or assumed.get(f, "")
         if text:
             fields[f] = _positive_int(text, where, f)
     dtype = assumed.get("dtype", "bf16")
+    arch = cells.get("arch", "").strip() or assumed.get("arch", "gpt")
     try:
-        dropout = parse_switch(assumed["dropout"], "--assume dropout") if "dropout" in assumed else True
-        return ModelSpec(name=cells.get("label", "").strip() or "custom", dtype=dtype, dropout=dropout, **fields)
+        dropout = parse_switch(assumed["dropout"], "--assume dropout") if "dropout" in assumed else arch != "llama"
+        return ModelSpec(name=cells.get("label", "").strip() or "custom", dtype=dtype, dropout=dropout, arch=arch,
+                         **fields)
     except TwinError as e:
         raise TwinError(f"{where}: {e}") from None
 

@@ -6,6 +6,12 @@ over gy like every op between the QKV and attention-output linears. Its ops
 are tagged block "attn", each kernel its role ("fwd" and "bwd" for the flash
 kernels themselves). With context parallelism (cp > 1) the flash kernel is
 ring attention's steps (twin.builders.ring_attention).
+
+With grouped-query attention (ModelSpec.kv_heads < heads) k and v, and their
+copies and gradients, are kv_heads / heads the size of q. The flash kernel
+reads them in place (its FLOPs are the query heads'); unfused attention first
+expands them to every query head (a copy each, repeat_interleave) and sums the
+expanded gradients back (a reduction each).
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ class AttentionWriter(RingAttentionWriter):
         heads = self.head_elements()
         if self.plan.attention == "flash":
             for which in FLASH_COPIED:
-                self.elementwise(*self.kernel(at, "attn", f"{which}_copy", layer), heads, COPY_BYTES, 0)
+                self.elementwise(*self.kernel(at, "attn", f"{which}_copy", layer), self.qkv_part_elements(which),
+                                 COPY_BYTES, 0)
             self.elementwise(*self.kernel(at, "attn", "seqlens", layer), self.plan.mbs + 1, SEQLENS_BYTES, 1)
             if self.plan.cp > 1:
                 self.ring_forward(at, layer)
@@ -38,6 +45,9 @@ class AttentionWriter(RingAttentionWriter):
                 self.elementwise(*self.kernel(at, "attn", "context_copy", layer), heads, COPY_BYTES, 0)
             return
         s, d = self.model.seq, self.model.head_dim
+        if self.model.kv_heads < self.model.heads:
+            for which in ("k", "v"):
+                self.elementwise(*self.kernel(at, "attn", f"{which}_expand", layer), heads, COPY_BYTES, 0)
         self.batched_gemm(*self.kernel(at, "attn", "scores", layer), s, s, d, "NT")  # Q K^T
         self.softmax(at, layer, backward=False)
         if self.model.dropout:
@@ -57,7 +67,8 @@ class AttentionWriter(RingAttentionWriter):
                 name, tag = self.kernel(at, "attn", "bwd", layer)
                 self.w.compute(name, self.flash_attention(backward=True), tag=tag)
             if self.plan.mbs == 1:
-                self.elementwise(*self.kernel(at, "attn", "qkv_grad", layer), 3 * heads, COPY_BYTES, 0)
+                self.elementwise(*self.kernel(at, "attn", "qkv_grad", layer),
+                                 sum(self.qkv_part_elements(which) for which in FLASH_COPIED), COPY_BYTES, 0)
             else:
                 self.qkv_gradient_copies(at, layer)
             return
@@ -74,6 +85,9 @@ class AttentionWriter(RingAttentionWriter):
         self.elementwise(*self.kernel(at, "attn", "scores_dQ_scale", layer), heads, COPY_BYTES, 1)
         self.batched_gemm(*self.kernel(at, "attn", "scores_dK", layer), s, d, s, "TN")  # dS^T Q
         self.elementwise(*self.kernel(at, "attn", "scores_dK_scale", layer), heads, COPY_BYTES, 1)
+        if self.model.kv_heads < self.model.heads:
+            for which in ("k", "v"):
+                self.elementwise(*self.kernel(at, "attn", f"{which}_expand_bwd", layer), heads, COPY_BYTES, 1)
         self.qkv_gradient_copies(at, layer)
 
     def softmax(self, at: Pass, layer: int, backward: bool) -> None:
@@ -89,7 +103,12 @@ class AttentionWriter(RingAttentionWriter):
     def qkv_gradient_copies(self, at: Pass, layer: int) -> None:
         """torch.cat of strided q, k, v gradients into the QKV output's gradient: one copy each."""
         for which in FLASH_COPIED:
-            self.elementwise(*self.kernel(at, "attn", f"{which}_grad", layer), self.head_elements(), COPY_BYTES, 0)
+            self.elementwise(*self.kernel(at, "attn", f"{which}_grad", layer), self.qkv_part_elements(which),
+                             COPY_BYTES, 0)
+
+    def qkv_part_elements(self, which: str) -> float:
+        """Elements of q, k or v on this rank: k and v are kv_heads / heads of q's with grouped-query attention."""
+        return self.head_elements() * (1.0 if which == "q" else self.model.kv_fraction)
 
     def attention_heads(self) -> int:
         """Independent (sequence, local head) pairs: the batch of every unfused attention GEMM."""

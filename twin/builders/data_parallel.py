@@ -20,11 +20,11 @@ class DataParallelWriter(StageBase):
     """Writes the gradient synchronisation around the optimizer step."""
 
     def synchronise_gradients(self) -> list[Bucket]:
-        """The tied embedding's all-reduce, then each bucket's all-reduce or reduce-scatter (waited); returns the
+        """The tied embedding's all-reduce (GPT's, with pp > 1), then each bucket's all-reduce or reduce-scatter (waited); returns the
         buckets whose updated weights must be gathered after the optimizer (ZeRO-1/2)."""
         plan, tp = self.plan, self.plan.tensor_parallel_size
         buckets = self.gradient_buckets()
-        if plan.pp > 1 and self.stage in (0, plan.pp - 1):
+        if plan.pp > 1 and self.stage in (0, plan.pp - 1) and self.model.tied_head:
             self.blocking("tied.embed.ar", STEP.tag("embed", "ar_tied"), "all_reduce", "tied",
                           self.b * self.model.vocab * self.model.hidden / tp)
         group = self.gradient_axis  # data, or cp+data: the ranks holding the same weights

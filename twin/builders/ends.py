@@ -94,8 +94,9 @@ class EndsWriter(StageBase):
         if self.sizes["x"] > 1:
             self.elementwise(*self.end_op(at, "embed", "mask"), out, EMBEDDING_MASK_BYTES, 1)
             self.blocking(*self.end_op(at, "embed", "ar_x"), "all_reduce", "x", self.b * out)
-        self.elementwise(*self.end_op(at, "embed", "pos"), out, EMBEDDING_LOOKUP_BYTES, 0)
-        self.elementwise(*self.end_op(at, "embed", "add"), out, EMBEDDING_ADD_BYTES, 1)
+        if self.model.learned_positions:  # GPT's position table; Llama's rotary embedding is in each layer
+            self.elementwise(*self.end_op(at, "embed", "pos"), out, EMBEDDING_LOOKUP_BYTES, 0)
+            self.elementwise(*self.end_op(at, "embed", "add"), out, EMBEDDING_ADD_BYTES, 1)
         if self.plan.mbs > 1:
             self.elementwise(*self.end_op(at, "embed", "transpose"), out, COPY_BYTES, 0)
         if self.model.dropout:
@@ -108,7 +109,7 @@ class EndsWriter(StageBase):
         out = self.embedding_elements()
         if self.model.dropout:
             self.elementwise(*self.end_op(at, "embed", "dropout"), self.residual_elements(), DROPOUT_BACKWARD_BYTES, 2)
-        for table, elements in (("pos", self.position_table_elements()), ("word", self.word_table_elements())):
+        for table, elements in self.tables():
             if self.plan.mbs > 1:
                 self.elementwise(*self.end_op(at, "embed", f"{table}_copy"), out, COPY_BYTES, 0)
             self.elementwise(*self.end_op(at, "embed", f"{table}_zero"), elements, 2, 0)
@@ -117,7 +118,15 @@ class EndsWriter(StageBase):
                     self.elementwise(*self.end_op(at, "embed", f"{table}_sort", f"{table}_sort{i}"), self.tokens,
                                      TOKEN_KERNEL_BYTES, 1)
             self.elementwise(*self.end_op(at, "embed", table), out, EMBEDDING_SCATTER_BYTES, 1)
-        if self.plan.pp == 1:  # the LM head's gradient of the same (tied) table
+        if self.plan.pp == 1 and self.model.tied_head:  # the LM head's gradient of the same (tied) table
             self.elementwise(*self.end_op(at, "embed", "tied_grad_add"), self.word_table_elements(), GRAD_ADD_BYTES, 1)
-        self.accumulate(at, "embed", None, "word", self.word_table_elements())
-        self.accumulate(at, "embed", None, "pos", self.position_table_elements())
+        for table, elements in self.tables()[::-1]:
+            self.accumulate(at, "embed", None, table, elements)
+
+    def tables(self) -> list[tuple[str, float]]:
+        """The embedding's tables on this rank, (name, elements), in the order their gradients are built: GPT's
+        position table, then the word table (Llama has no position table)."""
+        word = [("word", self.word_table_elements())]
+        if self.model.learned_positions:
+            return [("pos", self.position_table_elements())] + word
+        return word

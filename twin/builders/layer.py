@@ -3,7 +3,9 @@
 The linears come from twin.builders.linears, the attention core from
 twin.builders.attention; what is left are the layer's own memory-bound
 kernels (layer norms, bias-GeLU, the bias-dropout-adds), counted as
-twin.builders.schedule's module docstring lists them.
+twin.builders.schedule's module docstring lists them. A Llama layer
+(ModelSpec.arch) has RMSNorms, no biases, rotary embedding on q and k after
+the QKV linear, and SwiGLU where GPT has GeLU.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from twin.builders.linears import LinearWriter
 from twin.builders.megatron_kernels import (
     BIAS_ADD_BYTES, DROPOUT_BACKWARD_BYTES, GELU_BACKWARD_BYTES, GELU_BYTES, GRAD_ADD_BYTES, LAYERNORM_BACKWARD_BYTES,
     LAYERNORM_BYTES, LAYERNORM_PARTIAL_BYTES, LAYERNORM_PARTIAL_ROWS, LAYERNORM_PARTIAL_SUM_BYTES,
-    PERSISTENT_LAYERNORM_HIDDEN, RESIDUAL_ADD_BYTES, RESIDUAL_DROPOUT_BYTES,
+    PERSISTENT_LAYERNORM_HIDDEN, RESIDUAL_ADD_BYTES, RESIDUAL_DROPOUT_BYTES, RMSNORM_PARTIAL_SUM_BYTES, ROPE_BYTES,
+    ROPE_FLOPS, SWIGLU_BACKWARD_BYTES, SWIGLU_BYTES, SWIGLU_FLOPS,
 )
 from twin.builders.replay import BlockRecorder
 from twin.builders.stage import Linear
@@ -57,20 +60,35 @@ class LayerWriter(LinearWriter, AttentionWriter):
         m = self.tokens
         qkv, attn_out, up, down = linears
         layer = qkv.layer
+        biased = self.model.biased
         self.elementwise(*self.kernel(at, "ln1", "fwd", layer), res, LAYERNORM_BYTES, 5)
         gathered = self.linear_forward(at, qkv, gathered, attn_out)
-        self.elementwise(*self.named(at, qkv, "bias"), self.output_elements(qkv), BIAS_ADD_BYTES, 1)
+        if biased:
+            self.elementwise(*self.named(at, qkv, "bias"), self.output_elements(qkv), BIAS_ADD_BYTES, 1)
+        else:
+            self.rotary(at, layer, backward=False)
         self.attention_forward(at, layer)
         gathered = self.linear_forward(at, attn_out, gathered, up)
         residual_bytes, dropped = (RESIDUAL_DROPOUT_BYTES, 1) if self.model.dropout else (RESIDUAL_ADD_BYTES, 0)
-        self.elementwise(*self.kernel(at, "resid1", "fwd", layer), res, residual_bytes, 2 + dropped)
+        self.elementwise(*self.kernel(at, "resid1", "fwd", layer), res, residual_bytes, 1 + biased + dropped)
         self.elementwise(*self.kernel(at, "ln2", "fwd", layer), res, LAYERNORM_BYTES, 5)
         gathered = self.linear_forward(at, up, gathered, down)
-        self.elementwise(*self.kernel(at, "gelu", "fwd", layer), m * f / gx, GELU_BYTES, 8)
+        if self.model.gated:
+            self.elementwise(*self.kernel(at, "swiglu", "fwd", layer), m * f / gx, SWIGLU_BYTES, SWIGLU_FLOPS)
+        else:
+            self.elementwise(*self.kernel(at, "gelu", "fwd", layer), m * f / gx, GELU_BYTES, 8)
         gathered = self.linear_forward(at, down, gathered, after)
-        self.elementwise(*self.named(at, down, "bias"), self.output_elements(down), BIAS_ADD_BYTES, 1)
+        if biased:
+            self.elementwise(*self.named(at, down, "bias"), self.output_elements(down), BIAS_ADD_BYTES, 1)
         self.elementwise(*self.kernel(at, "resid2", "fwd", layer), res, residual_bytes, 1 + dropped)
         return gathered
+
+    def rotary(self, at: Pass, layer: int, backward: bool) -> None:
+        """Rotary position embedding (Llama): one kernel on q and one on k (kv_heads of them), each direction."""
+        role = "bwd" if backward else "fwd"
+        for which, fraction in (("q", 1.0), ("k", self.model.kv_fraction)):
+            self.elementwise(*self.kernel(at, f"rope_{which}", role, layer), self.head_elements() * fraction,
+                             ROPE_BYTES, ROPE_FLOPS)
 
     def write_block_backward(self, at: Pass, linears: list[Linear], gathered: int | None = None,
                              after: Linear | None = None) -> int | None:
@@ -79,20 +97,30 @@ class LayerWriter(LinearWriter, AttentionWriter):
         m = self.tokens
         qkv, attn_out, up, down = linears
         layer = qkv.layer
+        biased = self.model.biased
         if self.model.dropout:
             self.elementwise(*self.kernel(at, "resid2", "bwd", layer), res, DROPOUT_BACKWARD_BYTES, 2)
-        self.bias_backward(at, down)
+        if biased:
+            self.bias_backward(at, down)
         gathered = self.linear_backward(at, down, gathered=gathered, prefetch=up)
-        self.elementwise(*self.kernel(at, "gelu", "bwd", layer), m * f / gx, GELU_BACKWARD_BYTES, 8)
-        self.bias_backward(at, up)
+        if self.model.gated:
+            self.elementwise(*self.kernel(at, "swiglu", "bwd", layer), m * f / gx, SWIGLU_BACKWARD_BYTES,
+                             SWIGLU_FLOPS)
+        else:
+            self.elementwise(*self.kernel(at, "gelu", "bwd", layer), m * f / gx, GELU_BACKWARD_BYTES, 8)
+        if biased:
+            self.bias_backward(at, up)
         gathered = self.linear_backward(at, up, gathered=gathered, prefetch=attn_out)
         self.layernorm_backward(at, layer, "ln2", grad_add=True)
         if self.model.dropout:
             self.elementwise(*self.kernel(at, "resid1", "bwd", layer), res, DROPOUT_BACKWARD_BYTES, 2)
-        self.bias_backward(at, attn_out)
+        if biased:
+            self.bias_backward(at, attn_out)
         gathered = self.linear_backward(at, attn_out, gathered=gathered, prefetch=qkv)
         self.attention_backward(at, layer)
-        gathered = self.linear_backward(at, qkv, bias=True, gathered=gathered, prefetch=after)
+        if not biased:
+            self.rotary(at, layer, backward=True)
+        gathered = self.linear_backward(at, qkv, bias=biased, gathered=gathered, prefetch=after)
         self.layernorm_backward(at, layer, "ln1", grad_add=True)
         return gathered
 
@@ -101,16 +129,16 @@ class LayerWriter(LinearWriter, AttentionWriter):
         stream's two gradients when it has two consumers (`grad_add`), then the accumulation of gamma and beta."""
         res, hidden = self.residual_elements(), self.norm_params()
         partial_flops = 2 * LAYERNORM_PARTIAL_ROWS
+        sum_bytes = LAYERNORM_PARTIAL_SUM_BYTES if self.model.biased else RMSNORM_PARTIAL_SUM_BYTES
         if self.model.hidden in PERSISTENT_LAYERNORM_HIDDEN:
             self.elementwise(*self.kernel(at, block, "bwd", layer), res, LAYERNORM_BACKWARD_BYTES, 8)
-            self.elementwise(*self.kernel(at, block, "bwd_params_sum", layer), hidden, LAYERNORM_PARTIAL_SUM_BYTES,
-                             partial_flops)
+            self.elementwise(*self.kernel(at, block, "bwd_params_sum", layer), hidden, sum_bytes, partial_flops)
         else:
             self.elementwise(*self.kernel(at, block, "bwd_params", layer), res, LAYERNORM_PARTIAL_BYTES, 4)
-            self.elementwise(*self.kernel(at, block, "bwd_params_sum", layer), hidden, LAYERNORM_PARTIAL_SUM_BYTES,
-                             partial_flops)
+            self.elementwise(*self.kernel(at, block, "bwd_params_sum", layer), hidden, sum_bytes, partial_flops)
             self.elementwise(*self.kernel(at, block, "bwd", layer), res, LAYERNORM_BACKWARD_BYTES, 8)
         if grad_add:
             self.elementwise(*self.kernel(at, block, "grad_add", layer), res, GRAD_ADD_BYTES, 1)
         self.accumulate(at, block, layer, "weight", hidden)
-        self.accumulate(at, block, layer, "bias", hidden)
+        if self.model.biased:  # LayerNorm's beta; RMSNorm has none
+            self.accumulate(at, block, layer, "bias", hidden)

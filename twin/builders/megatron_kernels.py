@@ -31,6 +31,8 @@ LAYERNORM_PARTIAL_BYTES = 2 + 2  # apex's separate partial-sum kernel
 # read, dgamma and dbeta written (apex's part_size is 16; the persistent kernel's ctas_per_col is similar).
 LAYERNORM_PARTIAL_ROWS = 16
 LAYERNORM_PARTIAL_SUM_BYTES = 2 * LAYERNORM_PARTIAL_ROWS * 4 + 2 * 2
+# RMSNorm (Llama) has gamma alone: the same kernels, the partial sums of one parameter vector instead of two.
+RMSNORM_PARTIAL_SUM_BYTES = LAYERNORM_PARTIAL_SUM_BYTES / 2
 
 # Residual connections (transformer.py ParallelTransformerLayer.forward, bias_dropout_add_fused_train, TorchScript
 # fused): read x and the residual, write the sum and the 1-byte mask (a bias, when fused in, is a vector).
@@ -58,6 +60,18 @@ GELU_BACKWARD_BYTES = 2 + 2 + 2
 BIAS_ADD_BYTES = 2 + 2
 BIAS_GRAD_BYTES = 2
 COPY_BYTES = 2 + 2  # a .contiguous() copy: read and write each element
+
+# Llama-style layers (ModelSpec.arch "llama"): Megatron-DeepSpeed at c08e2cc2 has no such model, so these are
+# Megatron-Core's fused kernels (megatron/core/fusions: fused_bias_swiglu.py's SwiGLUFunction, the fused rotary
+# embedding) [estimate: each kernel's traffic from what it must read and write, not a kernel trace]. SwiGLU, per
+# element of its output (ffn/gx per token): forward reads the gate and the up half, writes silu(gate) * up;
+# backward reads both halves and the output's gradient and writes both halves' gradients. Rotary embedding on q and
+# on k (Llama has no position table): read and write each element, in the forward and again in the backward.
+SWIGLU_BYTES = 2 + 2 + 2
+SWIGLU_BACKWARD_BYTES = 3 * 2 + 2 * 2
+SWIGLU_FLOPS = 6  # sigmoid (exp, add, divide), two multiplies, the product
+ROPE_BYTES = 2 + 2
+ROPE_FLOPS = 3  # x cos + rotate_half(x) sin
 
 # Gradient accumulation (megatron/model/distributed.py, DistributedDataParallel._make_param_hook): after each
 # micro-batch's backward every parameter tensor's gradient is added into its main_grad, one kernel per tensor:

@@ -24,12 +24,16 @@ class OptimizerWriter(StageBase):
     """Writes what the optimizer does before the first micro-batch and after the last."""
 
     def parameter_tensors(self) -> int:
-        """Parameter tensors of this stage: 12 a layer, word and position tables, final norm, an untied LM head."""
-        tensors = 12 * sum(len(chunk) for chunk in self.chunks)
+        """Parameter tensors of this stage: a layer's 4 weights, 4 biases and 2 x 2 LayerNorm parameters (GPT; Llama:
+        4 weights, 2 RMSNorm gammas), the word (and position) table, the final norm, the LM head where it is a
+        tensor of its own (untied, or GPT's copy on the last stage)."""
+        model = self.model
+        norm_tensors = 2 if model.biased else 1
+        tensors = (4 + (4 if model.biased else 0) + 2 * norm_tensors) * sum(len(chunk) for chunk in self.chunks)
         if self.stage == 0:
-            tensors += 2
+            tensors += 1 + (1 if model.learned_positions else 0)
         if self.stage == self.plan.pp - 1:
-            tensors += 2 + (1 if self.plan.pp > 1 else 0)
+            tensors += norm_tensors + (1 if self.plan.pp > 1 or not model.tied_head else 0)
         return tensors
 
     def local_parameters(self) -> float:

@@ -106,7 +106,7 @@ class PipelineWriter(LayerWriter, EndsWriter):
         gathered = None
         if self.is_last(chunk):
             # Tied to the word table on one stage: its gradient is summed with the lookup's and accumulated there.
-            gathered = self.linear_backward(at, self.lm_head, accumulate=self.plan.pp > 1,
+            gathered = self.linear_backward(at, self.lm_head, accumulate=self.plan.pp > 1 or not self.model.tied_head,
                                             prefetch=order[0] if order else None)
             self.layernorm_backward(at, None, "ln_f", grad_add=False)
         else:

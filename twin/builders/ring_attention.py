@@ -21,8 +21,8 @@ step attends half a block (queries of the later chunk to the whole block, or
 all queries to its earlier chunk), which is the same number of FLOPs as a
 causal square of the share. Shifts are the IR's "shift" collective over the
 "cp" group (each member to the next, the last to the first), K and V
-together (two tensors of the share's tokens x local heads), and dK and dV in
-the model's dtype. Not counted: the kernels that split and re-join the two
+together (two tensors of the share's tokens x local K/V heads: kv_heads / heads
+of q's with grouped-query attention), and dK and dV in the model's dtype. Not counted: the kernels that split and re-join the two
 chunks, and the loss's all-reduce over cp (one number per micro-batch).
 """
 
@@ -57,7 +57,7 @@ class RingAttentionWriter(StageBase):
             if travelling is not None:
                 self.w.wait(travelling)
                 self.elementwise(f"{name}.ring{step}.dkv_add", at.tag("attn", "dkv_add", layer),
-                                 2 * self.head_elements(), RING_ADD_BYTES, 1)
+                                 self.kv_elements(), RING_ADD_BYTES, 1)
             if shift is not None:
                 self.w.wait(shift)
         self.w.wait(self.shift(at, layer, "dkv", self.plan.cp))  # each block's gradient home
@@ -66,8 +66,12 @@ class RingAttentionWriter(StageBase):
         """`what` on to the next rank at `step`: "kv", K and V of the block held (the next step's there), or
         "dkv", dK and dV summed so far for the block held at step - 1. Role <what>_shift."""
         return self.w.collective(f"{at.label}.L{layer}.attn_{what}_shift{step}", "cp",
-                                 Collective("shift", "cp", 2 * self.b * self.head_elements(), self.dtype),
+                                 Collective("shift", "cp", self.b * self.kv_elements(), self.dtype),
                                  tag=at.tag("attn", f"{what}_shift", layer))
+
+    def kv_elements(self) -> float:
+        """K and V of this rank's share together (or their gradients): what one shift carries, in elements."""
+        return 2 * self.head_elements() * self.model.kv_fraction
 
     def ring_block(self, backward: bool) -> Attention:
         """One step's kernel: causal attention over this rank's share of each sequence (module docstring)."""

@@ -71,8 +71,8 @@ Megatron-DeepSpeed on top (algorithms.md section 5):
   reduce-scatter them, step the optimizer on the local shard and all-gather
   the updated bf16 weights; stage 3 shards the weights over gz x gdata, so the
   per-linear all-gather and reduce-scatter run on that combined group;
-- with pp > 1 the embedding and the LM head (tied) all-reduce their gradient
-  between the first and last stage.
+- with pp > 1 the embedding and the LM head (tied, GPT) all-reduce their
+  gradient between the first and last stage.
 
 Attention (plan.attention), on the heads / gx local heads of each of the mbs
 sequences (replicated over gy, like every op between the QKV and attention
@@ -136,6 +136,19 @@ norm's backward kernels: 2 persistent, 3 apex's):
     attention, unfused: dV, d(probs), dropout bwd, softmax bwd, dQ and its
                         1/sqrt(d) scale, dK and its scale, the q/k/v
                         gradient concatenation (3 copies)
+
+A Llama model (ModelSpec.arch "llama", which Megatron-DeepSpeed at c08e2cc2
+does not have; its kernels are Megatron-Core's fused ones, marked estimates in
+megatron_kernels) has no bias kernels (no bias adds, dbias or bias
+accumulations) and RMSNorm's gamma alone to accumulate; it rotates q and k
+after the QKV GEMM (one kernel each, again in the backward before the QKV's
+dI), runs SwiGLU where GPT runs bias-GeLU (one kernel each way over the ffn
+outputs, reading the gate and up halves), and its embedding has no position
+table (nor its lookup and add). Its LM head is its own tensor: no tied
+gradient add on one stage and no all-reduce between the first and last.
+With grouped-query attention (kv_heads < heads, either architecture) k and v,
+their copies and gradients are kv_heads/heads of q's; unfused attention
+expands them to every head first (a copy each) and sums their gradients back.
 
 "acc" is main_grad.add_(grad), one per parameter tensor and micro-batch,
 tagged with its block and layer and an accumulation role (acc_weight,

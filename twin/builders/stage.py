@@ -81,9 +81,9 @@ class StageBase:
         layers = [block[0].layer for chunk in reversed(self.chunks) for block in reversed(chunk)]
         buckets: list[Bucket] = [("layer", layer, float(self.model.params_per_layer))
                                                          for layer in layers]
-        final_norm = 2.0 * self.model.hidden
-        if self.plan.pp == 1:
-            buckets.append(("embed", None, self.model.embedding_params + final_norm))  # the LM head is tied to it
+        final_norm = float(self.model.norm_params)
+        if self.plan.pp == 1:  # the LM head is tied to the word table (GPT) or its own tensor (Llama)
+            buckets.append(("embed", None, self.model.embedding_params + self.model.lm_head_params + final_norm))
             return buckets
         if self.stage == self.plan.pp - 1:
             buckets.insert(0, ("lm_head", None, final_norm + self.model.vocab * self.model.hidden))
@@ -101,7 +101,7 @@ class StageBase:
         return self.tokens * self.model.hidden / self.sizes["x"]
 
     def norm_params(self) -> float:
-        """Elements of one layer-norm parameter (gamma or beta) on this rank: the hidden split over gy."""
+        """Elements of one norm parameter (gamma, or LayerNorm's beta) on this rank: the hidden split over gy."""
         return self.model.hidden / self.sizes["y"]
 
     def weight_block_bytes(self, lin: Linear) -> float:

@@ -43,8 +43,10 @@ def add_machine_and_model_arguments(p: argparse.ArgumentParser, required: bool =
     p.add_argument("--machine", required=required, help="machine name (see `twin machines`) or path to a machine .toml")
     model = p.add_mutually_exclusive_group(required=required)
     model.add_argument("--model", help="catalog model (see `twin models`), e.g. GPT-80B")
-    model.add_argument("--model-spec", help="any GPT-style model: layers=..,hidden=..,heads=..[,seq=..,vocab=..,"
-                       "ffn=..,dtype=bf16|fp16|fp32,dropout=1|0] (dropout=0: trained without dropout, as MPT, LLaMA)")
+    model.add_argument("--model-spec", help="any decoder-only model: layers=..,hidden=..,heads=..[,seq=..,vocab=..,"
+                       "ffn=..,kv_heads=..,arch=gpt|llama,dtype=bf16|fp16|fp32,dropout=1|0] (kv_heads: grouped-query "
+                       "attention; arch=llama: SwiGLU, RMSNorm, rotary, no biases, untied head, no dropout; "
+                       "dropout=0: trained without dropout, as MPT)")
     p.add_argument("--seq", type=count_flag(limits.SEQ_LEN), help="sequence length (default: the model's)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
                    help="replace one number of the machine file for this run (repeatable), e.g. "

@@ -67,19 +67,21 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     rows = [
         {
-            "name": m.name, "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "ffn": m.ffn,
-            "seq": m.seq, "vocab": m.vocab, "params_billion": m.params / 1e9, "source": SOURCES[m.name],
+            "name": m.name, "arch": m.arch, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
+            "kv_heads": m.kv_heads, "ffn": m.ffn, "seq": m.seq, "vocab": m.vocab, "params_billion": m.params / 1e9,
+            "source": SOURCES[m.name],
         }
         for m in CATALOG.values()
     ]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'model':<10}{'layers':>7}{'hidden':>8}{'heads':>6}{'ffn':>7}{'seq':>6}{'vocab':>7}{'params':>10}  source")
+    print(f"{'model':<15}{'arch':>6}{'layers':>7}{'hidden':>7}{'heads':>6}{'kv':>4}{'ffn':>7}{'seq':>6}{'vocab':>8}"
+          f"{'params':>9}  source")
     for r in rows:
         print(
-            f"{r['name']:<10}{r['layers']:>7}{r['hidden']:>8}{r['heads']:>6}{r['ffn']:>7}{r['seq']:>6}"
-            f"{r['vocab']:>7}{r['params_billion']:>9.2f}B  {r['source']}"
+            f"{r['name']:<15}{r['arch']:>6}{r['layers']:>7}{r['hidden']:>7}{r['heads']:>6}{r['kv_heads']:>4}"
+            f"{r['ffn']:>7}{r['seq']:>6}{r['vocab']:>8}{r['params_billion']:>8.2f}B  {r['source']}"
         )
     return 0
 

@@ -165,8 +165,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "(e.g. an A100 cluster's fit to another A100 machine), each marked as carried from where")
     p.add_argument("-o", "--output", required=True, help="the fitted machine file to write (.toml)")
     p.add_argument("--assume", help="plan and model fields every run shares that the CSV does not say, e.g. "
-                   "attention=unfused,recompute=full,vocab=50304,dtype=fp16 (model fields: vocab, ffn, dtype, "
-                   "dropout=0|1)")
+                   "attention=unfused,recompute=full,vocab=50304,dtype=fp16 (model fields: vocab, ffn, kv_heads, "
+                   "arch=gpt|llama, dtype, dropout=0|1)")
     p.add_argument("--params", help="comma-separated machine-file numbers to fit (default: "
                    "device.launch_interval_us, kernel_overhead_us, empirical_gemm_bf16_tflop_per_s, gemm_k_half, "
                    "hbm_efficiency, attention_efficiency, and where a run spans nodes node.link_efficiency.<kind> "
