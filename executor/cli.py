@@ -97,6 +97,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.profile_steps and args.check_numerics:
         raise TwinError("--profile-steps cannot go with --check-numerics; run them separately")
     schedule = load_schedule(args.schedule)
+    if args.check_numerics and schedule.info.plan is not None and schedule.info.plan.tpo:
+        raise TwinError("--check-numerics: tpo=1 splits each overlapped GEMM into chunks, which the numerics check "
+                        "does not bind to tensors; check the same plan with tpo=0 (the same data, moved in one piece)")
     if args.launcher == "srun":
         from executor.launch import srun_script
 

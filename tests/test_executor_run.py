@@ -287,3 +287,11 @@ def test_compare_prints_classes_and_step_and_draws_figures(tmp_path, capsys):
         assert os.path.getsize(prefix + suffix) > 1000
     doc = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert {r["op_class"] for r in doc["by_class"]} >= {"gemm", "attention", "elementwise", "all_reduce"}
+
+
+def test_numerics_refuse_a_tp_overlapped_plan(tmp_path, capsys):
+    """tpo=1 splits GEMMs into chunks the numerics check does not bind: a one-line refusal, exit 2."""
+    _, path = export(tmp_path, "tp=2,sp=1,tpo=1,mbs=1", 2)
+    rc = main(["run", path, "--nproc", "2", "--check-numerics", "--out", str(tmp_path / "num")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "tpo=1" in err[0] and "tpo=0" in err[0]

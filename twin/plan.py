@@ -45,6 +45,13 @@ frees them after the forward and gathers them again for the backward
 (PyTorch FSDP's FULL_SHARD, reshard_after_forward). With full recompute both
 gather again for the recompute, so they differ only without it.
 
+`tpo` is Megatron-Core's tensor-parallel communication overlap
+(--tp-comm-overlap, Transformer Engine's userbuffers; torchtitan's AsyncTP):
+with sequence parallelism, the all-gather in front of a column-parallel GEMM
+and the reduce-scatter behind a row-parallel one (and the gradient's gather in
+a row-parallel backward) run in chunks under the GEMM instead of around it
+(twin.builders.linears). Needs sp=1.
+
 The overlap switches are AxoNN's (reference/algorithms.md section 2):
 oar (backward all-reduce of dI overlaps the dW GEMM), ors (reduce-scatter of dW
 waited only at the end of backward), oag (next layer's weight all-gather
@@ -92,6 +99,7 @@ class ParallelPlan:
     zero: int = 0  # ZeRO stage over the data axis
     sp: bool = False  # Megatron sequence parallelism over gx (needs gy = 1)
     reshard: bool = False  # sharded weights freed after each layer's forward, gathered again for its backward (FSDP)
+    tpo: bool = False  # sequence-parallel gathers and scatters chunked under their GEMMs (--tp-comm-overlap)
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -155,6 +163,8 @@ class ParallelPlan:
             parts.append("sp=1")
         if self.reshard:
             parts.append("reshard=1")
+        if self.tpo:
+            parts.append("tpo=1")
         if self.mbs:
             parts.append(f"mbs={self.mbs}")
         if self.ga:
@@ -177,7 +187,7 @@ _INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero"}
 # them positive or not at all (no 0 meaning "choose").
 _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
                "zero": limits.Range(0, 3, "(a ZeRO stage)")}
-_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard"}
+_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
 _WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
@@ -186,7 +196,7 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(_WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
-    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,zero=..,sp=..,reshard=..,mbs=..,ga=..,attention=..,
+    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,zero=..,sp=..,tpo=..,reshard=..,mbs=..,ga=..,attention=..,
     optimizer=..,p2p=..,recompute=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
@@ -267,6 +277,9 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
                         "shard them (gz > 1, or zero=3 over gdata) or leave reshard out")
     if plan.sp and plan.gy > 1:
         raise TwinError(f"--plan: sp=1 is Megatron sequence parallelism over gx and needs gy=1 (got gy={plan.gy})")
+    if plan.tpo and not (plan.sp and plan.gx > 1):
+        raise TwinError("--plan: tpo=1 overlaps sequence parallelism's gathers and scatters with their GEMMs; "
+                        f"it needs sp=1 and gx > 1 (got sp={int(plan.sp)}, gx={plan.gx})")
     stages = plan.pp * plan.vpp
     if model.layers % stages:
         raise TwinError(

@@ -8,6 +8,17 @@ all-reduced over the linear's forward axis, dI over its backward axis;
 sequence parallelism (sp=1, over X) gathers and scatters the activations
 instead. The overlap switches decide only the waits (oar, ors) and when the
 next linear's weights are gathered (oag).
+
+With tpo (Megatron-Core's --tp-comm-overlap: Transformer Engine splits the
+GEMM into gx chunks along the tokens and moves one chunk's rows while it
+multiplies another's) a sequence-parallel gather in front of a GEMM runs
+under all of it but its last chunk, which waits for the gather ("gemm_tail",
+"dI_tail"): the rank's own rows need no transfer, so the first chunks start
+at once; and the reduce-scatter behind a row-parallel GEMM starts after its
+first chunk and runs under the rest ("gemm" is then that first chunk,
+"gemm_rest" the others). As a time, max(GEMM, collective) plus one chunk,
+where the blocking form pays their sum; the collective's share of the
+device's compute (comm_compute_slowdown) applies while both run.
 """
 
 from __future__ import annotations
@@ -43,17 +54,51 @@ class LinearWriter(StageBase):
             w.wait(gathered)
         next_gather = self.gather_weight(at, prefetch) if (prefetch and self.plan.oag) else None
         rows, k_loc, n_loc = self.gemm_dims(lin)
+        tune, tpo = self.plan.tune_gemm, self.overlaps_tp(lin)
         if sp and not lin.transposed:  # sequence-parallel input gathered before a column-parallel linear
+            if tpo:
+                self.gemm_under_gather(at, lin, "gemm", rows, n_loc, k_loc, "NT", self.b * rows * k_loc)
+                return next_gather
             self.blocking(*self.named(at, lin, "ag_x"), "all_gather", "x", self.b * rows * k_loc)
-        name, tag = self.named(at, lin, "gemm")
-        w.compute(name, Gemm(rows, n_loc, k_loc, "NT", self.dtype, tunable=self.plan.tune_gemm), tag=tag)
         axis = lin.forward_axis
+        if tpo and lin.transposed:  # row-parallel: the reduce-scatter under all but the first chunk
+            first = rows // self.sizes["x"]
+            name, tag = self.named(at, lin, "gemm")
+            w.compute(name, Gemm(first, n_loc, k_loc, "NT", self.dtype, tunable=tune), tag=tag)
+            name, tag = self.named(at, lin, "rs_x")
+            scatter = w.collective(name, "x", Collective("reduce_scatter", "x", self.b * rows * n_loc, self.dtype),
+                                   tag=tag)
+            name, tag = self.named(at, lin, "gemm_rest")
+            w.compute(name, Gemm(rows - first, n_loc, k_loc, "NT", self.dtype, tunable=tune), tag=tag)
+            w.wait(scatter)
+            return next_gather
+        name, tag = self.named(at, lin, "gemm")
+        w.compute(name, Gemm(rows, n_loc, k_loc, "NT", self.dtype, tunable=tune), tag=tag)
         if self.sizes[axis] > 1:
             if sp and lin.transposed:
                 self.blocking(*self.named(at, lin, "rs_x"), "reduce_scatter", "x", self.b * rows * n_loc)
             else:
                 self.blocking(*self.named(at, lin, f"ar_{axis}"), "all_reduce", axis, self.b * rows * n_loc)
         return next_gather
+
+    def overlaps_tp(self, lin: Linear) -> bool:
+        """tpo applies to `lin`: sequence parallelism over gx > 1, and a layer's linear (Transformer Engine's modules;
+        the LM head is Megatron's own ColumnParallelLinear, whose gather stays in front of it)."""
+        return self.plan.tpo and self.plan.sp and self.sizes["x"] > 1 and lin.layer is not None
+
+    def gemm_under_gather(self, at: Pass, lin: Linear, role: str, m: int, n: int, k: int, layout: str,
+                          nbytes: float) -> None:
+        """tpo: the sequence-parallel all-gather of `nbytes` issued, the GEMM's first gx - 1 chunks of m rows under
+        it, the last chunk (role <role>_tail) after its wait (module docstring)."""
+        w, tune = self.w, self.plan.tune_gemm
+        name, tag = self.named(at, lin, "ag_x")
+        gather = w.collective(name, "x", Collective("all_gather", "x", nbytes, self.dtype), tag=tag)
+        last = m // self.sizes["x"]
+        name, tag = self.named(at, lin, role)
+        w.compute(name, Gemm(m - last, n, k, layout, self.dtype, tunable=tune), tag=tag)
+        w.wait(gather)
+        name, tag = self.named(at, lin, f"{role}_tail")
+        w.compute(name, Gemm(last, n, k, layout, self.dtype, tunable=tune), tag=tag)
 
     @property
     def regathers_backward(self) -> bool:
@@ -87,13 +132,17 @@ class LinearWriter(StageBase):
         rows, k_loc, n_loc = self.gemm_dims(lin)
         tune = plan.tune_gemm
         regather = None
-        if sp and lin.transposed:  # the gradient arrives sequence-split: gather it first
-            self.blocking(*self.named(at, lin, "ag_x"), "all_gather", "x", self.b * rows * n_loc)
-        elif sp:  # the saved input is sequence-split: gather it again for dW, behind the dI GEMM
-            name, tag = self.named(at, lin, "ag_in_x")
-            regather = w.collective(name, "x", Collective("all_gather", "x", self.b * rows * k_loc, self.dtype), tag=tag)
-        name, tag = self.named(at, lin, "dI")
-        w.compute(name, Gemm(rows, k_loc, n_loc, "NN", self.dtype, tunable=tune), tag=tag)
+        if lin.transposed and self.overlaps_tp(lin):  # the gradient's gather under the dI GEMM's chunks
+            self.gemm_under_gather(at, lin, "dI", rows, k_loc, n_loc, "NN", self.b * rows * n_loc)
+        else:
+            if sp and lin.transposed:  # the gradient arrives sequence-split: gather it first
+                self.blocking(*self.named(at, lin, "ag_x"), "all_gather", "x", self.b * rows * n_loc)
+            elif sp:  # the saved input is sequence-split: gather it again for dW, behind the dI GEMM
+                name, tag = self.named(at, lin, "ag_in_x")
+                regather = w.collective(name, "x", Collective("all_gather", "x", self.b * rows * k_loc, self.dtype),
+                                        tag=tag)
+            name, tag = self.named(at, lin, "dI")
+            w.compute(name, Gemm(rows, k_loc, n_loc, "NN", self.dtype, tunable=tune), tag=tag)
         axis = lin.backward_axis
         reduce_dI = None
         if self.sizes[axis] > 1 and not (sp and lin.transposed):
