@@ -52,6 +52,15 @@ and the reduce-scatter behind a row-parallel one (and the gradient's gather in
 a row-parallel backward) run in chunks under the GEMM instead of around it
 (twin.builders.linears). Needs sp=1.
 
+`odp` overlaps the data-parallel synchronisation with the step: each
+gradient bucket (a layer's, the embedding's, the LM head's) is all-reduced or
+reduce-scattered as soon as the last micro-batch's backward has finished it,
+under the rest of the backward (PyTorch DDP's buckets, Megatron's
+--overlap-grad-reduce), and under ZeRO-1/2 the updated weights are gathered
+under the next step's forward, each layer's waited before its first use
+(--overlap-param-gather); without it all of that runs after the backward and
+after the optimizer (twin.builders.data_parallel).
+
 The overlap switches are AxoNN's (reference/algorithms.md section 2):
 oar (backward all-reduce of dI overlaps the dW GEMM), ors (reduce-scatter of dW
 waited only at the end of backward), oag (next layer's weight all-gather
@@ -100,6 +109,7 @@ class ParallelPlan:
     sp: bool = False  # Megatron sequence parallelism over gx (needs gy = 1)
     reshard: bool = False  # sharded weights freed after each layer's forward, gathered again for its backward (FSDP)
     tpo: bool = False  # sequence-parallel gathers and scatters chunked under their GEMMs (--tp-comm-overlap)
+    odp: bool = False  # data-parallel buckets synchronised under the backward, weights gathered under the forward
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -165,6 +175,8 @@ class ParallelPlan:
             parts.append("reshard=1")
         if self.tpo:
             parts.append("tpo=1")
+        if self.odp:
+            parts.append("odp=1")
         if self.mbs:
             parts.append(f"mbs={self.mbs}")
         if self.ga:
@@ -187,7 +199,7 @@ _INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero"}
 # them positive or not at all (no 0 meaning "choose").
 _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
                "zero": limits.Range(0, 3, "(a ZeRO stage)")}
-_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo"}
+_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
 _WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
@@ -196,8 +208,8 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(_WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
-    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,zero=..,sp=..,tpo=..,reshard=..,mbs=..,ga=..,attention=..,
-    optimizer=..,p2p=..,recompute=..,oar=0,..,tune=0]'.
+    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,zero=..,sp=..,tpo=..,odp=..,reshard=..,mbs=..,ga=..,
+    attention=..,optimizer=..,p2p=..,recompute=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
     'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and

@@ -23,6 +23,7 @@ micro-batches, with no transfers.
 
 from __future__ import annotations
 
+from twin.builders.data_parallel import DataParallelWriter
 from twin.builders.ends import EndsWriter
 from twin.builders.layer import LayerWriter
 from twin.builders.megatron_kernels import LAYERNORM_BYTES
@@ -31,7 +32,7 @@ from twin.builders.tags import Pass
 from twin.ir import P2P, Op
 
 
-class PipelineWriter(LayerWriter, EndsWriter):
+class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
     """Writes a stage's micro-batch passes in the pipeline's order, with the transfers between stages."""
 
     def virtual_stage(self, chunk: int) -> int:
@@ -83,6 +84,7 @@ class PipelineWriter(LayerWriter, EndsWriter):
         at = self.pass_of("fwd", mb, chunk)
         blocks = self.chunks[chunk]
         if self.is_first(chunk):
+            self.wait_for_weights("embed")  # odp: the first use of weights gathered ahead (no-op otherwise)
             self.embedding_forward(at)
         else:
             self.receive(at, "act", self.neighbour(chunk, -1))
@@ -90,8 +92,10 @@ class PipelineWriter(LayerWriter, EndsWriter):
         gathered = None
         for i, block in enumerate(blocks):
             after = order[4 * i + 4] if 4 * i + 4 < len(order) else None
+            self.wait_for_weights("layer", block[0].layer)
             gathered = self.block_forward(at, block, gathered, after)
         if self.is_last(chunk):
+            self.wait_for_weights("lm_head")
             self.elementwise(*self.kernel(at, "ln_f", "fwd"), self.residual_elements(), LAYERNORM_BYTES, 5)
             self.linear_forward(at, self.lm_head, gathered, None)
             self.loss(at)
@@ -112,15 +116,20 @@ class PipelineWriter(LayerWriter, EndsWriter):
         else:
             self.receive(at, "grad", self.neighbour(chunk, +1))
         recompute = at.to("rc")
+        last = mb == self.plan.ga - 1  # odp: each bucket reduced once its last gradient is in (no-op otherwise)
         for i, block in enumerate(blocks):
             if self.plan.recompute == "full":
                 self.block_forward(recompute, block, None, None)
             after = order[4 * i + 4] if 4 * i + 4 < len(order) else None
             gathered = self.block_backward(at, block, gathered, after)
+            if last:
+                self.reduce_buckets_of(("layer",), block[0].layer)
         if self.is_first(chunk):
             self.embedding_backward(at)
         else:
             self.send(at, "grad", self.neighbour(chunk, -1))
+        if last:
+            self.reduce_buckets_of(("lm_head",) * self.is_last(chunk) + ("embed",) * self.is_first(chunk))
         self.w.wait(*self.deferred_waits)
         self.deferred_waits.clear()
 

@@ -204,6 +204,7 @@ class StageProgramWriter(PipelineWriter, DataParallelWriter, OptimizerWriter):
 
     def write(self) -> list[Op]:
         self.zero_grad()  # 1. optimizer: main_grad zeroed
+        self.prefetch_weights()  # odp under ZeRO-1/2: the previous step's updated weights, gathered under the forward
         self.run_pipeline()  # 2. the pipeline's passes through the embedding, the blocks and the loss
         self.scale_gradients()  # 3. scaled, then synchronised over data (and ZeRO's shards)
         gathers = self.synchronise_gradients()

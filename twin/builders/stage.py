@@ -74,6 +74,8 @@ class StageBase:
             ])
         self.lm_head = Linear("lm_head", None, model.hidden, model.vocab, False)
         self.deferred_waits: list[int] = []  # ors: reduce-scatters waited at the end of backward
+        self.reduced_buckets: list[int] = []  # odp: gradient buckets' reductions issued by the backward
+        self.weight_gathers: dict[tuple[str, int | None], int] = {}  # odp: ZeRO-1/2's gathers issued ahead
 
     def gradient_buckets(self) -> list[Bucket]:
         """(block, layer, parameters) per gradient bucket, in the order backward finishes them: each layer ("layer"),
