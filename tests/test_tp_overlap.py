@@ -61,7 +61,8 @@ def test_a_row_parallel_gemm_scatters_under_its_later_chunks(frontier, block):
     following = next(op for op in program.ops[rest.id + 1:] if not op.is_comm)
     assert scatter.id in before[following.id]  # the residual add waits for the scattered output
     backward = layer_ops(program, "bwd", block)  # the gradient's gather under the dI GEMM's chunks
-    assert backward["ag_x"].id not in before[backward["dI"].id] and backward["ag_x"].id in before[backward["dI_tail"].id]
+    gather = backward["ag_x"].id
+    assert gather not in before[backward["dI"].id] and gather in before[backward["dI_tail"].id]
 
 
 def test_tpo_moves_the_same_bytes_and_flops_and_hides_time(frontier):

@@ -28,6 +28,8 @@ VALIDATION_FILES = {
     "mpt-a100-80gb.csv": "064c490f9937099b472f50c8389f48fabcfe749303db31b695fc9d2290ae71a7",
     # the same code's runs on 16-512 H100 80 GB (llm-foundry's H100 tables of October 2023 and January 2024)
     "mpt-h100-80gb-multi-node.csv": "930b4445bf77c72c36e14bd8a9e247b83572b1dfad3570903f03f6d0d53caa07",
+    # Megatron-LM's published weak scaling on 48-6,144 H100 (its README's table of July 2024)
+    "megatron-h100-2024.csv": "78c249ad2049ecbb5b14175a1481f0053a02f06be2809b9a2a966422cf3b83b1",
 }
 
 
