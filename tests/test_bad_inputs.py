@@ -86,6 +86,9 @@ CASES: list[tuple[str, list[str]]] = [
     ("spec kv_heads not dividing heads", sim(model_spec="layers=2,hidden=64,heads=4,kv_heads=3")),
     ("spec kv_heads not split by tp", sim(model_spec="layers=2,hidden=64,heads=4,kv_heads=1")),
     ("spec arch", sim(model_spec="layers=2,hidden=64,heads=4,arch=mamba")),
+    ("plan tpo without sp", sim(plan="tp=2,tpo=1")),
+    ("plan odp with zero 3", ["simulate", "--machine", "frontier", "--model-spec", SPEC, "--gpus", "4", "--plan",
+                              "tp=2,dp=2,zero=3,odp=1", "--global-batch", "4"]),
     ("unknown model", ["simulate", *[a if a != "--model-spec" else "--model"
                                      for a in _with(STEP, model_spec="GPT-7Q")]]),
     # machines and --set

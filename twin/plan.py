@@ -289,6 +289,9 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
                         "shard them (gz > 1, or zero=3 over gdata) or leave reshard out")
     if plan.sp and plan.gy > 1:
         raise TwinError(f"--plan: sp=1 is Megatron sequence parallelism over gx and needs gy=1 (got gy={plan.gy})")
+    if plan.odp and plan.zero == 3:
+        raise TwinError("--plan: odp=1 overlaps the data-parallel gradient buckets and weight gathers, which ZeRO-3 "
+                        "does not have (it shards the weights inside the layers); use zero=0, 1 or 2, or odp=0")
     if plan.tpo and not (plan.sp and plan.gx > 1):
         raise TwinError("--plan: tpo=1 overlaps sequence parallelism's gathers and scatters with their GEMMs; "
                         f"it needs sp=1 and gx > 1 (got sp={int(plan.sp)}, gx={plan.gx})")
