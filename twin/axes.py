@@ -77,7 +77,8 @@ KEYS: tuple[str, ...] = tuple(axis.key for axis in AXES)
 DEFAULT_SEARCH: tuple[str, ...] = tuple(axis.key for axis in AXES if axis.searched_by_default)
 ALIASES: dict[str, str] = {alias: axis.key for axis in AXES for alias in axis.aliases}
 BATCH_KEYS: tuple[str, ...] = tuple(axis.key for axis in AXES if axis.splits_batch)  # gz, gdata
-DIMENSIONS: tuple[str, ...] = ("heads", "kv_heads", "hidden", "ffn", "vocab", "seq")  # the order divisibility is checked in
+# the order divisibility is checked in
+DIMENSIONS: tuple[str, ...] = ("heads", "kv_heads", "hidden", "ffn", "vocab", "seq")
 
 
 def degrees_text(degrees: dict[str, int]) -> str:

@@ -66,7 +66,8 @@ _COLUMNS = {
     "source": ("source",),
 }
 _REQUIRED = ("gpus", "global_batch", "layers", "hidden", "heads", "seq")
-MODEL_ASSUMPTIONS = ("vocab", "ffn", "kv_heads", "arch", "dtype", "dropout")  # model fields `assume` may set; the rest are plan fields
+# model fields `assume` may set; the rest are plan fields
+MODEL_ASSUMPTIONS = ("vocab", "ffn", "kv_heads", "arch", "dtype", "dropout")
 
 
 @dataclass(frozen=True)

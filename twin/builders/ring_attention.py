@@ -22,8 +22,9 @@ all queries to its earlier chunk), which is the same number of FLOPs as a
 causal square of the share. Shifts are the IR's "shift" collective over the
 "cp" group (each member to the next, the last to the first), K and V
 together (two tensors of the share's tokens x local K/V heads: kv_heads / heads
-of q's with grouped-query attention), and dK and dV in the model's dtype. Not counted: the kernels that split and re-join the two
-chunks, and the loss's all-reduce over cp (one number per micro-batch).
+of q's with grouped-query attention), and dK and dV in the model's dtype. Not
+counted: the kernels that split and re-join the two chunks, and the loss's
+all-reduce over cp (one number per micro-batch).
 """
 
 from __future__ import annotations

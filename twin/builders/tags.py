@@ -6,11 +6,13 @@ layer), the executor's numerics binds the linears' GEMMs and collectives to
 real tensors by (block, role). The words:
 
 - blocks: the linears LINEAR_BLOCKS; the modules of a layer "ln1", "ln2",
-  "attn" (the attention core), "gelu", "resid1", "resid2"; outside the
+  "attn" (the attention core), "gelu" (a Llama layer: "swiglu", and "rope_q",
+  "rope_k"), "resid1", "resid2"; outside the
   layers "ln_f", "embed", "loss", "p2p" (pipeline transfers), and in the
   step around the micro-batches "main_grad", "layer" (a layer's gradient
   bucket), "optimizer".
-- a linear's roles: "gemm" (forward), "dI", "dW", "bias" and "dbias" (when
+- a linear's roles: "gemm" (forward; with tpo its chunks under a collective
+  also "gemm_tail" or "gemm_rest", and "dI_tail"), "dI", "dW", "bias" and "dbias" (when
   its bias is added outside the GEMM), its weight's all-gather "ag_z" or
   "ag_zdata" (ZeRO-3) and the gradient's reduce-scatter "rs_z" or
   "rs_zdata", the output's or dI's all-reduce "ar_x" / "ar_y", sequence
