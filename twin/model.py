@@ -57,6 +57,11 @@ _FIELD_RANGES = {"layers": limits.LAYERS, "hidden": limits.WIDTH, "heads": limit
 ARCHES = ("gpt", "llama")
 
 
+def trains_with_dropout(arch: str) -> bool:
+    """Whether a model of `arch` trains with dropout unless told otherwise: GPT does, Llama does not."""
+    return arch != "llama"
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer. `ffn` defaults to 4 x hidden, `kv_heads` to heads (no grouped-query attention)."""
@@ -194,7 +199,7 @@ def _gpt(name: str, layers: int, hidden: int, heads: int) -> ModelSpec:
 def _llama(name: str, layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, vocab: int, seq: int
            ) -> ModelSpec:
     return ModelSpec(name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, vocab=vocab,
-                     seq=seq, dropout=False, arch="llama")
+                     seq=seq, dropout=trains_with_dropout("llama"), arch="llama")
 
 
 # reference/published.md, section A (AxoNN SC'24 Table II) and section B (Dash et al. ISC'24).
@@ -272,8 +277,8 @@ def parse_model_spec(text: str, name: str = "custom") -> ModelSpec:
     if missing:
         raise TwinError(f"--model-spec is missing {', '.join(sorted(missing))} (example: layers=24,hidden=4096,heads=32)")
     kwargs: dict[str, object] = {}
-    if fields.get("arch") == "llama" and "dropout" not in fields:
-        kwargs["dropout"] = False
+    if "dropout" not in fields:
+        kwargs["dropout"] = trains_with_dropout(fields.get("arch", "gpt"))
     for key, value in fields.items():
         if key in ("dtype", "arch"):
             kwargs[key] = value

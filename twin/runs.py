@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from twin.errors import TwinError
-from twin.model import ModelSpec, parse_switch
+from twin.model import ModelSpec, parse_switch, trains_with_dropout
 from twin.plan import ParallelPlan, parse_plan
 
 _COLUMNS = {
@@ -165,7 +165,8 @@ def _model(cells: dict[str, str], assumed: dict[str, str], where: str) -> ModelS
     dtype = assumed.get("dtype", "bf16")
     arch = cells.get("arch", "").strip() or assumed.get("arch", "gpt")
     try:
-        dropout = parse_switch(assumed["dropout"], "--assume dropout") if "dropout" in assumed else arch != "llama"
+        dropout = (parse_switch(assumed["dropout"], "--assume dropout") if "dropout" in assumed
+                   else trains_with_dropout(arch))
         return ModelSpec(name=cells.get("label", "").strip() or "custom", dtype=dtype, dropout=dropout, arch=arch,
                          **fields)
     except TwinError as e:

@@ -20,6 +20,8 @@ its own: the steady state of Megatron's --overlap-grad-reduce and
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from twin.builders.stage import Bucket, StageBase
 from twin.builders.tags import STEP
 from twin.ir import Collective
@@ -61,8 +63,14 @@ class DataParallelWriter(StageBase):
         the weight-shard reduce-scatters still in flight (ors), which complete its gradients."""
         if self.plan.odp and self.synchronises_buckets:
             after = tuple(self.deferred_waits)
-            self.reduced_buckets += [self.reduce_bucket(*bucket, after) for bucket in self.gradient_buckets()
-                                     if bucket[0] in blocks and bucket[1] == layer]
+            params = self.bucket_params
+            self.reduced_buckets += [self.reduce_bucket(block, layer, params[(block, layer)], after)
+                                     for block in blocks if (block, layer) in params]
+
+    @cached_property
+    def bucket_params(self) -> dict[tuple[str, int | None], float]:
+        """(block, layer) -> parameters of this stage's gradient bucket: odp looks one up per layer's backward."""
+        return {(block, layer): params for block, layer, params in self.gradient_buckets()}
 
     def gathers_weights_ahead(self) -> bool:
         """odp under ZeRO-1/2: the updated weights are gathered under the forward, not after the optimizer."""
