@@ -34,7 +34,6 @@ error of each column.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -42,11 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from topologies import load_machine  # noqa: E402
 from topologies.overrides import parse_override  # noqa: E402
-from twin.errors import TwinError  # noqa: E402
-from twin.memory import memory_per_gpu, usable_bytes  # noqa: E402
-from twin.micro_batches import simulate_step  # noqa: E402
-from twin.plan import ParallelPlan, parse_plan, validate_plan  # noqa: E402
 from twin.runs import MeasuredRun, load_runs  # noqa: E402
+from open_settings import chunk_counts, predict_table  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 RUNS = REPO / "benchmarks" / "data" / "megatron-h100-2024.csv"
@@ -55,7 +51,6 @@ FITTED = REPO / "topologies" / "fitted" / "mpt-h100-80g.toml"
 NODES = 768  # the 6,144-GPU run's nodes
 MICRO_BATCHES = (1, 2, 4)
 MAX_CHUNKS = 32  # model chunks per pipeline rank tried (Megatron allows any divisor of the layers per stage)
-RECOMPUTE = ("none", "selective", "full")  # the least that fits is taken
 
 
 def machines() -> dict[str, object]:
@@ -68,46 +63,18 @@ def machines() -> dict[str, object]:
 
 
 def settings(run: MeasuredRun, tpo: bool, odp: bool) -> list[str]:
-    """Every setting the table leaves open for `run`, as plan texts (module docstring), recompute last-varying."""
+    """Every setting the table leaves open for `run` but the recompute, as plan texts (module docstring)."""
     plan, model = run.plan, run.model
     per_rank = plan.global_batch // plan.gdata
-    stage_layers = model.layers // plan.pp
     texts = []
     tp_flags = f"sp=1,tpo={int(tpo)}" if plan.gx > 1 else "sp=0"
     for mbs in MICRO_BATCHES:
         if per_rank % mbs:
             continue
-        micro_batches = per_rank // mbs
-        for vpp in range(1, MAX_CHUNKS + 1):
-            if vpp > 1 and (plan.pp == 1 or stage_layers % vpp or micro_batches % plan.pp):
-                continue
-            base = f"tp={plan.gx},pp={plan.pp},dp={plan.gdata},vpp={vpp},zero=1,odp={int(odp)},{tp_flags},mbs={mbs}"
-            texts += [f"{base},recompute={recompute}" for recompute in RECOMPUTE]
+        for vpp in chunk_counts(model.layers // plan.pp, per_rank // mbs, plan.pp, MAX_CHUNKS):
+            texts.append(f"tp={plan.gx},pp={plan.pp},dp={plan.gdata},vpp={vpp},zero=1,odp={int(odp)},{tp_flags},"
+                         f"mbs={mbs}")
     return texts
-
-
-def fastest(run: MeasuredRun, machine, tpo: bool, odp: bool) -> tuple[float, str]:
-    """The twin's fastest step over the run's open settings that fit in memory (the least recompute per setting)."""
-    best: tuple[float, str] | None = None
-    fitted_base = None
-    for text in settings(run, tpo, odp):
-        base = text.rsplit(",recompute=", 1)[0]
-        if base == fitted_base:
-            continue  # a lesser recompute of this setting already fit
-        plan = parse_plan(text, ParallelPlan(global_batch=run.plan.global_batch))
-        try:
-            validate_plan(plan, run.model, run.gpus)
-        except TwinError:
-            continue
-        if memory_per_gpu(run.model, plan).total > usable_bytes(machine.device.hbm_bytes):
-            continue
-        fitted_base = base
-        step = simulate_step(run.model, plan, machine, run.gpus).step_time_s
-        if best is None or step < best[0]:
-            best = (step, plan.describe())
-    if best is None:
-        raise TwinError(f"{run.origin} line {run.line}: no open setting fits in memory")
-    return best
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,29 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="model --overlap-grad-reduce and --overlap-param-gather (1, as the runs did) or not (0)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
-    runs = load_runs(str(RUNS))
-    columns = machines()
-    rows = []
-    for run in runs:
-        row = {"label": run.label, "gpus": run.gpus, "measured_s": run.step_time_s, "predicted_s": {}, "plan": {}}
-        for name, machine in columns.items():
-            step, plan = fastest(run, machine, bool(args.tpo), bool(args.odp))
-            row["predicted_s"][name] = step
-            row["plan"][name] = plan
-        rows.append(row)
-        if not args.json:
-            steps = [row["predicted_s"][n] for n in columns]
-            cells = "  ".join(f"{t:7.3f} ({100 * (t / run.step_time_s - 1):+5.1f}%)" for t in steps)
-            print(f"{run.label:>5} on {run.gpus:>5} GPUs  measured {run.step_time_s:7.3f} s  {cells}   "
-                  f"{row['plan'][list(columns)[-1]]}", flush=True)
-    means = {n: sum(abs(r["predicted_s"][n] / r["measured_s"] - 1) for r in rows) / len(rows) * 100 for n in columns}
-    if args.json:
-        print(json.dumps({"runs": str(RUNS.relative_to(REPO)), "tpo": bool(args.tpo), "odp": bool(args.odp),
-                          "rows": rows, "mean_abs_error_pct": means}, indent=1))
-        return 0
-    print(f"columns: {' | '.join(columns)}; plans shown for the last")
-    print("mean |error|: " + ", ".join(f"{n} {m:.1f}%" for n, m in means.items()))
-    return 0
+    tpo, odp = bool(args.tpo), bool(args.odp)
+    return predict_table(load_runs(str(RUNS)), machines(), lambda run: settings(run, tpo, odp), args.json,
+                         {"runs": str(RUNS.relative_to(REPO)), "tpo": tpo, "odp": odp})
 
 
 if __name__ == "__main__":

@@ -82,6 +82,20 @@ def test_shortcut_equals_full_simulation(machine, plan, pp, ga, layers, override
         assert deep.time_by_class_s[k] == pytest.approx(v, rel=1e-2, abs=1e-3 * full.step_time_s), k
 
 
+def test_shortcut_keeps_end_stages_that_hold_fewer_layers():
+    """pemb=1, ploss=1 (Llama 3's split): the first and last stages hold one layer fewer than the interior ones;
+    the short pipelines keep them so, and the step is the full simulation's."""
+    model, _, m, gpus = _case("dgx-a100", "tp=8,dp=1", 12, 13, 2)
+    model = replace(model, layers=2 * 12 - 2)
+    plan = replace(parse_plan("tp=8,dp=1,pp=12,pemb=1,ploss=1,mbs=1,ga=13"), global_batch=13)
+    resolved, _ = resolve_step(model, plan, m, gpus)
+    deep = simulate_deep(model, resolved, m, gpus)
+    assert deep is not None
+    full = summarize(simulate(build_step(model, resolved, m, gpus).schedule, m))
+    assert deep.step_time_s == pytest.approx(full.step_time_s, rel=1e-6)
+    assert deep.flops_executed == pytest.approx(full.flops_executed, rel=1e-6)
+
+
 def test_stages_next_to_the_ends_may_differ(monkeypatch):
     """Frontier, one dragonfly group per stage, GPT-80B's layers: the last stage's own end-of-step collectives
     (its data-parallel all-reduce, in another protocol for the LM head's size; the tied embedding's sum with the

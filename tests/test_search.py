@@ -578,3 +578,35 @@ def test_a_stages_own_term_counts_the_receives_between_its_runs_but_not_the_firs
     receives = [op for op in program.ops if isinstance(op.work, P2P) and op.work.kind == "recv"]
     assert len(receives) == 16  # 8 micro-batches' activations and gradients
     assert received_s(program, durations) == pytest.approx(sum(durations[op.id] for op in receives[1:]), rel=1e-12)
+
+
+@pytest.mark.parametrize("text", ["gx=2,gdata=2,pp=4,pemb=1,ploss=1,mbs=1", "gdata=2,pp=8,pemb=1,ploss=1,mbs=1",
+                                  "gx=2,gdata=2,pp=4,vpp=2,pemb=1,ploss=1,mbs=1"])
+def test_bounds_hold_where_the_embedding_and_the_loss_count_as_layers(text):
+    """pemb/ploss: the end stages hold fewer layers. The layer-continued bound terms equal the full model's, and
+    the full bound and the screening bound stay below the simulated step."""
+    from twin.search.screen import ScreenModel
+
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC.replace("layers=4", "layers=30"))  # 30 + 2 slots: 8 or 4 a chunk
+    gpus = 16
+    plan = build_step(model, parse_plan(f"{text},global_batch=32"), machine, gpus).plan
+    rank._init_worker(model, machine, gpus)
+    bounds = rank._WORKER["bounds"]
+
+    def terms(m):
+        return bounds.terms_s(build_step(m, plan, machine, gpus).schedule)
+
+    assert rank._layer_continued(model, plan, terms) == pytest.approx(terms(model), rel=1e-9, abs=1e-12)
+    step = rank._simulate_plan(plan).step_time_s
+    assert rank._bound_of(plan) <= step * (1 + 1e-9)
+    assert 0 < ScreenModel(model, BoundModel(machine, gpus)).bound_s(plan) <= step * (1 + 1e-9)
+
+
+def test_search_space_takes_the_end_slot_split_only_where_the_even_one_does_not_divide():
+    """126 layers: pp=16 plans appear with pemb=1, ploss=1; pp=2 (even) plans keep the even split."""
+    model = replace(parse_model_spec(SEARCH_SPEC), layers=126)
+    space = enumerate_space(model, 32, 64, 1e15, SearchSpace(axes=("gdata", "pp")))
+    by_pp = {c.plan.pp: c.plan for c in space.candidates}
+    assert all(by_pp[pp].pemb and by_pp[pp].ploss for pp in (4, 8, 16, 32))  # 128 slots
+    assert not (by_pp[1].pemb or by_pp[2].pemb or by_pp[2].ploss)  # 63 layers a stage

@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from twin.builders.megatron_kernels import fused_softmax_available
 from twin.errors import TwinError
 from twin.model import ModelSpec
+from twin.pipeline_split import chunk_layers, stage_layers
 from twin.plan import ParallelPlan, divisors, validate_pipeline_micro_batches, with_micro_batch
 
 # [estimate] CUDA/HIP context, NCCL/RCCL buffers and caching-allocator
@@ -145,7 +146,7 @@ def kept_and_rebuilt_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) ->
 def stage_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     """Parameters a pipeline stage holds: its layers, the embedding on the first, and on the last the final norm and
     the LM head (GPT's tied to the embedding, so a second copy only when pp > 1; Llama's its own)."""
-    params = model.layers // plan.pp * model.params_per_layer
+    params = stage_layers(model.layers, plan, stage) * model.params_per_layer
     if stage == 0:
         params += model.embedding_params
     if stage == plan.pp - 1:
@@ -155,13 +156,16 @@ def stage_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
 
 
 def in_flight_layers(model: ModelSpec, plan: ParallelPlan, stage: int) -> int:
-    """Layers whose activations a stage holds at its peak."""
-    chunk_layers = model.layers // (plan.pp * plan.vpp)
+    """Layers whose activations a stage holds at its peak: those of the forwards it runs before its first backward.
+    Interleaved, those forwards take the stage's chunks in turn, pp micro-batches each (Megatron's order), so a
+    chunk holding fewer layers (the embedding's or the loss's slot, pemb/ploss) counts for what it holds."""
     micro_batches = max(plan.ga, 1)
     if plan.vpp == 1:
-        return min(plan.pp - stage, micro_batches) * chunk_layers
-    chunks = min(2 * (plan.pp - stage - 1) + (plan.vpp - 1) * plan.pp + 1, micro_batches * plan.vpp)
-    return chunks * chunk_layers
+        return min(plan.pp - stage, micro_batches) * stage_layers(model.layers, plan, stage)
+    forwards = min(2 * (plan.pp - stage - 1) + (plan.vpp - 1) * plan.pp + 1, micro_batches * plan.vpp)
+    sizes = [len(chunk_layers(model.layers, plan, stage, chunk)) for chunk in range(plan.vpp)]
+    rounds, rest = divmod(forwards, plan.pp * plan.vpp)
+    return rounds * plan.pp * sum(sizes) + sum(sizes[k // plan.pp] for k in range(rest))
 
 
 def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBreakdown:
@@ -169,13 +173,13 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
     tp = plan.tensor_parallel_size
     model_state = model_state_bytes_per_param(plan.zero, plan.gradient_replicas) * stage_params(model, plan, stage) / tp
 
-    stage_layers = model.layers // plan.pp
+    layers = stage_layers(model.layers, plan, stage)
     block_params = model.params_per_layer / (plan.gx * plan.gy)
     largest_linear = max(k * n for _, k, n, _ in model.linear_shapes()) / (plan.gx * plan.gy)
     gathered = 0.0
     if plan.gathered_shards > 1:
         kept_for_backward = plan.recompute != "full" and not plan.reshard
-        gathered = b * block_params * (stage_layers if kept_for_backward else 1)
+        gathered = b * block_params * (layers if kept_for_backward else 1)
         gathered += b * largest_linear * (1 if plan.oag else 0)  # the next linear, prefetched
     gathered += b * largest_linear  # dW before its reduction
 

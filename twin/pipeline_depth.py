@@ -5,7 +5,9 @@ stages x micro-batches: twin.micro_batches already replaces the `ga`
 micro-batches by two steps of pp + 1 and pp + 2, but those still hold
 pp x (pp + 1) stage-micro-batches, which is what made pp = 128 take minutes.
 
-Every stage runs the same layers; what can differ between stages is what
+Every interior stage runs the same layers (the end stages may hold fewer,
+where the embedding and the loss count as layers: twin.pipeline_split; the
+short pipelines keep them); what can differ between stages is what
 their communication costs: the links a boundary's transfers cross (within a
 switch, between switches, between dragonfly groups) and what else loads
 them. Stages whose communication ops cost the same, with the same shares of
@@ -84,6 +86,7 @@ from topologies.placement import place_ranks
 from twin.build import build_step
 from twin.ir import Collective, P2P
 from twin.model import ModelSpec
+from twin.pipeline_split import extra_slots, slots
 from twin.plan import ParallelPlan
 from twin.report import Summary, summarize, with_step
 from twin.sim.collectives import CollectiveModel
@@ -111,9 +114,9 @@ def short_step(model: ModelSpec, plan: ParallelPlan, gpus: int, depth: int, ga: 
                ) -> tuple[ModelSpec, ParallelPlan, int]:
     """The same stages (layers per stage, ranks per stage, micro-batch) in a pipeline of `depth` stages and `ga`
     micro-batches: (model, plan, gpus)."""
-    per_stage = model.layers // plan.pp
+    per_stage = slots(model.layers, plan) // plan.pp  # layers, the embedding and the loss counted where they are
     short_plan = replace(plan, pp=depth, ga=ga, global_batch=plan.mbs * ga * plan.batch_split)
-    return replace(model, layers=per_stage * depth), short_plan, gpus // plan.pp * depth
+    return replace(model, layers=per_stage * depth - extra_slots(plan)), short_plan, gpus // plan.pp * depth
 
 
 def _stage_signatures(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,

@@ -52,6 +52,13 @@ and the reduce-scatter behind a row-parallel one (and the gradient's gather in
 a row-parallel backward) run in chunks under the GEMM instead of around it
 (twin.builders.linears). Needs sp=1.
 
+`pemb` and `ploss` count the embedding, and the LM head with the loss, as
+one layer each where the layers are split over the pipeline's chunks
+(Megatron-Core's --account-for-embedding-in-pipeline-split and
+--account-for-loss-in-pipeline-split; Llama 3 405B's 126 layers on 16
+stages): the first and the last stage then hold fewer layers
+(twin.pipeline_split).
+
 `odp` overlaps the data-parallel synchronisation with the step: each
 gradient bucket (a layer's, the embedding's, the LM head's) is all-reduced or
 reduce-scattered as soon as the last micro-batch's backward has finished it,
@@ -73,7 +80,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from twin import axes, limits
+from twin import axes, limits, pipeline_split
 from twin.errors import TwinError
 from twin.model import ModelSpec
 
@@ -105,6 +112,8 @@ class ParallelPlan:
     p2p: str = "split"  # P2P_KINDS: pipeline transfers cut over the tensor-parallel ranks, or whole on each
     pp: int = 1  # pipeline stages (1F1B schedule)
     vpp: int = 1  # virtual stages (model chunks) per pipeline rank: interleaved 1F1B when > 1
+    pemb: bool = False  # the embedding counts as one layer in the pipeline's split (twin.pipeline_split)
+    ploss: bool = False  # the LM head and loss count as one layer in the pipeline's split
     zero: int = 0  # ZeRO stage over the data axis
     sp: bool = False  # Megatron sequence parallelism over gx (needs gy = 1)
     reshard: bool = False  # sharded weights freed after each layer's forward, gathered again for its backward (FSDP)
@@ -167,6 +176,10 @@ class ParallelPlan:
         parts = [axes.degrees_text(self.degrees)]
         if self.vpp > 1:
             parts.append(f"vpp={self.vpp}")
+        if self.pemb:
+            parts.append("pemb=1")
+        if self.ploss:
+            parts.append("ploss=1")
         if self.zero:
             parts.append(f"zero={self.zero}")
         if self.sp:
@@ -199,7 +212,7 @@ _INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero"}
 # them positive or not at all (no 0 meaning "choose").
 _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
                "zero": limits.Range(0, 3, "(a ZeRO stage)")}
-_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp"}
+_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
 _WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
@@ -208,8 +221,8 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(_WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
-    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,zero=..,sp=..,tpo=..,odp=..,reshard=..,mbs=..,ga=..,
-    attention=..,optimizer=..,p2p=..,recompute=..,oar=0,..,tune=0]'.
+    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,
+    reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,recompute=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
     'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and
@@ -295,12 +308,9 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
     if plan.tpo and not (plan.sp and plan.gx > 1):
         raise TwinError("--plan: tpo=1 overlaps sequence parallelism's gathers and scatters with their GEMMs; "
                         f"it needs sp=1 and gx > 1 (got sp={int(plan.sp)}, gx={plan.gx})")
-    stages = plan.pp * plan.vpp
-    if model.layers % stages:
-        raise TwinError(
-            f"--plan: {model.layers} layers do not split into pp x vpp = {plan.pp} x {plan.vpp} = {stages} "
-            "stages of equal size; choose pp*vpp dividing the layer count"
-        )
+    split = pipeline_split.split_error(model.layers, plan)
+    if split:
+        raise TwinError(f"--plan: {split}")
     if plan.vpp > 1 and plan.pp == 1:
         raise TwinError("--plan: vpp > 1 (interleaved 1F1B) needs pipeline parallelism; set pp > 1 or vpp=1")
     for dimension in axes.DIMENSIONS:  # heads, kv_heads, hidden, ffn, vocab, seq: each split by the axes that say so

@@ -17,6 +17,7 @@ from twin.builders.tags import Pass
 from twin.ir import Collective, Elementwise, OpTag
 from twin.mesh import gradient_axis, plan_mesh, weight_shard_axis
 from twin.model import ModelSpec
+from twin.pipeline_split import chunk_layers
 from twin.plan import ParallelPlan
 
 
@@ -64,14 +65,11 @@ class StageBase:
         self.acc_bytes = grad_accumulation_bytes(model.dtype)
         self.w = ProgramWriter()
         self.n_virtual = plan.pp * plan.vpp
-        per_chunk = model.layers // self.n_virtual
-        self.chunks = []  # per chunk: the blocks (each four Linears) of this stage
-        for chunk in range(plan.vpp):
-            first = (chunk * plan.pp + stage) * per_chunk
-            self.chunks.append([
-                [Linear(name, layer, k, n, t) for name, k, n, t in model.linear_shapes()]
-                for layer in range(first, first + per_chunk)
-            ])
+        self.chunks = [  # per chunk: the blocks (each four Linears) of this stage
+            [[Linear(name, layer, k, n, t) for name, k, n, t in model.linear_shapes()]
+             for layer in chunk_layers(model.layers, plan, stage, chunk)]
+            for chunk in range(plan.vpp)
+        ]
         self.lm_head = Linear("lm_head", None, model.hidden, model.vocab, False)
         self.deferred_waits: list[int] = []  # ors: reduce-scatters waited at the end of backward
         self.reduced_buckets: list[int] = []  # odp: gradient buckets' reductions issued by the backward

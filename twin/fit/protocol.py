@@ -30,6 +30,8 @@ VALIDATION_FILES = {
     "mpt-h100-80gb-multi-node.csv": "930b4445bf77c72c36e14bd8a9e247b83572b1dfad3570903f03f6d0d53caa07",
     # Megatron-LM's published weak scaling on 48-6,144 H100 (its README's table of July 2024)
     "megatron-h100-2024.csv": "78c249ad2049ecbb5b14175a1481f0053a02f06be2809b9a2a966422cf3b83b1",
+    # Meta's Llama 3 405B pretraining on 8,192 and 16,384 H100 (the Llama 3 paper's Table 4)
+    "llama3-405b-meta-2024.csv": "9e80559b7ba2169f128d2ebfd9c7a7792877ffc1267e4f3cdb2cb334100bd9d4",
 }
 
 

@@ -43,6 +43,7 @@ from twin.collector import infrequent
 from twin.errors import TwinError
 from twin.micro_batches import continued, extended, simulate_step
 from twin.model import ModelSpec
+from twin.pipeline_split import extra_slots
 from twin.plan import ParallelPlan
 from twin.search import cache
 from twin.search.bound import BoundModel
@@ -201,7 +202,8 @@ def _chains_s(grid: ParallelPlan) -> tuple[float, float, float]:
 
 def _layer_continued(model: ModelSpec, plan: ParallelPlan,
                      terms: Callable[[ModelSpec], tuple[float, ...]]) -> tuple[float, ...]:
-    """`terms` of the full model, from models of 2 and 3 layers per pipeline stage continued linearly.
+    """`terms` of the full model, from models of 2 and 3 layers per model chunk continued linearly (slots, where
+    the embedding and the loss count as layers: twin.pipeline_split).
 
     Each bound term is a sum over a program's ops (the longest path, compute
     and communication time, a link's bytes), and every further layer adds the
@@ -209,9 +211,9 @@ def _layer_continued(model: ModelSpec, plan: ParallelPlan,
     rounding (tests/test_search.py checks it). Building and bounding 5 layers
     instead of 96 is what keeps bounding every plan of a 32,768-GPU search cheap.
     """
-    unit = plan.pp * plan.vpp
-    short, longer = 2 * unit, 3 * unit
-    if model.layers % unit or model.layers <= longer + unit:
+    unit, extra = plan.pp * plan.vpp, extra_slots(plan)  # extra: the embedding's and the loss's slots (pemb, ploss)
+    short, longer = 2 * unit - extra, 3 * unit - extra
+    if (model.layers + extra) % unit or model.layers <= longer + unit:
         return terms(model)
     return extended(terms(replace(model, layers=short)), terms(replace(model, layers=longer)),
                     (model.layers - longer) // unit)

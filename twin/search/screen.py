@@ -87,6 +87,7 @@ from dataclasses import replace
 from twin.builders.schedule import build_layer_passes, build_schedule
 from twin.ir import Program, Schedule
 from twin.model import ModelSpec
+from twin.pipeline_split import fewest_and_most
 from twin.plan import ParallelPlan
 from twin.search.bound import BoundModel
 from twin.search.passes import busiest_stream_s, least_per_layer_s, pass_chains_s, pass_compute_s
@@ -94,7 +95,7 @@ from twin.search.passes import busiest_stream_s, least_per_layer_s, pass_chains_
 
 def grid_plan(plan: ParallelPlan) -> ParallelPlan:
     """The plan reduced to what decides a layer's ops: its tensor-parallel grid, one micro-batch, no pipeline."""
-    return replace(plan, pp=1, vpp=1, gdata=1, zero=0, ga=1, global_batch=plan.mbs * plan.gz)
+    return replace(plan, pp=1, vpp=1, pemb=False, ploss=False, gdata=1, zero=0, ga=1, global_batch=plan.mbs * plan.gz)
 
 
 class ScreenModel:
@@ -159,12 +160,12 @@ def screen_bound_s(model: ModelSpec, plan: ParallelPlan, layer: tuple[float, flo
     """The bound from (W, C, S, K) (module docstring): a rank's own layers, and a 1F1B pipeline's fill and drain.
     With C, S and K at 0 it is the bound from W alone: weaker, and free of the collectives' lowering."""
     w, c, s, k = layer
-    per_rank = model.layers // (plan.pp * plan.vpp) * plan.vpp
+    fewest, most = fewest_and_most(model.layers, plan)  # the end stages hold fewer with pemb or ploss
     m = plan.ga
-    own = m * per_rank * (w if plan.zero == 3 else max(w, c, k))
+    own = m * most * (w if plan.zero == 3 else max(w, c, k))
     if plan.pp > 1 and plan.vpp == 1:
         whole_nodes = (plan.world_size // plan.pp) % gpus_per_node == 0 and plan.zero != 3
         stage = max(w, s) if whole_nodes else w  # any stage's forward and backward of a micro-batch
         first = max(stage, w if plan.zero == 3 else c)  # stage 0's, which holds rank 0
-        return max(own, per_rank * first + (plan.pp - 2 + m) * per_rank * stage)
+        return max(own, fewest * first + (plan.pp - 2 + m) * fewest * stage)
     return own

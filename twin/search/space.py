@@ -9,7 +9,11 @@ the plan is kept once) and a micro-batch size, with AxoNN's overlap switches
 and GEMM tuning on. Plans are checked exactly
 as `twin simulate` checks them (twin.plan.validate_plan: divisibility of
 heads, hidden, ffn, vocabulary, weight blocks and batch), then pruned by
-memory fit (twin.memory) before anything is simulated.
+memory fit (twin.memory) before anything is simulated. Where the layers do
+not split evenly over a plan's stages but do with the embedding and the loss
+counted as one layer each, the plan takes that split (pemb=1, ploss=1, as
+Megatron-Core and Llama 3 405B's 126 layers on 16 stages); plans that split
+evenly keep the even split.
 
 Micro-batch ("auto"): without a pipeline the largest micro-batch that fits
 (larger GEMMs run closer to peak and a micro-batch repeats every weight
@@ -29,6 +33,7 @@ from twin import axes as axis_registry
 from twin.errors import TwinError
 from twin.memory import memory_per_gpu, usable_bytes
 from twin.model import ModelSpec
+from twin.pipeline_split import split_error
 from twin.plan import RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan, divisors, validate_plan, with_micro_batch
 
 AXES = axis_registry.KEYS  # every axis a search may vary
@@ -152,7 +157,8 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
         if zero and deg.get("gdata", 1) == 1:
             rejected["ZeRO needs gdata > 1"] += 1
             continue
-        plan = replace(ParallelPlan(), global_batch=global_batch, zero=zero, recompute=recompute, **deg)
+        plan = _split_variant(replace(ParallelPlan(), global_batch=global_batch, zero=zero, recompute=recompute, **deg),
+                              model)
         try:
             validate_plan(plan, model, gpus)
         except TwinError as e:
@@ -170,6 +176,15 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
     return Space(tuple(candidates), len(degrees), rejected, overflow)
 
 
+def _split_variant(plan: ParallelPlan, model: ModelSpec) -> ParallelPlan:
+    """`plan`, or, where its layers do not split evenly over its stages and they do once the embedding and the loss
+    count as one layer each, that split (pemb=1, ploss=1: Megatron-Core's; Llama 3 405B's 126 layers on 16)."""
+    if plan.pp == 1 or not split_error(model.layers, plan):
+        return plan
+    ends = replace(plan, pemb=True, ploss=True)
+    return plan if split_error(model.layers, ends) else ends
+
+
 def _reshard_variants(plan: ParallelPlan, reshard: tuple[bool, ...]) -> list[ParallelPlan]:
     """`plan` with each asked-for reshard that changes it: reshard=1 only where weights are sharded and recompute is
     not full (elsewhere the step is the same), so each distinct plan once."""
@@ -185,7 +200,7 @@ def _reason(message: str) -> str:
     m = _DIVISIBILITY.match(message)
     if m:
         return f"{m.group(1).replace('-', ' ')} not divisible by {m.group(2)}"
-    if "layers do not split" in message:
+    if "do not split into pp x vpp" in message:
         return "layers do not split into pp x vpp equal stages"
     head = message.split(":")[0] if not message.startswith("--plan") else message.split(":")[1]
     return re.sub(r"\d+", "N", head.strip().split(" is not")[0].split(";")[0])[:60]
