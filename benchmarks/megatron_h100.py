@@ -18,9 +18,9 @@ rank; vpp 1 or any divisor of the layers per stage up to MAX_CHUNKS, with the
 micro-batches a multiple of pp as Megatron requires; the least recompute that
 fits: none, then selective, then full), as the AxoNN rows are the fastest of
 AxoNN's candidates. Flash attention (Transformer Engine's), bf16, GPT-style
-layers; the model's LM head is untied in Megatron's runs (their parameter
-counts say so) and tied in the twin's GPT, which changes only the gradient
-and optimizer traffic of one V x h table.
+layers with the LM head untied (`tied=0`: the table's parameter counts say
+so, tests/test_model.py), which adds one V x h table's gradient and
+optimizer traffic.
 
 Two machine columns, both the DGX H100 SuperPOD of topologies/mpt-h100-80g.toml
 (8 H100 per node, NVSwitch, 8 x 400 Gb/s NDR on a rail-optimised full-bisection
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
     tpo, odp = bool(args.tpo), bool(args.odp)
-    return predict_table(load_runs(str(RUNS)), machines(), lambda run: settings(run, tpo, odp), args.json,
+    return predict_table(load_runs(str(RUNS), assume="tied=0"), machines(), lambda run: settings(run, tpo, odp), args.json,
                          {"runs": str(RUNS.relative_to(REPO)), "tpo": tpo, "odp": odp})
 
 

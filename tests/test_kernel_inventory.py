@@ -352,11 +352,11 @@ def test_llama_layer_kernels(frontier, gx, mbs):
     assert qkv.n == (1024 + 2 * 2 * 128) // gx and up.n == 2 * 1536 // gx  # narrower K/V; gate and up in one GEMM
 
 
-@pytest.mark.parametrize("spec", [SMALL_SPEC, LLAMA_SPEC])
+@pytest.mark.parametrize("spec", [SMALL_SPEC, SMALL_SPEC + ",tied=0", LLAMA_SPEC])
 @pytest.mark.parametrize("pp", [1, 2])
 def test_data_parallel_all_reduce_moves_every_parameter_once(frontier, spec, pp):
-    """Summed over the pipeline's stages, the gradient all-reduces carry every parameter of the model once (Llama's
-    untied LM head among them), plus GPT's tied table once more on the last stage when pp > 1."""
+    """Summed over the pipeline's stages, the gradient all-reduces carry every parameter of the model once (an
+    untied LM head among them), plus a tied table once more on the last stage when pp > 1."""
     model = parse_model_spec(spec)
     b = build(frontier, model, f"tp=1,dp=2,pp={pp},mbs=1", 2 * 2)
     total = 0.0

@@ -205,3 +205,30 @@ def test_get_model_unknown_lists_the_known_names():
     assert "GPT-7B" in message
     for name in CATALOG:
         assert name in message
+
+
+def test_an_untied_gpt_head_is_its_own_table_and_megatrons_h100_counts_say_untied():
+    """tied=0 (Megatron's --untie-embeddings-and-output-weights) adds a V x h table; the 7.1B of Megatron-LM's H100
+    table (h 4096, 30 layers, V 131,072, s 4,096) is 7.1B untied and 6.6B tied: untied."""
+    spec = "layers=30,hidden=4096,heads=32,seq=4096,vocab=131072"
+    tied, untied = parse_model_spec(spec), parse_model_spec(spec + ",tied=0")
+    assert tied.tied_head and not untied.tied_head
+    assert untied.params - tied.params == 131072 * 4096
+    assert (round(untied.params / 1e9, 1), round(tied.params / 1e9, 1)) == (7.1, 6.6)
+    assert parse_model_spec("layers=2,hidden=64,heads=4,arch=llama").tied_head is False
+    assert parse_model_spec("layers=2,hidden=64,heads=4,arch=llama,tied=1").tied_head is True
+
+
+def test_runs_files_say_tied_per_row_or_once_for_all(tmp_path):
+    """A runs CSV's `tied` column, else `--assume tied=..`, else the arch's default; a bad value names the row."""
+    from twin.runs import load_runs
+
+    runs = tmp_path / "runs.csv"
+    runs.write_text("gpus,global_batch,layers,hidden,heads,seq,plan,step_time_s,tied\n"
+                    "2,4,2,256,4,128,\"tp=2\",1.0,0\n2,4,2,256,4,128,\"tp=2\",1.0,\n")
+    untied, default = load_runs(str(runs))
+    assert not untied.model.tied_head and default.model.tied_head
+    assert not any(r.model.tied_head for r in load_runs(str(runs), "tied=0"))
+    runs.write_text("gpus,global_batch,layers,hidden,heads,seq,plan,step_time_s,tied\n2,4,2,256,4,128,tp=2,1.0,yes\n")
+    with pytest.raises(TwinError, match="line 2.*tied='yes' must be 0 or 1"):
+        load_runs(str(runs))

@@ -79,8 +79,13 @@ class ModelSpec:
     dropout: bool = True
     kv_heads: int = 0
     arch: str = "gpt"
+    # Whether the LM head is the word table (tied: GPT-2's, Megatron's default) or weights of its own (Megatron's
+    # --untie-embeddings-and-output-weights; Llama's). None: what the arch usually does (GPT tied, Llama not).
+    tied: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.tied is None:
+            object.__setattr__(self, "tied", self.arch == "gpt")
         if self.ffn == 0:
             object.__setattr__(self, "ffn", 4 * self.hidden)
         if self.kv_heads == 0:
@@ -120,8 +125,8 @@ class ModelSpec:
 
     @property
     def tied_head(self) -> bool:
-        """The LM head shares the word table (GPT); Llama's has its own weights."""
-        return self.arch == "gpt"
+        """The LM head shares the word table (GPT's by default); else it has its own weights (Llama's by default)."""
+        return bool(self.tied)
 
     @property
     def learned_positions(self) -> bool:
@@ -270,9 +275,10 @@ def parse_switch(text: str, where: str) -> bool:
 
 def parse_model_spec(text: str, name: str = "custom") -> ModelSpec:
     """Build a ModelSpec from 'layers=..,hidden=..,heads=..[,seq=..,vocab=..,ffn=..,kv_heads=..,arch=gpt|llama,
-    dtype=..,dropout=0|1]'. arch=llama trains without dropout unless dropout=1 is given."""
+    dtype=..,dropout=0|1,tied=0|1]'. arch=llama trains without dropout unless dropout=1 is given, and unties the
+    LM head unless tied=1 is."""
     ints = {"layers", "hidden", "heads", "seq", "vocab", "ffn", "kv_heads"}
-    fields = _parse_int_fields(text, "--model-spec", ints | {"dtype", "dropout", "arch"})
+    fields = _parse_int_fields(text, "--model-spec", ints | {"dtype", "dropout", "arch", "tied"})
     missing = {"layers", "hidden", "heads"} - fields.keys()
     if missing:
         raise TwinError(f"--model-spec is missing {', '.join(sorted(missing))} (example: layers=24,hidden=4096,heads=32)")
@@ -283,8 +289,8 @@ def parse_model_spec(text: str, name: str = "custom") -> ModelSpec:
         if key in ("dtype", "arch"):
             kwargs[key] = value
             continue
-        if key == "dropout":
-            kwargs[key] = parse_switch(value, "--model-spec dropout")
+        if key in ("dropout", "tied"):
+            kwargs[key] = parse_switch(value, f"--model-spec {key}")
             continue
         try:
             number = int(value)

@@ -18,6 +18,7 @@ spacing ignored, under our names or the names of the vTrain data set
 | tp, dp, pp, mbs | tp / tensor parallelism, dp / data parallelism, pp / pipeline parallelism, mbs / micro batch | |
 | ffn, vocab     | ffn, vocab                                  | optional |
 | kv_heads, arch | kv_heads / kv heads, arch (gpt or llama)    | optional (arch=llama trains without dropout) |
+| tied           | tied (1: the LM head is the word table)     | optional (default: GPT tied, Llama untied) |
 | label          | label, parameters (billion)                 | optional: groups rows (e.g. by model size) |
 | source         | source                                      | optional: where the measurement comes from |
 
@@ -62,12 +63,13 @@ _COLUMNS = {
     "vocab": ("vocab",),
     "kv_heads": ("kv_heads", "kv heads"),
     "arch": ("arch",),
+    "tied": ("tied",),
     "label": ("label", "parameters (billion)"),
     "source": ("source",),
 }
 _REQUIRED = ("gpus", "global_batch", "layers", "hidden", "heads", "seq")
 # model fields `assume` may set; the rest are plan fields
-MODEL_ASSUMPTIONS = ("vocab", "ffn", "kv_heads", "arch", "dtype", "dropout")
+MODEL_ASSUMPTIONS = ("vocab", "ffn", "kv_heads", "arch", "dtype", "dropout", "tied")
 
 
 @dataclass(frozen=True)
@@ -167,8 +169,10 @@ def _model(cells: dict[str, str], assumed: dict[str, str], where: str) -> ModelS
     try:
         dropout = (parse_switch(assumed["dropout"], "--assume dropout") if "dropout" in assumed
                    else trains_with_dropout(arch))
+        tied_text = cells.get("tied", "").strip() or assumed.get("tied", "")
+        tied = parse_switch(tied_text, "field tied") if tied_text else None
         return ModelSpec(name=cells.get("label", "").strip() or "custom", dtype=dtype, dropout=dropout, arch=arch,
-                         **fields)
+                         tied=tied, **fields)
     except TwinError as e:
         raise TwinError(f"{where}: {e}") from None
 

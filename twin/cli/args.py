@@ -44,9 +44,10 @@ def add_machine_and_model_arguments(p: argparse.ArgumentParser, required: bool =
     model = p.add_mutually_exclusive_group(required=required)
     model.add_argument("--model", help="catalog model (see `twin models`), e.g. GPT-80B")
     model.add_argument("--model-spec", help="any decoder-only model: layers=..,hidden=..,heads=..[,seq=..,vocab=..,"
-                       "ffn=..,kv_heads=..,arch=gpt|llama,dtype=bf16|fp16|fp32,dropout=1|0] (kv_heads: grouped-query "
-                       "attention; arch=llama: SwiGLU, RMSNorm, rotary, no biases, untied head, no dropout; "
-                       "dropout=0: trained without dropout, as MPT)")
+                       "ffn=..,kv_heads=..,arch=gpt|llama,dtype=bf16|fp16|fp32,dropout=1|0,tied=1|0] (kv_heads: "
+                       "grouped-query attention; arch=llama: SwiGLU, RMSNorm, rotary, no biases, untied head, no "
+                       "dropout; dropout=0: trained without dropout, as MPT; tied=0: the LM head its own weights, "
+                       "Megatron's --untie-embeddings-and-output-weights)")
     p.add_argument("--seq", type=count_flag(limits.SEQ_LEN), help="sequence length (default: the model's)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
                    help="replace one number of the machine file for this run (repeatable), e.g. "

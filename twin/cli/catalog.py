@@ -68,7 +68,8 @@ def cmd_models(args: argparse.Namespace) -> int:
     rows = [
         {
             "name": m.name, "arch": m.arch, "layers": m.layers, "hidden": m.hidden, "heads": m.heads,
-            "kv_heads": m.kv_heads, "ffn": m.ffn, "seq": m.seq, "vocab": m.vocab, "params_billion": m.params / 1e9,
+            "kv_heads": m.kv_heads, "ffn": m.ffn, "seq": m.seq, "vocab": m.vocab, "tied": m.tied_head,
+            "params_billion": m.params / 1e9,
             "source": SOURCES[m.name],
         }
         for m in CATALOG.values()
