@@ -610,3 +610,39 @@ def test_search_space_takes_the_end_slot_split_only_where_the_even_one_does_not_
     by_pp = {c.plan.pp: c.plan for c in space.candidates}
     assert all(by_pp[pp].pemb and by_pp[pp].ploss for pp in (4, 8, 16, 32))  # 128 slots
     assert not (by_pp[1].pemb or by_pp[2].pemb or by_pp[2].ploss)  # 63 layers a stage
+
+
+MEGATRON_OPTIONS = SearchSpace(axes=("gx", "gdata", "pp"), zero=(0, 1), vpp=(1, 2), sp=(False, True),
+                               tpo=(False, True), odp=(False, True))
+
+
+def test_megatron_schedule_options_are_searched_only_where_they_apply():
+    """--vpp/--sp/--tpo/--odp: each option appears where it changes the step, and every plan appears once."""
+    model = parse_model_spec(SEARCH_SPEC)
+    plans = [c.plan for c in enumerate_space(model, 8, 32, 1e15, MEGATRON_OPTIONS).candidates]
+    assert len({p.describe() for p in plans}) == len(plans)
+    assert all(p.pp > 1 for p in plans if p.vpp > 1) and any(p.vpp == 2 for p in plans)
+    assert all(p.gx > 1 for p in plans if p.sp) and all(p.sp for p in plans if p.tpo) and any(p.tpo for p in plans)
+    assert all(p.gdata > 1 for p in plans if p.odp) and any(p.odp and p.zero == 1 for p in plans)
+    plain = enumerate_space(model, 8, 32, 1e15, SearchSpace(axes=("gx", "gdata", "pp"), zero=(0, 1))).candidates
+    assert {c.plan for c in plain} <= set(plans)
+    assert "vpp 1,2; sp 0,1; tpo 0,1; odp 0,1" in MEGATRON_OPTIONS.describe()
+
+
+def test_bounds_hold_and_the_ranking_is_exact_with_megatron_schedule_options():
+    """Every plan of a space with interleaving, sequence parallelism and both overlaps: the screening bound and the
+    full bound stay below its simulated step, and branch and bound ranks as simulating every plan does."""
+    from twin.search.screen import ScreenModel
+
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC)
+    screen = ScreenModel(model, BoundModel(machine, 8))
+    rank._init_worker(model, machine, 8)
+    for cand in enumerate_space(model, 8, 32, machine.device.hbm_bytes, MEGATRON_OPTIONS).candidates:
+        step = rank._simulate_plan(cand.plan).step_time_s
+        assert 0 < screen.bound_s(cand.plan) <= step * (1 + 1e-9), cand.plan.describe()
+        assert rank._bound_of(cand.plan) <= step * (1 + 1e-9), cand.plan.describe()
+    pruned = search(model, 8, 32, machine, MEGATRON_OPTIONS, top=8, use_cache=False, jobs=1)
+    every = search(model, 8, 32, machine, MEGATRON_OPTIONS, top=8, exhaustive=True, use_cache=False, jobs=1)
+    assert every.simulated > pruned.simulated
+    assert [(r.plan, r.step_time_s) for r in pruned.ranked] == [(r.plan, r.step_time_s) for r in every.ranked]

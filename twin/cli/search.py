@@ -48,7 +48,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     axes = comma_words(args.axes) if args.axes else DEFAULT_AXES
     space = SearchSpace(axes=axes, min_tp=args.min_tp, max_tp=args.max_tp or 0, zero=_ints(args.zero, "--zero"),
                         recompute=comma_words(args.recompute), reshard=_switches(args.reshard, "--reshard"),
-                        mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else ())
+                        mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else (), vpp=_ints(args.vpp, "--vpp"),
+                        sp=_switches(args.sp, "--sp"), tpo=_switches(args.tpo, "--tpo"), odp=_switches(args.odp, "--odp"))
     bar = ProgressBar(shows_progress(args))
     moves = None
     try:
@@ -135,6 +136,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mbs", default="auto",
                    help="micro-batch sizes to try, e.g. 1,2,4; auto (default): the largest that "
                    "fits without a pipeline, every power of two that fits with one")
+    p.add_argument("--vpp", default="1",
+                   help="interleaved model chunks per pipeline rank to try, e.g. 1,2,4 (default 1); a count applies "
+                   "where the stages' layers split into it and the micro-batches are a multiple of pp")
+    p.add_argument("--sp", default="0", help="Megatron's sequence parallelism to try: 0, 1 or 0,1 (default 0; "
+                   "applies where gx > 1 and gy = 1)")
+    p.add_argument("--tpo", default="0", help="its gathers and scatters under their GEMMs (--tp-comm-overlap) to try: "
+                   "0, 1 or 0,1 (default 0; applies with sp=1)")
+    p.add_argument("--odp", default="0", help="the data-parallel synchronisation overlapped (--overlap-grad-reduce, "
+                   "--overlap-param-gather) to try: 0, 1 or 0,1 (default 0; applies where ZeRO 0-2 has more than "
+                   "one replica)")
     p.add_argument("--exhaustive", action="store_true",
                    help="simulate every valid plan (slow; the ranking is the same)")
     p.add_argument("--robustness", type=count_flag(limits.Range(2, 1000, "plans")), metavar="N",

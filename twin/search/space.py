@@ -20,6 +20,13 @@ Micro-batch ("auto"): without a pipeline the largest micro-batch that fits
 all-gather, so smaller ones never win in the twin); with a pipeline every
 power-of-two micro-batch that fits, since a smaller one shrinks the bubble.
 A ZeRO stage only above 0 when gdata > 1 (it shards over gdata).
+
+Megatron-Core's schedule options are searched when asked for (--vpp, --sp,
+--tpo, --odp), each where it changes the step: interleaved chunks where the
+pipeline's layers split into them (and the micro-batches are a multiple of
+the stages), sequence parallelism where gx > 1 and gy = 1, its overlapped
+gathers and scatters with it, the data-parallel overlap where ZeRO 0-2
+synchronises more than one replica.
 """
 
 from __future__ import annotations
@@ -54,6 +61,11 @@ class SearchSpace:
     recompute: tuple[str, ...] = ("full",)
     reshard: tuple[bool, ...] = (False,)  # FSDP's FULL_SHARD (True) beside SHARD_GRAD_OP / AxoNN (False)
     mbs: tuple[int, ...] = ()  # () = auto (module docstring)
+    # Megatron-Core's schedule options, each tried only where it applies (module docstring)
+    vpp: tuple[int, ...] = (1,)  # interleaved model chunks per pipeline rank
+    sp: tuple[bool, ...] = (False,)  # sequence parallelism over gx
+    tpo: tuple[bool, ...] = (False,)  # its gathers and scatters under their GEMMs
+    odp: tuple[bool, ...] = (False,)  # the data-parallel synchronisation under the backward and forward
 
     def __post_init__(self) -> None:
         for axis in self.axes:
@@ -73,17 +85,23 @@ class SearchSpace:
             raise TwinError(f"--max-tp {self.max_tp} is below --min-tp {self.min_tp}; raise it or drop one")
         if any(m < 1 for m in self.mbs):
             raise TwinError("--mbs values must be positive integers")
-        if not self.reshard:
-            raise TwinError("--reshard is empty; give 0, 1 or 0,1")
+        for flag in ("reshard", "sp", "tpo", "odp"):
+            if not getattr(self, flag):
+                raise TwinError(f"--{flag} is empty; give 0, 1 or 0,1")
+        if not self.vpp or any(v < 1 for v in self.vpp):
+            raise TwinError("--vpp must list positive chunk counts, e.g. 1,2,4")
 
     def describe(self) -> str:
         tp = f"tp {self.min_tp}..{self.max_tp or 'any'}"
         if self.min_gx > 1 or self.max_gx:
             tp += f", gx {self.min_gx}..{self.max_gx or 'any'}"
         mbs = ",".join(map(str, self.mbs)) if self.mbs else "auto"
-        reshard = "" if self.reshard == (False,) else f"; reshard {','.join(str(int(r)) for r in self.reshard)}"
+        options = "".join(f"; {flag} {','.join(str(int(v)) for v in getattr(self, flag))}"
+                          for flag, default in (("reshard", (False,)), ("vpp", (1,)), ("sp", (False,)),
+                                                ("tpo", (False,)), ("odp", (False,)))
+                          if getattr(self, flag) != default)
         return (f"axes {','.join(self.axes)}; {tp}; zero {','.join(map(str, self.zero))}; "
-                f"recompute {','.join(self.recompute)}{reshard}; mbs {mbs}")
+                f"recompute {','.join(self.recompute)}{options}; mbs {mbs}")
 
 
 @dataclass(frozen=True)
@@ -164,7 +182,11 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
         except TwinError as e:
             rejected[_reason(str(e))] += 1
             continue
-        variants = _reshard_variants(plan, space.reshard)
+        variants = [v for r in _reshard_variants(plan, space.reshard) for v in _schedule_variants(r, model, space)
+                    if _valid(v, model, gpus)]
+        if not variants:
+            rejected["no schedule option applies"] += 1
+            continue
         fits = [fit for variant in variants for fit in _micro_batches(model, variant, space, usable)]
         if not fits:
             rejected["does not fit in memory"] += 1
@@ -183,6 +205,26 @@ def _split_variant(plan: ParallelPlan, model: ModelSpec) -> ParallelPlan:
         return plan
     ends = replace(plan, pemb=True, ploss=True)
     return plan if split_error(model.layers, ends) else ends
+
+
+def _valid(plan: ParallelPlan, model: ModelSpec, gpus: int) -> bool:
+    try:
+        validate_plan(plan, model, gpus)
+    except TwinError:
+        return False
+    return True
+
+
+def _schedule_variants(plan: ParallelPlan, model: ModelSpec, space: SearchSpace) -> list[ParallelPlan]:
+    """`plan` with each asked-for chunk count, sequence parallelism, tensor- and data-parallel overlap that applies to
+    it (vpp > 1 where the stages' layers split so, sp where gx > 1 and gy = 1, tpo with sp, odp where ZeRO 0-2
+    synchronises more than one replica), each distinct plan once."""
+    chunks = [v if plan.pp > 1 and not split_error(model.layers, replace(plan, vpp=v)) else 1 for v in space.vpp]
+    sequence = dict.fromkeys(s and plan.gx > 1 and plan.gy == 1 for s in space.sp)
+    overlap_dp = dict.fromkeys(o and plan.gradient_replicas > 1 and plan.zero in (0, 1, 2) for o in space.odp)
+    return [replace(plan, vpp=vpp, sp=sp, tpo=tpo, odp=odp)
+            for vpp in dict.fromkeys(chunks) for sp in sequence
+            for tpo in dict.fromkeys(t and sp for t in space.tpo) for odp in overlap_dp]
 
 
 def _reshard_variants(plan: ParallelPlan, reshard: tuple[bool, ...]) -> list[ParallelPlan]:
