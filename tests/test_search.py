@@ -646,3 +646,14 @@ def test_bounds_hold_and_the_ranking_is_exact_with_megatron_schedule_options():
     every = search(model, 8, 32, machine, MEGATRON_OPTIONS, top=8, exhaustive=True, use_cache=False, jobs=1)
     assert every.simulated > pruned.simulated
     assert [(r.plan, r.step_time_s) for r in pruned.ranked] == [(r.plan, r.step_time_s) for r in every.ranked]
+
+
+def test_interleaving_that_no_micro_batch_size_allows_falls_back_to_one_chunk():
+    """--vpp 2 alone: where the sequences per rank cannot make whole rounds of the stages (2 sequences on 4 stages),
+    the plan is searched uninterleaved, not rejected as if it did not fit; with 4 sequences it is interleaved."""
+    model = parse_model_spec(SEARCH_SPEC.replace("layers=4", "layers=8"))
+    space = SearchSpace(axes=("gdata", "pp"), vpp=(2,))
+    for batch, chunks in ((4, 1), (8, 2)):  # pp=4 takes gdata=2: 2 or 4 sequences per rank
+        found = enumerate_space(model, 8, batch, 1e15, space)
+        assert {c.plan.vpp for c in found.candidates if c.plan.pp == 4} == {chunks}, batch
+        assert not found.rejected["does not fit in memory"]

@@ -135,18 +135,24 @@ def factorisations(gpus: int, axes: tuple[str, ...]) -> list[dict[str, int]]:
     return out
 
 
-def _micro_batches(model: ModelSpec, plan: ParallelPlan, space: SearchSpace, usable: float) -> list[tuple[ParallelPlan, float]]:
-    """(plan with mbs resolved, memory) for each micro-batch size the space allows that fits."""
+def _micro_batch_sizes(plan: ParallelPlan, space: SearchSpace) -> list[int]:
+    """The micro-batch sizes the space allows for `plan`, largest first where auto; interleaved, only those that
+    make the micro-batches whole rounds of the stages (a multiple of pp)."""
     per_rank = plan.sequences_per_rank
     if space.mbs:
         sizes = [m for m in space.mbs if per_rank % m == 0]
     else:  # largest first; with a pipeline, powers of two only
         sizes = [d for d in reversed(divisors(per_rank)) if plan.pp == 1 or d & (d - 1) == 0]
+    if plan.vpp > 1:
+        sizes = [m for m in sizes if (per_rank // m) >= plan.pp and (per_rank // m) % plan.pp == 0]
+    return sizes
+
+
+def _micro_batches(model: ModelSpec, plan: ParallelPlan, space: SearchSpace, usable: float) -> list[tuple[ParallelPlan, float]]:
+    """(plan with mbs resolved, memory) for each micro-batch size the space allows that fits."""
     fits = []
-    for mbs in sizes:
+    for mbs in _micro_batch_sizes(plan, space):
         trial = with_micro_batch(plan, mbs)
-        if plan.vpp > 1 and (trial.ga < plan.pp or trial.ga % plan.pp):
-            continue
         mem = memory_per_gpu(model, trial).total
         if mem <= usable:
             fits.append((trial, mem))
@@ -217,9 +223,10 @@ def _valid(plan: ParallelPlan, model: ModelSpec, gpus: int) -> bool:
 
 def _schedule_variants(plan: ParallelPlan, model: ModelSpec, space: SearchSpace) -> list[ParallelPlan]:
     """`plan` with each asked-for chunk count, sequence parallelism, tensor- and data-parallel overlap that applies to
-    it (vpp > 1 where the stages' layers split so, sp where gx > 1 and gy = 1, tpo with sp, odp where ZeRO 0-2
-    synchronises more than one replica), each distinct plan once."""
-    chunks = [v if plan.pp > 1 and not split_error(model.layers, replace(plan, vpp=v)) else 1 for v in space.vpp]
+    it (vpp > 1 where the stages' layers split so and some micro-batch size makes whole rounds, sp where gx > 1 and
+    gy = 1, tpo with sp, odp where ZeRO 0-2 synchronises more than one replica), each distinct plan once."""
+    chunks = [v if plan.pp > 1 and not split_error(model.layers, replace(plan, vpp=v))
+              and _micro_batch_sizes(replace(plan, vpp=v), space) else 1 for v in space.vpp]
     sequence = dict.fromkeys(s and plan.gx > 1 and plan.gy == 1 for s in space.sp)
     overlap_dp = dict.fromkeys(o and plan.gradient_replicas > 1 and plan.zero in (0, 1, 2) for o in space.odp)
     return [replace(plan, vpp=vpp, sp=sp, tpo=tpo, odp=odp)
