@@ -189,7 +189,7 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
             rejected[_reason(str(e))] += 1
             continue
         variants = [v for r in _reshard_variants(plan, space.reshard) for v in _schedule_variants(r, model, space)
-                    if _valid(v, model, gpus)]
+                    if (v.vpp, v.sp, v.tpo, v.odp) == (1, False, False, False) or _valid(v, model, gpus)]
         if not variants:
             rejected["no schedule option applies"] += 1
             continue
