@@ -26,10 +26,10 @@ The machine is topologies/mpt-h100-80g.toml (8 H100 SXM 80 GB a node on
 NVSwitch, a 400 Gb/s NIC per GPU, NCCL) with what sec. 3.3.1 says of Meta's
 RoCE cluster: 16K of its 24K GPUs used (2,048 nodes), a three-layer Clos
 whose 3,072-GPU pods have full bisection (384 nodes a leaf group in the
-twin's fat tree) and whose aggregation layer is oversubscribed 1:7. Not
-modelled: Meta's parallelism order (tensor, context, pipeline, data, data
-outermost; the twin's pipeline axis is outermost, as Megatron's), NCCLX,
-and the pipeline schedule's own changes (asynchronous transfers, any
+twin's fat tree) and whose aggregation layer is oversubscribed 1:7, and
+sec. 3.3.2's order of the parallel axes: tensor, context, pipeline, data,
+the data-parallel replicas outermost (dpouter=1). Not modelled: NCCLX, and
+the pipeline schedule's own changes (asynchronous transfers, any
 micro-batch count). Two columns as in benchmarks/megatron_h100.py: the
 machine file as it is, and with the H100 GEMM rate fitted on MosaicML's
 one-node runs (`make fit`) carried over.
@@ -81,7 +81,7 @@ def settings(run: MeasuredRun) -> list[str]:
         for vpp in chunk_counts(per_stage, per_rank // mbs, plan.pp, MAX_CHUNKS):
             for tpo in (0, 1):
                 texts.append(f"tp={plan.gx},pp={plan.pp},dp={plan.gdata},vpp={vpp},pemb=1,ploss=1,zero=2,odp=1,"
-                             f"sp=1,tpo={tpo},mbs={mbs}")
+                             f"dpouter=1,sp=1,tpo={tpo},mbs={mbs}")
     return texts
 
 

@@ -90,6 +90,7 @@ CASES: list[tuple[str, list[str]]] = [
     ("plan odp with zero 3", ["simulate", "--machine", "frontier", "--model-spec", SPEC, "--gpus", "4", "--plan",
                               "tp=2,dp=2,zero=3,odp=1", "--global-batch", "4"]),
     ("plan pemb without a pipeline", sim(plan="tp=2,pemb=1")),
+    ("plan dpouter without a pipeline", sim(plan="tp=2,dpouter=1")),
     ("plan ploss not 0 or 1", sim(plan="tp=2,ploss=2")),
     ("plan pemb slots not dividing", ["simulate", "--machine", "frontier", "--model-spec", SPEC, "--gpus", "2",
                                       "--plan", "pp=2,pemb=1", "--global-batch", "4"]),

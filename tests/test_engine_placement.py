@@ -46,3 +46,30 @@ def test_placements_that_do_not_fit_are_refused():
         simulate(schedule, m, collectives=CollectiveModel(Fabric(m, 16)), gpus=list(range(8, 24)))
     with pytest.raises(ValueError, match="world size"):
         simulate(schedule, m, collectives=CollectiveModel(Fabric(m, 32)))
+
+
+def test_dpouter_places_each_pipeline_on_consecutive_gpus():
+    """tp=2 x dp=2 x pp=2: rank i + 2 (d + 2 s) runs on GPU i + 2 (s + 2 d); without dpouter, on GPU r."""
+    from twin.mesh import rank_gpus
+
+    plan = parse_plan("tp=2,dp=2,pp=2,dpouter=1")
+    assert rank_gpus(plan) == [0, 1, 4, 5, 2, 3, 6, 7]
+    assert rank_gpus(replace(plan, dpouter=False)) is None
+    big = parse_plan("tp=8,cp=2,dp=4,pp=16,dpouter=1")
+    assert sorted(rank_gpus(big)) == list(range(big.world_size))
+
+
+def test_dpouter_moves_the_data_parallel_sum_across_the_spine():
+    """tp=8, pp=2, dp=2 on 4 DGX nodes, two a leaf group, an 8:1 spine. Stages outermost (the default): each stage's
+    two replicas share a leaf, and only the pipeline's small transfers cross the spine. dpouter: each replica's
+    two stages share a leaf, and the gradient all-reduce crosses it: a longer step; the reduced simulation still
+    equals the one of every rank."""
+    from topologies.overrides import parse_override
+
+    m = load_machine("dgx-a100", (parse_override("network.nodes_per_leaf_group=2"),
+                                  parse_override("network.oversubscription=8")))
+    plain = simulate(_schedule(m, 32, "tp=8,pp=2,dp=2,mbs=1"), m).step_time_s
+    schedule = _schedule(m, 32, "tp=8,pp=2,dp=2,mbs=1,dpouter=1")
+    outer = simulate(schedule, m).step_time_s
+    assert outer > 1.05 * plain
+    assert simulate(schedule, m, full=True).step_time_s == pytest.approx(outer, rel=1e-9)

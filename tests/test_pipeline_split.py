@@ -143,7 +143,7 @@ def test_llama_3_benchmark_tries_every_chunk_count_megatron_allows_and_each_plan
         for text in texts:
             plan = parse_plan(f"{text},recompute=full", ParallelPlan(global_batch=run.plan.global_batch))
             validate_plan(plan, run.model, run.gpus)
-            assert plan.pemb and plan.ploss and plan.zero == 2 and plan.odp
+            assert plan.pemb and plan.ploss and plan.zero == 2 and plan.odp and plan.dpouter
 
 
 def test_interleaved_activations_count_what_each_chunk_holds():

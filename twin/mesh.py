@@ -131,6 +131,23 @@ def plan_mesh(plan: ParallelPlan) -> Mesh:
     return Mesh(tuple((axis.mesh, getattr(plan, axis.key)) for axis in AXES))
 
 
+def rank_gpus(plan: ParallelPlan | None) -> list[int] | None:
+    """The GPU each rank runs on, where the plan does not run rank r on GPU r: None, or with `dpouter` the order
+    tp-cp-pp-dp (Megatron's --use-tp-pp-dp-mapping; Meta's Llama 3 runs): the ranks keep the mesh above (pipeline
+    outermost), and each pipeline's stages sit on consecutive GPUs, the data-parallel replicas outermost. Rank
+    i + I (d + D s) (i inside the tensor and context axes, d its replica, s its stage) runs on GPU i + I (s + P d)."""
+    if plan is None or not plan.dpouter or plan.pp == 1 or plan.gdata == 1:
+        return None
+    replicas, stages = plan.gdata, plan.pp
+    inner = plan.world_size // (replicas * stages)
+    gpus = []
+    for rank in range(plan.world_size):
+        i, outer = rank % inner, rank // inner
+        d, s = outer % replicas, outer // replicas
+        gpus.append(i + inner * (s + stages * d))
+    return gpus
+
+
 def gradient_axis(plan: ParallelPlan) -> str:
     """The group a weight's gradient is summed over, and ZeRO shards over: data, joined with cp when the sequence
     is split (cp ranks hold the same weights and saw other tokens of the same sequences)."""

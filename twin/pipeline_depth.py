@@ -106,8 +106,8 @@ SAVING = 2  # the short pipelines may hold at most 1 / SAVING of the stage-micro
 
 def applies(plan: ParallelPlan) -> bool:
     """Whether `plan` (mbs and ga resolved) is deep enough, with every stage's full warm-up (ga >= pp), for the
-    shortcut."""
-    return plan.vpp == 1 and plan.pp >= MIN_DEPTH and plan.ga >= plan.pp
+    shortcut; not with dpouter's placement, whose stages do not sit on consecutive GPUs as the short pipelines'."""
+    return plan.vpp == 1 and plan.pp >= MIN_DEPTH and plan.ga >= plan.pp and not plan.dpouter
 
 
 def short_step(model: ModelSpec, plan: ParallelPlan, gpus: int, depth: int, ga: int

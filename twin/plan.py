@@ -59,6 +59,12 @@ one layer each where the layers are split over the pipeline's chunks
 stages): the first and the last stage then hold fewer layers
 (twin.pipeline_split).
 
+`dpouter` places the ranks in the order tp-cp-pp-dp: each pipeline's stages
+on consecutive GPUs and the data-parallel replicas outermost (Megatron's
+--use-tp-pp-dp-mapping; Meta's Llama 3 405B runs), where the default puts
+the stages outermost (Megatron's tp-cp-dp-pp). Only where the ranks run
+changes (twin.mesh.rank_gpus), not their groups or programs.
+
 `odp` overlaps the data-parallel synchronisation with the step: each
 gradient bucket (a layer's, the embedding's, the LM head's) is all-reduced or
 reduce-scattered as soon as the last micro-batch's backward has finished it,
@@ -119,6 +125,7 @@ class ParallelPlan:
     reshard: bool = False  # sharded weights freed after each layer's forward, gathered again for its backward (FSDP)
     tpo: bool = False  # sequence-parallel gathers and scatters chunked under their GEMMs (--tp-comm-overlap)
     odp: bool = False  # data-parallel buckets synchronised under the backward, weights gathered under the forward
+    dpouter: bool = False  # ranks placed tp-cp-pp-dp (data-parallel replicas outermost), not tp-cp-dp-pp (twin.mesh)
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -190,6 +197,8 @@ class ParallelPlan:
             parts.append("tpo=1")
         if self.odp:
             parts.append("odp=1")
+        if self.dpouter:
+            parts.append("dpouter=1")
         if self.mbs:
             parts.append(f"mbs={self.mbs}")
         if self.ga:
@@ -212,7 +221,7 @@ _INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero"}
 # them positive or not at all (no 0 meaning "choose").
 _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
                "zero": limits.Range(0, 3, "(a ZeRO stage)")}
-_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss"}
+_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss", "dpouter"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
 _WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
@@ -221,7 +230,7 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(_WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
-    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,
+    """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,dpouter=..,
     reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,recompute=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
@@ -308,6 +317,9 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
     if plan.tpo and not (plan.sp and plan.gx > 1):
         raise TwinError("--plan: tpo=1 overlaps sequence parallelism's gathers and scatters with their GEMMs; "
                         f"it needs sp=1 and gx > 1 (got sp={int(plan.sp)}, gx={plan.gx})")
+    if plan.dpouter and (plan.pp == 1 or plan.gdata == 1):
+        raise TwinError("--plan: dpouter=1 places the data-parallel replicas outside the pipeline's stages; it needs "
+                        f"pp > 1 and dp > 1 (got pp={plan.pp}, dp={plan.gdata}); leave it out")
     split = pipeline_split.split_error(model.layers, plan)
     if split:
         raise TwinError(f"--plan: {split}")

@@ -45,6 +45,7 @@ from topologies.placement import place_ranks
 from twin.collector import frozen, infrequent
 from twin.errors import TwinError
 from twin.ir import P2P, Program, Schedule
+from twin.mesh import rank_gpus
 from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
 from twin.sim.compute_unit import ComputeUnit, NodeCores
@@ -100,7 +101,8 @@ class Simulator:
         `gpus`: the GPU of each rank on the collectives' fabric, where the job is not that fabric's GPUs in rank
         order (twin.pipeline_depth's short pipelines, on the full job's fabric and some of its nodes)."""
         self.schedule, self.machine, self.full, self.fuse = schedule, machine, full, fuse
-        self.gpu_of = list(gpus) if gpus is not None else place_ranks(schedule.world_size, machine)
+        placed = rank_gpus(schedule.info.plan) if gpus is None else None  # dpouter's order, else rank r on GPU r
+        self.gpu_of = list(gpus if gpus is not None else placed or place_ranks(schedule.world_size, machine))
         if len(self.gpu_of) != schedule.world_size:
             raise ValueError("gpus must name one GPU per rank")
         needed = max(self.gpu_of) + 1  # the fabric's GPUs the job uses: its world size without `gpus`
