@@ -64,7 +64,10 @@ def chunk_layers(layers: int, plan: PipelineShape, stage: int, chunk: int = 0) -
 
 
 def stage_layers(layers: int, plan: PipelineShape, stage: int) -> int:
-    """How many layers stage `stage` holds over all its chunks."""
+    """How many layers stage `stage` holds over all its chunks (memory asks per stage for every plan a search
+    sizes: the even split without building ranges)."""
+    if is_even(plan):
+        return layers // plan.pp
     return sum(len(chunk_layers(layers, plan, stage, c)) for c in range(plan.vpp))
 
 

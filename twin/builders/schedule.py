@@ -189,7 +189,6 @@ gradients.
 
 from __future__ import annotations
 
-from twin.builders.data_parallel import DataParallelWriter
 from twin.builders.optimizer import OptimizerWriter
 from twin.builders.pipeline_passes import PipelineWriter
 from twin.ir import GroupAxis, Op, Program, Schedule, StepInfo
@@ -199,7 +198,7 @@ from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 
 
-class StageProgramWriter(PipelineWriter, DataParallelWriter, OptimizerWriter):
+class StageProgramWriter(PipelineWriter, OptimizerWriter):  # PipelineWriter brings DataParallelWriter (odp)
     """Writes the program every rank of one pipeline stage runs: the passes of the module docstring, in order."""
 
     def write(self) -> list[Op]:
