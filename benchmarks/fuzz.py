@@ -4,9 +4,11 @@
 
 Each case draws a machine (sometimes with a --set of an odd or out-of-range
 value), a small GPT-style model (any head count, odd vocabularies and ffn
-sizes, sometimes a dtype), a plan over every axis and switch (degrees that
-do not divide, GPU counts that do not match, interleaving, ZeRO, recompute,
-attention kinds, micro-batches) and a batch, runs `twin simulate --json` in
+sizes, sometimes a dtype, grouped-query attention, Llama's layer, an untied
+head, no dropout), a plan over every axis and switch (degrees that do not
+divide, GPU counts that do not match, context parallelism, interleaving,
+uneven pipeline splits, ZeRO, recompute, attention kinds, the overlaps, rank
+order, micro-batches) and a batch, runs `twin simulate --json` in
 this process and sorts the outcome:
 
 - ok: exit 0, stdout is strict JSON (no NaN/Infinity), every number finite,
@@ -55,7 +57,7 @@ from twin.errors import TwinError  # noqa: E402
 
 Draw = Callable[[Sequence], object]  # picks one of the options given
 
-MACHINES = ("frontier", "perlmutter", "alps", "dgx-a100", "dgx-a100-800g")
+MACHINES = ("frontier", "perlmutter", "alps", "dgx-a100", "dgx-a100-800g", "mpt-h100-80g", "gb200-nvl72")
 # Machine-file numbers a case may replace, with odd but also impossible values.
 SETS = {
     "device.hbm_efficiency": ("0.05", "0.5", "1", "1.5", "0", "-1", "nan", "inf"),
@@ -66,6 +68,11 @@ SETS = {
     "device.hbm_gb": ("0.001", "1", "80", "1e308", "inf"),
 }
 DEGREES = (1, 1, 1, 2, 2, 3, 4, 6, 8)
+# Plan switches a case may add (each now and then, on top of the axes and the common keys above).
+SWITCHES = (("pemb", (0, 1)), ("ploss", (0, 1)), ("dpouter", (0, 1)), ("tpo", (0, 1)), ("odp", (0, 1)),
+            ("reshard", (0, 1)), ("optimizer", ("megatron", "flat")), ("p2p", ("split", "full")))
+# Model-spec options a case may add: grouped-query attention, Llama's layer, the LM head, dropout.
+MODEL_OPTIONS = (("kv_heads", (1, 2, 3)), ("arch", ("gpt", "llama")), ("tied", (0, 1)), ("dropout", (0, 1)))
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,8 @@ def draw_case(draw: Draw) -> list[str]:
     layers dividing as the plan needs), so that many cases get through validation to the simulator."""
     plan = {"gx": draw(DEGREES), "gy": draw(DEGREES), "gz": draw(DEGREES), "gdata": draw(DEGREES),
             "pp": draw((1, 1, 2, 3, 4))}
+    if draw((False, False, False, True)):
+        plan["cp"] = draw((1, 2, 3))
     gpus = math.prod(plan.values()) + draw((0, 0, 0, 0, 0, 1))  # now and then a count that does not match
     if plan["pp"] > 1 and draw((False, True)):
         plan["vpp"] = draw((2, 3))
@@ -89,13 +98,18 @@ def draw_case(draw: Draw) -> list[str]:
                          ("sp", (0, 1)), ("oar", (0, 1)), ("tune", (0, 1))):
         if draw((False, False, True)):
             plan[key] = draw(options)
+    for key, options in SWITCHES:  # Megatron-Core's and Meta's options, each now and then
+        if draw((False, False, False, True)):
+            plan[key] = draw(options)
     fitted = draw((True, True, False))
-    if fitted and plan.get("sp") and plan["gy"] > 1:
-        plan["sp"] = 0
+    if fitted:
+        _drop_inapplicable(plan)
     grid = plan["gx"] * plan["gy"] * plan["gz"]
     heads = plan["gx"] * draw((1, 2)) if fitted else draw((1, 2, 3, 4, 6, 8))
     hidden = heads * draw((8, 16, 32)) * (plan["gy"] * plan["gz"] if fitted else 1)
-    layers = plan["pp"] * plan.get("vpp", 1) * draw((1, 2)) if fitted else draw((1, 2, 3, 4, 6))
+    extra_slots = plan.get("pemb", 0) + plan.get("ploss", 0)  # the embedding and the loss, counted as layers
+    layers = max(plan["pp"] * plan.get("vpp", 1) * draw((1, 2)) - extra_slots, 1) if fitted \
+        else draw((1, 2, 3, 4, 6))
     vocab = grid * draw((16, 32)) if fitted else draw((64, 100, 128, 256, 1000))
     spec = f"layers={layers},hidden={hidden},heads={heads},seq={draw((16, 32, 64, 128))},vocab={vocab}"
     ffn = draw((None, 3 * hidden) if fitted else (None, None, 3 * hidden, hidden + 1, 100))
@@ -103,6 +117,11 @@ def draw_case(draw: Draw) -> list[str]:
         spec += f",ffn={ffn}"
     if draw((False, False, True)):
         spec += f",dtype={draw(('fp16', 'fp32', 'bf16'))}"
+    for key, options in MODEL_OPTIONS:
+        if draw((False, False, False, True)):
+            if fitted and key == "kv_heads":  # K/V heads that divide the heads and split over gx
+                options = (plan["gx"], heads)
+            spec += f",{key}={draw(options)}"
     batch = (plan["gdata"] * plan["gz"] * draw((1, 2, 3, 4, 8))) if draw((True, True, False)) \
         else draw((1, 2, 3, 5, 7, 16, 96))
     argv = ["simulate", "--machine", draw(MACHINES), "--model-spec", spec, "--gpus", str(gpus),
@@ -111,6 +130,23 @@ def draw_case(draw: Draw) -> list[str]:
         field = draw(tuple(SETS))
         argv += ["--set", f"{field}={draw(SETS[field])}"]
     return argv
+
+
+def _drop_inapplicable(plan: dict) -> None:
+    """Leave out the switches validation would refuse on this plan (the shaped cases: reaching the simulator)."""
+    sp = plan.get("sp") and plan["gy"] == 1
+    plan["sp"] = int(bool(sp)) if "sp" in plan else 0
+    rules = {"tpo": sp and plan["gx"] > 1, "pemb": plan["pp"] > 1, "ploss": plan["pp"] > 1,
+             "dpouter": plan["pp"] > 1 and plan["gdata"] > 1,
+             "reshard": plan["gz"] > 1 or (plan.get("zero") == 3 and plan["gdata"] > 1),
+             "odp": plan.get("zero", 0) != 3, "optimizer": plan.get("zero", 0) == 0 or plan.get("optimizer") != "flat"}
+    for key, allowed in rules.items():
+        if key in plan and not allowed:
+            del plan[key]
+    if not plan["sp"]:
+        del plan["sp"]
+    if plan.get("cp", 1) > 1:
+        plan["attention"] = "flash"  # context parallelism runs ring attention on the fused kernel
 
 
 # Small steps to mutate, exported once: tensor parallelism, and a pipeline (point-to-point transfers).

@@ -103,10 +103,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.launcher == "srun":
         from executor.launch import srun_script
 
-        if schedule.info.plan is not None and schedule.info.plan.dpouter:
-            raise TwinError("--launcher srun: dpouter=1 places the ranks tp-cp-pp-dp, and srun places rank r on "
-                            "node r // tasks-per-node; export the plan with dpouter=0 (the same ranks and groups)")
-
         if not args.machine:
             raise TwinError("--launcher srun needs --machine (frontier, perlmutter or alps)")
         opts = _worker_options(args, check_numerics=args.check_numerics, profile_steps=args.profile_steps)

@@ -46,7 +46,9 @@ import threading
 
 
 def _rank_env() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun's or Slurm's environment."""
+    """(the process's slot, world size, local rank) from torchrun's or Slurm's environment. The slot is the GPU the
+    launcher placed the process on (rank slot of the job, in node-major order); the rank it runs is the plan's
+    (_rank_of)."""
     env = os.environ
     if "RANK" not in env and "SLURM_PROCID" in env:
         env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]
@@ -88,13 +90,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _load(schedule_path: str, slot: int):
+    """(the schedule, or None where it does not load, and the rank the process on GPU slot `slot` runs): the slot
+    itself, but where the schedule's plan places its ranks in another order (dpouter: twin.mesh.rank_on_gpu). Every
+    rank number below, torch.distributed's included, is that rank, so groups and transfers name ranks as the
+    schedule does wherever the processes sit. A schedule that does not load keeps the slot; _run loads it again
+    and reports why."""
+    from twin.errors import TwinError
+    from twin.ir_io import load_schedule
+    from twin.mesh import rank_on_gpu
+
+    try:
+        schedule = load_schedule(schedule_path)
+    except TwinError:
+        return None, slot
+    return schedule, rank_on_gpu(schedule.info.plan, slot)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    rank, world, local_rank = _rank_env()
+    slot, world, local_rank = _rank_env()
+    schedule, rank = _load(args.schedule, slot)
     os.makedirs(args.out, exist_ok=True)
     progress, _keep = _progress_view(os.path.join(args.out, f"progress-rank{rank}.bin"))
     try:
-        return _run(args, rank, world, local_rank, progress)
+        return _run(args, schedule, rank, world, local_rank, progress)
     except BaseException as e:  # noqa: BLE001 - every failure is reported, then the process ends at once
         from executor.runtime import OpFailure
 
@@ -122,7 +142,7 @@ def _profile(ex, barrier, steps: int, cuda: bool, path: str) -> None:
             prof.step()
 
 
-def _run(args: argparse.Namespace, rank: int, world: int, local_rank: int, progress) -> int:
+def _run(args: argparse.Namespace, schedule, rank: int, world: int, local_rank: int, progress) -> int:
     import torch
     import torch.distributed as dist
 
@@ -132,7 +152,8 @@ def _run(args: argparse.Namespace, rank: int, world: int, local_rank: int, progr
 
     torch.set_num_threads(args.threads)
     sys.setswitchinterval(0.0005)  # callbacks on gloo threads get the GIL quickly
-    schedule = load_schedule(args.schedule)
+    if schedule is None:
+        schedule = load_schedule(args.schedule)  # raises the reason _load kept
     if schedule.world_size != world:
         raise RuntimeError(f"the schedule has {schedule.world_size} ranks but {world} processes were started")
     ir_dtype = next((op.work.dtype for p in schedule.programs for op in p.ops if hasattr(op.work, "dtype")), "bf16")
@@ -176,7 +197,8 @@ def _run(args: argparse.Namespace, rank: int, world: int, local_rank: int, progr
         if args.profile_steps:
             _profile(ex, barrier, args.profile_steps, target.is_cuda, os.path.join(args.out, f"profile-rank{rank}.json"))
     data = {
-        "rank": rank, "program": ex.rp.program, "host": socket.gethostname(), "pid": os.getpid(),
+        "rank": rank, "slot": int(os.environ["RANK"]), "program": ex.rp.program, "host": socket.gethostname(),
+        "pid": os.getpid(),
         "device": str(target.device), "device_name": torch.cuda.get_device_name(target.device) if target.is_cuda else "cpu",
         "backend": target.backend, "dtype": target.dtype_name, "dtype_note": target.note,
         "torch": torch.__version__, "threads": torch.get_num_threads(), "compile_s": ex.compile_s,

@@ -59,6 +59,22 @@ def test_dpouter_places_each_pipeline_on_consecutive_gpus():
     assert sorted(rank_gpus(big)) == list(range(big.world_size))
 
 
+def test_the_rank_on_each_gpu_inverts_the_placement():
+    """rank_on_gpu (the executor's worker on GPU g runs that rank) undoes rank_gpus, and is the GPU itself where the
+    ranks are not reordered; stage_stride is the GPUs from one stage of a pipeline to its next."""
+    from twin.mesh import rank_gpus, rank_on_gpu, stage_stride
+
+    for text in ("tp=2,dp=2,pp=2,dpouter=1", "tp=8,cp=2,dp=4,pp=16,dpouter=1", "tp=2,dp=3,pp=5,dpouter=1"):
+        plan = parse_plan(text)
+        placed = rank_gpus(plan)
+        assert [rank_on_gpu(plan, placed[r]) for r in range(plan.world_size)] == list(range(plan.world_size))
+        assert stage_stride(plan) == plan.world_size // (plan.pp * plan.gdata)
+        assert [placed[r + stage_stride(plan) * plan.gdata] - placed[r] for r in range(4)] == [stage_stride(plan)] * 4
+    plain = parse_plan("tp=2,dp=3,pp=5")
+    assert [rank_on_gpu(plain, g) for g in range(30)] == list(range(30))
+    assert stage_stride(plain) == 6 and rank_on_gpu(None, 7) == 7
+
+
 def test_dpouter_moves_the_data_parallel_sum_across_the_spine():
     """tp=8, pp=2, dp=2 on 4 DGX nodes, two a leaf group, an 8:1 spine. Stages outermost (the default): each stage's
     two replicas share a leaf, and only the pipeline's small transfers cross the spine. dpouter: each replica's

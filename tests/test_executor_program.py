@@ -210,6 +210,12 @@ def test_srun_launcher_prints_without_torch(tmp_path, capsys):
     assert main(["run", str(path), "--launcher", "srun", "--machine", "perlmutter"]) == 0
     out = capsys.readouterr().out
     assert "srun -N 2 -n 8" in out and "python -m executor.worker" in out
+    # the replicas outermost: the same lines (each worker takes the rank its GPU holds: twin.mesh.rank_on_gpu)
+    assert main(["export", "--machine", "perlmutter", "--model", "tiny", "--gpus", "8", "--plan",
+                 "gx=2,gdata=2,pp=2,dpouter=1", "--global-batch", "8", "-o", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(path), "--launcher", "srun", "--machine", "perlmutter"]) == 0
+    assert "srun -N 2 -n 8" in capsys.readouterr().out
 
 
 def test_per_kind_collective_parameters_reach_the_simulated_step(tmp_path):

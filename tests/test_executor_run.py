@@ -151,6 +151,22 @@ def test_numerics_pass_for_more_plans(tmp_path, plan, gpus):
     assert result["ok"], result["failures"]
 
 
+def test_replicas_outermost_each_process_runs_the_rank_placed_on_its_gpu(tmp_path):
+    """dpouter=1 (tp-cp-pp-dp): the process torchrun starts on GPU slot g runs the rank twin.mesh places there, so
+    the ranks and their groups are the schedule's wherever the processes sit; the numerics pass and each rank's
+    record names the slot it ran on."""
+    from twin.mesh import rank_gpus
+
+    schedule, path = export(tmp_path, "dp=2,pp=2,dpouter=1,mbs=1", 4)
+    placed = rank_gpus(schedule.info.plan)
+    assert placed != list(range(4))  # ranks 1 and 2 swap places
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+    run_local(schedule, path, 4, str(tmp_path / "run"), WorkerOptions(steps=1, warmup=0), LIMIT_S)
+    slots = {r: json.loads((tmp_path / "run" / f"rank{r}.json").read_text())["slot"] for r in range(4)}
+    assert slots == dict(enumerate(placed))
+
+
 # The tiny model in Llama's form: grouped-query attention (2 K/V heads for 4), a SwiGLU MLP, no biases.
 TINY_LLAMA = ModelSpec(name="tiny-llama", layers=2, hidden=256, heads=4, kv_heads=2, ffn=384, seq=128, vocab=1024,
                        dropout=False, arch="llama")

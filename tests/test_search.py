@@ -657,3 +657,41 @@ def test_interleaving_that_no_micro_batch_size_allows_falls_back_to_one_chunk():
         found = enumerate_space(model, 8, batch, 1e15, space)
         assert {c.plan.vpp for c in found.candidates if c.plan.pp == 4} == {chunks}, batch
         assert not found.rejected["does not fit in memory"]
+
+
+RANK_ORDERS = SearchSpace(axes=("gx", "gdata", "pp"), zero=(0, 1), dpouter=(False, True))
+
+
+def test_rank_order_is_searched_where_there_are_stages_and_replicas():
+    """--dpouter 0,1: the order appears only where pp > 1 and dp > 1, each plan once, the default plans kept."""
+    model = parse_model_spec(SEARCH_SPEC)
+    plans = [c.plan for c in enumerate_space(model, 16, 32, 1e15, RANK_ORDERS).candidates]
+    assert len({p.describe() for p in plans}) == len(plans)
+    assert all(p.pp > 1 and p.gdata > 1 for p in plans if p.dpouter) and any(p.dpouter for p in plans)
+    plain = enumerate_space(model, 16, 32, 1e15, replace(RANK_ORDERS, dpouter=(False,))).candidates
+    assert {c.plan for c in plain} <= set(plans)
+    assert "dpouter 0,1" in RANK_ORDERS.describe()
+
+
+def test_bounds_hold_and_the_ranking_is_exact_over_rank_orders():
+    """Two Frontier nodes: with the replicas outermost a pipeline's stages share a node and its replicas cross the
+    network (the other way round by default), so the bounds' links and instances come from the plan's placement.
+    Every plan's screening and full bound stay below its simulated step, the order changes some steps, and branch
+    and bound ranks as simulating every plan does."""
+    from twin.search.screen import ScreenModel
+
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC)
+    screen = ScreenModel(model, BoundModel(machine, 16))
+    rank._init_worker(model, machine, 16)
+    steps = {}
+    for cand in enumerate_space(model, 16, 32, machine.device.hbm_bytes, RANK_ORDERS).candidates:
+        step = steps[cand.plan] = rank._simulate_plan(cand.plan).step_time_s
+        assert 0 < screen.bound_s(cand.plan) <= step * (1 + 1e-9), cand.plan.describe()
+        assert rank._bound_of(cand.plan) <= step * (1 + 1e-9), cand.plan.describe()
+    moved = [p for p in steps if p.dpouter and abs(steps[p] / steps[replace(p, dpouter=False)] - 1) > 1e-3]
+    assert moved, "no plan's step depends on the rank order"
+    pruned = search(model, 16, 32, machine, RANK_ORDERS, top=8, use_cache=False, jobs=1)
+    every = search(model, 16, 32, machine, RANK_ORDERS, top=8, exhaustive=True, use_cache=False, jobs=1)
+    assert every.simulated > pruned.simulated
+    assert [(r.plan, r.step_time_s) for r in pruned.ranked] == [(r.plan, r.step_time_s) for r in every.ranked]

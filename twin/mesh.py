@@ -131,12 +131,24 @@ def plan_mesh(plan: ParallelPlan) -> Mesh:
     return Mesh(tuple((axis.mesh, getattr(plan, axis.key)) for axis in AXES))
 
 
+def dp_outermost(plan: ParallelPlan | None) -> bool:
+    """Whether the plan's ranks are not placed rank r on GPU r: dpouter with more than one stage and replica."""
+    return plan is not None and plan.dpouter and plan.pp > 1 and plan.gdata > 1
+
+
+def stage_stride(plan: ParallelPlan) -> int:
+    """GPUs from a pipeline's stage to its next: a stage's ranks in the default order, its tensor and context
+    ranks alone with dpouter's (rank_gpus)."""
+    stride = plan.world_size // plan.pp
+    return stride // plan.gdata if dp_outermost(plan) else stride
+
+
 def rank_gpus(plan: ParallelPlan | None) -> list[int] | None:
     """The GPU each rank runs on, where the plan does not run rank r on GPU r: None, or with `dpouter` the order
     tp-cp-pp-dp (Megatron's --use-tp-pp-dp-mapping; Meta's Llama 3 runs): the ranks keep the mesh above (pipeline
     outermost), and each pipeline's stages sit on consecutive GPUs, the data-parallel replicas outermost. Rank
     i + I (d + D s) (i inside the tensor and context axes, d its replica, s its stage) runs on GPU i + I (s + P d)."""
-    if plan is None or not plan.dpouter or plan.pp == 1 or plan.gdata == 1:
+    if not dp_outermost(plan):
         return None
     replicas, stages = plan.gdata, plan.pp
     inner = plan.world_size // (replicas * stages)
@@ -146,6 +158,18 @@ def rank_gpus(plan: ParallelPlan | None) -> list[int] | None:
         d, s = outer % replicas, outer // replicas
         gpus.append(i + inner * (s + stages * d))
     return gpus
+
+
+def rank_on_gpu(plan: ParallelPlan | None, gpu: int) -> int:
+    """The rank that runs on GPU `gpu` (rank_gpus inverted): `gpu` itself but with dpouter, where GPU i + I (s + P d)
+    runs rank i + I (d + D s). The executor starts one process per GPU and has each run this rank's program."""
+    if not dp_outermost(plan):
+        return gpu
+    replicas, stages = plan.gdata, plan.pp
+    inner = plan.world_size // (replicas * stages)
+    i, outer = gpu % inner, gpu // inner
+    s, d = outer % stages, outer // stages
+    return i + inner * (d + replicas * s)
 
 
 def gradient_axis(plan: ParallelPlan) -> str:

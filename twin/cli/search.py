@@ -49,7 +49,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     space = SearchSpace(axes=axes, min_tp=args.min_tp, max_tp=args.max_tp or 0, zero=_ints(args.zero, "--zero"),
                         recompute=comma_words(args.recompute), reshard=_switches(args.reshard, "--reshard"),
                         mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else (), vpp=_ints(args.vpp, "--vpp"),
-                        sp=_switches(args.sp, "--sp"), tpo=_switches(args.tpo, "--tpo"), odp=_switches(args.odp, "--odp"))
+                        sp=_switches(args.sp, "--sp"), tpo=_switches(args.tpo, "--tpo"), odp=_switches(args.odp, "--odp"),
+                        dpouter=_switches(args.dpouter, "--dpouter"))
     bar = ProgressBar(shows_progress(args))
     moves = None
     try:
@@ -146,6 +147,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--odp", default="0", help="the data-parallel synchronisation overlapped (--overlap-grad-reduce, "
                    "--overlap-param-gather) to try: 0, 1 or 0,1 (default 0; applies where ZeRO 0-2 has more than "
                    "one replica)")
+    p.add_argument("--dpouter", default="0", help="the ranks' order to try: 0 places them tp-cp-dp-pp (each stage's "
+                   "replicas on consecutive GPUs), 1 tp-cp-pp-dp (each pipeline on consecutive GPUs, the replicas "
+                   "outermost: Megatron's --use-tp-pp-dp-mapping, Llama 3's), 0,1 both (default 0; applies where pp > 1 "
+                   "and dp > 1)")
     p.add_argument("--exhaustive", action="store_true",
                    help="simulate every valid plan (slow; the ranking is the same)")
     p.add_argument("--robustness", type=count_flag(limits.Range(2, 1000, "plans")), metavar="N",

@@ -22,10 +22,14 @@ next bound exceeds the k-th best simulated step: the plans it never simulates
 provably could not enter the top k, so the ranking is the one simulating
 every plan would give.
 
-Contention the bound does count: every instance of a collective runs at once
-(the ranks are symmetric), so every link carries at least the loads of the
-instances with a member on the representative's node (on that node's own
-links, exactly theirs). Per phase the bound takes the larger of (a) the
+Contention the bound does count: every instance of a collective within one
+pipeline stage runs at once (the stage's ranks are symmetric), so every link
+carries at least the loads of the stage's instances with a member on the
+representative's node (on that node's own links, exactly theirs). Other
+stages' instances on the node are left out: a pipeline's stages reach the
+same collective at different times (with dpouter's order a node holds
+consecutive stages, whose gradient sums cross the network one after
+another). Per phase the bound takes the larger of (a) the
 representative's instance alone and (b) those instances summed, on the
 busiest link. Every instance's load on the network links would need every
 instance lowered, which is the simulator's own (expensive) work.
@@ -46,6 +50,7 @@ from topologies.machine import Machine
 from topologies.placement import place_ranks
 from twin.builders.program import COMPUTE_STREAM
 from twin.ir import P2P, Collective, Program, Schedule
+from twin.mesh import dp_outermost, rank_gpus
 from twin.search.pipeline_bound import pipeline_terms_s
 from twin.sim.collectives import CollectiveModel
 from twin.sim.compute import ComputeModel
@@ -69,15 +74,16 @@ def _shared_phases_s(own, others: list, capacity: np.ndarray, end: int | None = 
 
 
 class _Layout:
-    """What the bound learned about one group axis's layout: its instances (the very tuple: twin.mesh memoises it
-    per mesh and axis, so the schedules of one plan's bound, and plans on the same mesh, share it; held here so
-    that its id stays its own), and per representative rank its instances as GPUs, each collective kind's cost
-    lines and each collective's duration."""
+    """What the bound learned about one group axis's layout under one placement of the ranks: its instances (the
+    very tuple: twin.mesh memoises it per mesh and axis, so the schedules of one plan's bound, and plans on the same
+    mesh, share it; held here so that its id stays its own), the GPU each rank runs on, and per representative rank
+    its instances as GPUs, each collective kind's cost lines and each collective's duration."""
 
-    __slots__ = ("instances", "by_rank", "lines", "durations", "hops")
+    __slots__ = ("instances", "gpu_of", "by_rank", "lines", "durations", "hops")
 
-    def __init__(self, instances: tuple[tuple[int, ...], ...]) -> None:
+    def __init__(self, instances: tuple[tuple[int, ...], ...], gpu_of: list[int]) -> None:
         self.instances = instances
+        self.gpu_of = gpu_of
         self.by_rank: dict[int, tuple] = {}  # rank -> BoundModel._instances
         self.lines: dict[tuple[int, str], list[tuple[float, float]]] = {}  # (rank, kind) -> BoundModel._cost_lines
         self.durations: dict[tuple[int, str, float], float] = {}  # (rank, kind, bytes) -> the collective's bound
@@ -92,7 +98,7 @@ class BoundModel:
         self.compute = ComputeModel(machine.device)
         self.collectives = CollectiveModel(Fabric(machine, gpus))
         self.gpu_of = place_ranks(gpus, machine)
-        self._by_layout: dict[int, _Layout] = {}  # by the id of the instances tuple each holds
+        self._by_layout: dict[tuple[int, int], _Layout] = {}  # by the id of its instances tuple and of its placement
         self._transfer: dict[tuple, float] = {}  # across plans: keyed by GPUs
         self._lines: dict[tuple, list[tuple[float, float]]] = {}  # across plans: keyed by GPUs, not axis names
         self._node_lines: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
@@ -100,15 +106,30 @@ class BoundModel:
         # across plans: a point-to-point axis's instances (the same for every plan of one pipeline depth) -> per
         # (from, to) position, a transfer's latency and seconds per byte with every instance on the links
         self._hops_by_instances: dict[tuple, dict[tuple[int, int], tuple[float, float]]] = {}
-        self._rank_of_gpu: dict[int, int] | None = None
+        # placements other than rank r on GPU r (dpouter's), by (ranks, inner ranks, stages), and each one's inverse
+        self._placements: dict[tuple[int, int, int], list[int]] = {}
+        self._rank_of_gpu: dict[int, dict[int, int]] = {}  # by the id of a placement
+
+    def _placement(self, schedule: Schedule) -> list[int]:
+        """The GPU each rank of `schedule` runs on, as the simulator places them (twin.mesh.rank_gpus): the same
+        list for every schedule of one placement, so that its id keys the caches that depend on it."""
+        plan = schedule.info.plan
+        if not dp_outermost(plan):
+            return self.gpu_of
+        key = (plan.world_size, plan.world_size // (plan.gdata * plan.pp), plan.pp)
+        if key not in self._placements:
+            self._placements[key] = rank_gpus(plan)
+        return self._placements[key]
 
     def _layout(self, schedule: Schedule, axis: str) -> _Layout:
         instances = schedule.group(axis).instances
-        layout = self._by_layout.get(id(instances))
-        if layout is None or layout.instances is not instances:
+        gpu_of = self._placement(schedule)
+        key = (id(instances), id(gpu_of))
+        layout = self._by_layout.get(key)
+        if layout is None or layout.instances is not instances or layout.gpu_of is not gpu_of:
             if len(self._by_layout) >= LAYOUTS_KEPT:
                 self._by_layout.clear()
-            layout = self._by_layout[id(instances)] = _Layout(instances)
+            layout = self._by_layout[key] = _Layout(instances, gpu_of)
         return layout
 
     def _collective_s(self, schedule: Schedule, axis: str, rank: int, kind: str, nbytes: float) -> float:
@@ -122,32 +143,35 @@ class BoundModel:
         return layout.durations[key]
 
     def _instances(self, schedule: Schedule, axis: str, rank: int) -> tuple[tuple[int, ...], tuple, tuple, int]:
-        """(representative's instance, axis's first instance, instances on the representative's node), as GPUs,
-        and the representative's node."""
+        """(representative's instance, axis's first instance, instances of its pipeline stage on the representative's
+        node), as GPUs, and the representative's node."""
         layout = self._layout(schedule, axis)
         if rank not in layout.by_rank:
-            fabric = self.collectives.fabric
-            node = fabric.node_of(self.gpu_of[rank])
-            local = set(self._ranks_on_node(node))
+            fabric, gpu_of = self.collectives.fabric, layout.gpu_of
+            node = fabric.node_of(gpu_of[rank])
+            stage = schedule.world_size // (schedule.info.plan.pp if schedule.info.plan else 1)  # ranks a stage
+            local = {r for r in self._ranks_on_node(gpu_of, node) if r // stage == rank // stage}
             mine, touching = None, []
             for members in layout.instances:
                 hit = local.intersection(members)
                 if hit:
-                    touching.append(tuple(self.gpu_of[r] for r in members))
+                    touching.append(tuple(gpu_of[r] for r in members))
                     local -= hit
                 if rank in members:
-                    mine = tuple(self.gpu_of[r] for r in members)
+                    mine = tuple(gpu_of[r] for r in members)
                 if not local and mine is not None:
                     break
-            first = tuple(self.gpu_of[r] for r in layout.instances[0])
+            first = tuple(gpu_of[r] for r in layout.instances[0])
             layout.by_rank[rank] = (mine, first, tuple(touching), node)
         return layout.by_rank[rank]
 
-    def _ranks_on_node(self, node: int) -> list[int]:
-        if self._rank_of_gpu is None:
-            self._rank_of_gpu = {g: r for r, g in enumerate(self.gpu_of)}
+    def _ranks_on_node(self, gpu_of: list[int], node: int) -> list[int]:
+        """The ranks placed on the node's GPUs."""
+        if id(gpu_of) not in self._rank_of_gpu:
+            self._rank_of_gpu[id(gpu_of)] = {g: r for r, g in enumerate(gpu_of)}
+        rank_of = self._rank_of_gpu[id(gpu_of)]
         gpn = self.machine.node.gpus_per_node
-        return [self._rank_of_gpu[g] for g in range(node * gpn, (node + 1) * gpn) if g in self._rank_of_gpu]
+        return [rank_of[g] for g in range(node * gpn, (node + 1) * gpn) if g in rank_of]
 
     def _cost_lines(self, instances, kind: str) -> list[tuple[float, float]]:
         """(latency, seconds per byte) of each (algorithm, protocol): the bound is the lowest line at nbytes."""
@@ -201,20 +225,21 @@ class BoundModel:
     def _hop_s(self, schedule: Schedule, layout: _Layout, members: tuple[int, ...], src: int, dst: int,
                nbytes: float) -> float:
         """_p2p_s of a transfer from position `src` to `dst` of the axis instance `members`."""
-        alone = self._transfer_s(self.gpu_of[members[src]], self.gpu_of[members[dst]], nbytes)
+        gpu_of = layout.gpu_of
+        alone = self._transfer_s(gpu_of[members[src]], gpu_of[members[dst]], nbytes)
         stage_ranks = schedule.world_size // len(members)
         if any(len(program.ranks) != stage_ranks for program in schedule.programs):
             return alone
         if layout.hops is None:  # the axis's instances hashed once per layout, not per op
             if len(self._hops_by_instances) >= LAYOUTS_KEPT:
                 self._hops_by_instances.clear()
-            layout.hops = self._hops_by_instances.setdefault(layout.instances, {})
+            layout.hops = self._hops_by_instances.setdefault((layout.instances, id(gpu_of)), {})
         if (src, dst) not in layout.hops:
             first = layout.instances[0]
             loads = self.collectives.fabric.route_dense(
-                (self.gpu_of[m[src]], self.gpu_of[m[dst]], 1.0, None) for m in layout.instances)
+                (gpu_of[m[src]], gpu_of[m[dst]], 1.0, None) for m in layout.instances)
             per_byte = float((loads / self.collectives.fabric.capacity_bytes_per_s).max())
-            transfer = self.collectives.transfer(self.gpu_of[first[src]], self.gpu_of[first[dst]])
+            transfer = self.collectives.transfer(gpu_of[first[src]], gpu_of[first[dst]])
             layout.hops[(src, dst)] = (self.collectives.latency_s(transfer, "simple"), per_byte)
         latency, per_byte = layout.hops[(src, dst)]
         return max(alone, min(latency, alone) + nbytes * per_byte)

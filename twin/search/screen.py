@@ -53,7 +53,8 @@ before, and the last prefetches for what follows; three show each kind):
   other instances on the node; no network link). Where a stage holds whole
   nodes, every stage's ranks are the grid's shifted by whole nodes, whose own
   links and instances on them are the same, so every stage's passes add at
-  least S, as rank 0's add C.
+  least S, as rank 0's add C. (With dpouter's order a pipeline's next stage
+  sits one grid further on, not one stage's ranks: twin.mesh.stage_stride.)
 
 With L layers, pp stages and m micro-batches (a rank holds L / pp layers):
 
@@ -86,6 +87,7 @@ from dataclasses import replace
 
 from twin.builders.schedule import build_layer_passes, build_schedule
 from twin.ir import Program, Schedule
+from twin.mesh import stage_stride
 from twin.model import ModelSpec
 from twin.pipeline_split import fewest_and_most
 from twin.plan import ParallelPlan
@@ -95,7 +97,8 @@ from twin.search.passes import busiest_stream_s, least_per_layer_s, pass_chains_
 
 def grid_plan(plan: ParallelPlan) -> ParallelPlan:
     """The plan reduced to what decides a layer's ops: its tensor-parallel grid, one micro-batch, no pipeline."""
-    return replace(plan, pp=1, vpp=1, pemb=False, ploss=False, gdata=1, zero=0, ga=1, global_batch=plan.mbs * plan.gz)
+    return replace(plan, pp=1, vpp=1, pemb=False, ploss=False, dpouter=False, gdata=1, zero=0, ga=1,
+                   global_batch=plan.mbs * plan.gz)
 
 
 class ScreenModel:
@@ -164,7 +167,7 @@ def screen_bound_s(model: ModelSpec, plan: ParallelPlan, layer: tuple[float, flo
     m = plan.ga
     own = m * most * (w if plan.zero == 3 else max(w, c, k))
     if plan.pp > 1 and plan.vpp == 1:
-        whole_nodes = (plan.world_size // plan.pp) % gpus_per_node == 0 and plan.zero != 3
+        whole_nodes = stage_stride(plan) % gpus_per_node == 0 and plan.zero != 3  # each stage of rank 0's pipeline
         stage = max(w, s) if whole_nodes else w  # any stage's forward and backward of a micro-batch
         first = max(stage, w if plan.zero == 3 else c)  # stage 0's, which holds rank 0
         return max(own, fewest * first + (plan.pp - 2 + m) * fewest * stage)

@@ -22,11 +22,13 @@ power-of-two micro-batch that fits, since a smaller one shrinks the bubble.
 A ZeRO stage only above 0 when gdata > 1 (it shards over gdata).
 
 Megatron-Core's schedule options are searched when asked for (--vpp, --sp,
---tpo, --odp), each where it changes the step: interleaved chunks where the
-pipeline's layers split into them (and the micro-batches are a multiple of
-the stages), sequence parallelism where gx > 1 and gy = 1, its overlapped
-gathers and scatters with it, the data-parallel overlap where ZeRO 0-2
-synchronises more than one replica.
+--tpo, --odp, --dpouter), each where it changes the step: interleaved chunks
+where the pipeline's layers split into them (and the micro-batches are a
+multiple of the stages), sequence parallelism where gx > 1 and gy = 1, its
+overlapped gathers and scatters with it, the data-parallel overlap where
+ZeRO 0-2 synchronises more than one replica, the ranks' order (each
+pipeline on consecutive GPUs, the replicas outermost) where there are both
+stages and replicas.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class SearchSpace:
     sp: tuple[bool, ...] = (False,)  # sequence parallelism over gx
     tpo: tuple[bool, ...] = (False,)  # its gathers and scatters under their GEMMs
     odp: tuple[bool, ...] = (False,)  # the data-parallel synchronisation under the backward and forward
+    dpouter: tuple[bool, ...] = (False,)  # ranks placed tp-cp-pp-dp (the replicas outermost), not tp-cp-dp-pp
 
     def __post_init__(self) -> None:
         for axis in self.axes:
@@ -85,7 +88,7 @@ class SearchSpace:
             raise TwinError(f"--max-tp {self.max_tp} is below --min-tp {self.min_tp}; raise it or drop one")
         if any(m < 1 for m in self.mbs):
             raise TwinError("--mbs values must be positive integers")
-        for flag in ("reshard", "sp", "tpo", "odp"):
+        for flag in ("reshard", "sp", "tpo", "odp", "dpouter"):
             if not getattr(self, flag):
                 raise TwinError(f"--{flag} is empty; give 0, 1 or 0,1")
         if not self.vpp or any(v < 1 for v in self.vpp):
@@ -98,7 +101,7 @@ class SearchSpace:
         mbs = ",".join(map(str, self.mbs)) if self.mbs else "auto"
         options = "".join(f"; {flag} {','.join(str(int(v)) for v in getattr(self, flag))}"
                           for flag, default in (("reshard", (False,)), ("vpp", (1,)), ("sp", (False,)),
-                                                ("tpo", (False,)), ("odp", (False,)))
+                                                ("tpo", (False,)), ("odp", (False,)), ("dpouter", (False,)))
                           if getattr(self, flag) != default)
         return (f"axes {','.join(self.axes)}; {tp}; zero {','.join(map(str, self.zero))}; "
                 f"recompute {','.join(self.recompute)}{options}; mbs {mbs}")
@@ -189,7 +192,8 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
             rejected[_reason(str(e))] += 1
             continue
         variants = [v for r in _reshard_variants(plan, space.reshard) for v in _schedule_variants(r, model, space)
-                    if (v.vpp, v.sp, v.tpo, v.odp) == (1, False, False, False) or _valid(v, model, gpus)]
+                    if (v.vpp, v.sp, v.tpo, v.odp, v.dpouter) == (1, False, False, False, False)
+                    or _valid(v, model, gpus)]
         if not variants:
             rejected["no schedule option applies"] += 1
             continue
@@ -222,16 +226,18 @@ def _valid(plan: ParallelPlan, model: ModelSpec, gpus: int) -> bool:
 
 
 def _schedule_variants(plan: ParallelPlan, model: ModelSpec, space: SearchSpace) -> list[ParallelPlan]:
-    """`plan` with each asked-for chunk count, sequence parallelism, tensor- and data-parallel overlap that applies to
-    it (vpp > 1 where the stages' layers split so and some micro-batch size makes whole rounds, sp where gx > 1 and
-    gy = 1, tpo with sp, odp where ZeRO 0-2 synchronises more than one replica), each distinct plan once."""
+    """`plan` with each asked-for chunk count, sequence parallelism, tensor- and data-parallel overlap and rank order
+    that applies to it (vpp > 1 where the stages' layers split so and some micro-batch size makes whole rounds, sp
+    where gx > 1 and gy = 1, tpo with sp, odp where ZeRO 0-2 synchronises more than one replica, dpouter where there
+    are both stages and replicas to order), each distinct plan once."""
     chunks = [v if plan.pp > 1 and not split_error(model.layers, replace(plan, vpp=v))
               and _micro_batch_sizes(replace(plan, vpp=v), space) else 1 for v in space.vpp]
     sequence = dict.fromkeys(s and plan.gx > 1 and plan.gy == 1 for s in space.sp)
     overlap_dp = dict.fromkeys(o and plan.gradient_replicas > 1 and plan.zero in (0, 1, 2) for o in space.odp)
-    return [replace(plan, vpp=vpp, sp=sp, tpo=tpo, odp=odp)
+    order = dict.fromkeys(d and plan.pp > 1 and plan.gdata > 1 for d in space.dpouter)
+    return [replace(plan, vpp=vpp, sp=sp, tpo=tpo, odp=odp, dpouter=dpouter)
             for vpp in dict.fromkeys(chunks) for sp in sequence
-            for tpo in dict.fromkeys(t and sp for t in space.tpo) for odp in overlap_dp]
+            for tpo in dict.fromkeys(t and sp for t in space.tpo) for odp in overlap_dp for dpouter in order]
 
 
 def _reshard_variants(plan: ParallelPlan, reshard: tuple[bool, ...]) -> list[ParallelPlan]:
