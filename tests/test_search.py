@@ -604,12 +604,17 @@ def test_bounds_hold_where_the_embedding_and_the_loss_count_as_layers(text):
 
 
 def test_search_space_takes_the_end_slot_split_only_where_the_even_one_does_not_divide():
-    """126 layers: pp=16 plans appear with pemb=1, ploss=1; pp=2 (even) plans keep the even split."""
+    """126 layers: pp=16 plans appear with pemb=1, ploss=1; pp=2 (even) plans keep the even split. 127 layers: every
+    pipeline counts the loss alone (128 slots)."""
     model = replace(parse_model_spec(SEARCH_SPEC), layers=126)
     space = enumerate_space(model, 32, 64, 1e15, SearchSpace(axes=("gdata", "pp")))
     by_pp = {c.plan.pp: c.plan for c in space.candidates}
     assert all(by_pp[pp].pemb and by_pp[pp].ploss for pp in (4, 8, 16, 32))  # 128 slots
     assert not (by_pp[1].pemb or by_pp[2].pemb or by_pp[2].ploss)  # 63 layers a stage
+    odd = enumerate_space(replace(model, layers=127), 32, 64, 1e15, SearchSpace(axes=("gdata", "pp")))
+    by_pp = {c.plan.pp: c.plan for c in odd.candidates}
+    assert all(by_pp[pp].ploss and not by_pp[pp].pemb for pp in (2, 4, 8, 16, 32))  # 128 slots with the loss's
+    assert 1 in by_pp and not by_pp[1].ploss
 
 
 MEGATRON_OPTIONS = SearchSpace(axes=("gx", "gdata", "pp"), zero=(0, 1), vpp=(1, 2), sp=(False, True),

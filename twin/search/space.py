@@ -12,8 +12,9 @@ heads, hidden, ffn, vocabulary, weight blocks and batch), then pruned by
 memory fit (twin.memory) before anything is simulated. Where the layers do
 not split evenly over a plan's stages but do with the embedding and the loss
 counted as one layer each, the plan takes that split (pemb=1, ploss=1, as
-Megatron-Core and Llama 3 405B's 126 layers on 16 stages); plans that split
-evenly keep the even split.
+Megatron-Core and Llama 3 405B's 126 layers on 16 stages), or else with the
+loss alone or the embedding alone counted (127 layers on 16: ploss=1); plans
+that split evenly keep the even split.
 
 Micro-batch ("auto"): without a pipeline the largest micro-batch that fits
 (larger GEMMs run closer to peak and a micro-batch repeats every weight
@@ -209,12 +210,16 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
 
 
 def _split_variant(plan: ParallelPlan, model: ModelSpec) -> ParallelPlan:
-    """`plan`, or, where its layers do not split evenly over its stages and they do once the embedding and the loss
-    count as one layer each, that split (pemb=1, ploss=1: Megatron-Core's; Llama 3 405B's 126 layers on 16)."""
+    """`plan`, or, where its layers do not split evenly over its stages, the first split that does of: the embedding
+    and the loss counted as one layer each (pemb=1, ploss=1: Megatron-Core's; Llama 3 405B's 126 layers on 16), the
+    loss alone (the last stage also runs the LM head's GEMM), the embedding alone."""
     if plan.pp == 1 or not split_error(model.layers, plan):
         return plan
-    ends = replace(plan, pemb=True, ploss=True)
-    return plan if split_error(model.layers, ends) else ends
+    for pemb, ploss in ((True, True), (False, True), (True, False)):
+        ends = replace(plan, pemb=pemb, ploss=ploss)
+        if not split_error(model.layers, ends):
+            return ends
+    return plan
 
 
 def _valid(plan: ParallelPlan, model: ModelSpec, gpus: int) -> bool:
