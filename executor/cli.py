@@ -100,6 +100,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.check_numerics and schedule.info.plan is not None and schedule.info.plan.tpo:
         raise TwinError("--check-numerics: tpo=1 splits each overlapped GEMM into chunks, which the numerics check "
                         "does not bind to tensors; check the same plan with tpo=0 (the same data, moved in one piece)")
+    if args.check_numerics and schedule.info.plan is not None and schedule.info.plan.cpcomm != "p2p":
+        raise TwinError(f"--check-numerics: cpcomm={schedule.info.plan.cpcomm} is not bound to tensors by the numerics "
+                        "check, which checks ring attention; check the same plan with cpcomm=p2p (the same layers "
+                        "and the same attention, its K and V passed in a ring)")
     if args.launcher == "srun":
         from executor.launch import srun_script
 

@@ -133,6 +133,52 @@ def test_ring_attention_steps_shifts_and_flops(cp):
     assert {g.name for g in schedule.groups} == {"x", "cp"}
 
 
+@pytest.mark.parametrize("cp", [2, 4])
+def test_all_gathered_kv_collectives_kernels_and_flops(cp):
+    """cpcomm=allgather (TE's AttnFuncWithCPAndKVAllGather): per layer and micro-batch, K and V each all-gathered
+    over cp before the two local chunks' kernels in each pass (again in the backward), dK and dV each
+    reduce-scattered after it, no ring; the kernels' FLOPs are the ring's (each rank's share of the causal whole)
+    and every collective is waited for."""
+    ring = build(f"gx=2,cp={cp},mbs=1,recompute=none").programs[0].ops
+    ops = build(f"gx=2,cp={cp},mbs=1,recompute=none,cpcomm=allgather").programs[0].ops
+
+    def attention(op_list):
+        return [op for op in op_list if op.tag.layer == 0 and op.tag.micro_batch == 0 and op.tag.block == "attn"]
+
+    layer0 = attention(ops)
+    roles = [op.tag.role for op in layer0]
+    assert not {"kv_shift", "dkv_shift", "out_correction"} & set(roles)
+    assert [roles.count(r) for r in ("k_gather", "v_gather", "dk_scatter", "dv_scatter")] == [2, 2, 1, 1]
+    gathers = [op.work for op in layer0 if op.tag.role in ("k_gather", "v_gather")]
+    kv = (SMALL.seq // cp) * SMALL.hidden / 2  # this rank's K (or V): its tokens, its local heads
+    assert all((w.kind, w.group, w.nbytes) == ("all_gather", "cp", 2 * cp * kv) for w in gathers)
+    scatter = next(op.work for op in layer0 if op.tag.role == "dk_scatter")
+    assert (scatter.kind, scatter.group, scatter.nbytes) == ("reduce_scatter", "cp", 2 * cp * kv)
+    for phase in ("fwd", "bwd"):
+        mine = [op.work for op in layer0 if isinstance(op.work, Attention) and op.tag.phase == phase]
+        theirs = [op.work for op in attention(ring) if isinstance(op.work, Attention) and op.tag.phase == phase]
+        assert len(mine) == 2 and sum(k.flops for k in mine) == pytest.approx(sum(k.flops for k in theirs))
+    waited = {d for op in ops for d in op.deps}
+    assert all(op.id in waited for op in layer0 if isinstance(op.work, Collective))  # each blocks what follows
+
+
+def test_all_gathered_kv_simulates_and_is_refused_without_cp():
+    """Both variants simulate; with few K/V heads (grouped-query attention) gathering them moves less than the
+    ring; cpcomm=allgather without cp is a one-line error."""
+    model = dataclasses.replace(get_model("Llama-3.1-8B"), seq=32768)
+    machine = load_machine("mpt-h100-80g")
+    steps = {c: simulate_step(model, plan(f"tp=8,cp=4,mbs=1,recompute=full,cpcomm={c}"), machine, 32)
+             for c in ("p2p", "allgather")}
+    assert steps["allgather"].time_by_class_s["all_gather"] > 0 and "shift" not in steps["allgather"].time_by_class_s
+    assert all(s.step_time_s > 0 for s in steps.values())
+    with pytest.raises(TwinError) as err:
+        validate_plan(plan("gx=2,cpcomm=allgather"), SMALL, 2)
+    assert "needs cp > 1" in str(err.value) and "\n" not in str(err.value)
+    assert "cpcomm=allgather" in plan("cp=2,cpcomm=allgather").describe()
+    assert "cpcomm" not in plan("cp=2").describe()
+    assert parse_plan(plan("cp=2,cpcomm=allgather").describe()).cpcomm == "allgather"
+
+
 def test_gradients_are_summed_over_cp_and_data():
     schedule = build("cp=2,gdata=2,mbs=1", batch=8)
     ops = schedule.programs[0].ops
@@ -163,3 +209,30 @@ def test_search_over_cp_finds_plans_with_it_and_the_default_search_none():
     assert any(c.plan.cp > 1 for c in with_cp.candidates)
     default = enumerate_space(model, 8, 8, FRONTIER.device.hbm_bytes, SearchSpace())
     assert all(c.plan.cp == 1 for c in default.candidates)
+
+
+def test_search_tries_both_kv_exchanges_where_cp_splits_and_its_bounds_hold():
+    """--cpcomm p2p,allgather: the all-gather variant appears only with cp > 1; every plan's screening and full
+    bound stay below its simulated step, and branch and bound ranks as simulating every plan does."""
+    from twin.search import rank
+    from twin.search.bound import BoundModel
+    from twin.search.rank import search
+    from twin.search.screen import ScreenModel
+
+    model = dataclasses.replace(SMALL, seq=1024)
+    space = SearchSpace(axes=("gx", "cp", "gdata"), cpcomm=("p2p", "allgather"))
+    plans = [c.plan for c in enumerate_space(model, 8, 8, FRONTIER.device.hbm_bytes, space).candidates]
+    assert len({p.describe() for p in plans}) == len(plans)
+    assert all(p.cp > 1 for p in plans if p.cpcomm == "allgather") and any(p.cpcomm == "allgather" for p in plans)
+    assert "cpcomm p2p,allgather" in space.describe()
+    with pytest.raises(TwinError, match="--cpcomm"):
+        SearchSpace(cpcomm=("ring",))
+    screen = ScreenModel(model, BoundModel(FRONTIER, 8))
+    rank._init_worker(model, FRONTIER, 8)
+    for p in plans:
+        step = rank._simulate_plan(p).step_time_s
+        assert 0 < screen.bound_s(p) <= step * (1 + 1e-9), p.describe()
+        assert rank._bound_of(p) <= step * (1 + 1e-9), p.describe()
+    pruned = search(model, 8, 8, FRONTIER, space, top=6, use_cache=False, jobs=1)
+    every = search(model, 8, 8, FRONTIER, space, top=6, exhaustive=True, use_cache=False, jobs=1)
+    assert [(r.plan, r.step_time_s) for r in pruned.ranked] == [(r.plan, r.step_time_s) for r in every.ranked]

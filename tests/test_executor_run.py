@@ -311,3 +311,15 @@ def test_numerics_refuse_a_tp_overlapped_plan(tmp_path, capsys):
     rc = main(["run", path, "--nproc", "2", "--check-numerics", "--out", str(tmp_path / "num")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "tpo=1" in err[0] and "tpo=0" in err[0]
+
+
+def test_all_gathered_context_parallel_attention_runs_and_numerics_refuse_it(tmp_path, capsys):
+    """cpcomm=allgather: its K/V all-gathers and dK/dV reduce-scatters over cp run on gloo and every op is timed;
+    --check-numerics, which binds ring attention, refuses it in one line naming the plan to check instead."""
+    schedule, path = export(tmp_path, "cp=2,mbs=1,cpcomm=allgather", 2)
+    run_local(schedule, path, 2, str(tmp_path / "run"), WorkerOptions(steps=1, warmup=0), LIMIT_S)
+    record = json.loads((tmp_path / "run" / "rank0.json").read_text())
+    assert len(record["steps"]) == 1 and len(record["steps"][0]["end"]) == len(schedule.programs[0].ops)
+    rc = main(["run", path, "--nproc", "2", "--check-numerics", "--out", str(tmp_path / "num")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "cpcomm=allgather" in err[0] and "cpcomm=p2p" in err[0]

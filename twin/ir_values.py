@@ -23,14 +23,16 @@ from twin.ir import (
     Work,
 )
 from twin.model import DTYPE_BYTES
-from twin.plan import ATTENTION_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan
+from twin.plan import ATTENTION_KINDS, CP_COMM_KINDS, OPTIMIZER_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan
+from twin.plan import P2P_KINDS as PIPELINE_TRANSFER_KINDS
 
 # GEMM and attention dimensions must fit the 32-bit integers BLAS and attention kernels index with.
 MAX_DIM = (1 << 31) - 1
 MAX_AMOUNT = 1e30  # FLOPs or bytes of one op or step: a zettascale step is 1e21; beyond this, ratios overflow
 _PLAN_COUNTS = {**{key: limits.DEGREE for key in axes.KEYS}, "vpp": limits.DEGREE, "global_batch": limits.SEQUENCES,
                 "mbs": limits.SEQUENCES, "ga": limits.SEQUENCES}
-_PLAN_WORDS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS}
+_PLAN_WORDS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
+               "p2p": PIPELINE_TRANSFER_KINDS, "cpcomm": CP_COMM_KINDS}
 
 
 def check_info(info: StepInfo, world_size: int) -> None:

@@ -43,7 +43,8 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
   fp32 copy for the loss.
 - Context parallelism (cp) splits every micro-batch's tokens, so each
   activation term above and the logits are divided by cp; the ring's K/V
-  blocks in flight (two of 2 m h/(gx cp) bytes) are left out. ZeRO shards
+  blocks in flight (two of 2 m h/(gx cp) bytes), and with cpcomm=allgather
+  the whole sequence's gathered K and V, transient too, are left out. ZeRO shards
   over cp x gdata (plan.gradient_replicas), the ranks that hold the same
   weights.
 - RUNTIME_RESERVE_FRACTION of HBM is not usable.

@@ -59,6 +59,13 @@ one layer each where the layers are split over the pipeline's chunks
 stages): the first and the last stage then hold fewer layers
 (twin.pipeline_split).
 
+`cpcomm=allgather` runs context parallelism's attention as Transformer
+Engine's all-gather variant (Megatron-Core's --cp-comm-type all_gather; the
+Llama 3 paper's sec. 3.3.2): K and V all-gathered over the cp ranks before
+the kernels, their gradients reduce-scattered after, where the default
+(`p2p`) passes them around a ring under the kernels
+(twin.builders.gathered_attention, twin.builders.ring_attention).
+
 `dpouter` places the ranks in the order tp-cp-pp-dp: each pipeline's stages
 on consecutive GPUs and the data-parallel replicas outermost (Megatron's
 --use-tp-pp-dp-mapping; Meta's Llama 3 405B runs), where the default puts
@@ -98,6 +105,10 @@ OPTIMIZER_KINDS = ("megatron", "flat")
 # Megatron-DeepSpeed, DeepSpeed's pipeline engine), or each sends all of it (megatron.core without sequence
 # parallelism; --no-scatter-gather-tensors-in-pipeline). twin.builders.pipeline_passes.
 P2P_KINDS = ("split", "full")
+# How context parallelism's attention meets the other ranks' keys and values: passed around a ring under the
+# attention kernels (Megatron-Core's --cp-comm-type p2p, the default), or all-gathered before them and their
+# gradients reduce-scattered after (--cp-comm-type all_gather: Transformer Engine's, Llama 3's).
+CP_COMM_KINDS = ("p2p", "allgather")
 ZERO_STAGES = (0, 1, 2, 3)
 _BOOL_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
 
@@ -116,6 +127,7 @@ class ParallelPlan:
     attention: str = "flash"  # ATTENTION_KINDS: the fused kernel, or Megatron's unfused core attention
     optimizer: str = "megatron"  # OPTIMIZER_KINDS: Megatron's mixed-precision optimizer, or DeepSpeed's flat fused one
     p2p: str = "split"  # P2P_KINDS: pipeline transfers cut over the tensor-parallel ranks, or whole on each
+    cpcomm: str = "p2p"  # CP_COMM_KINDS: context parallelism's K/V passed in a ring, or all-gathered
     pp: int = 1  # pipeline stages (1F1B schedule)
     vpp: int = 1  # virtual stages (model chunks) per pipeline rank: interleaved 1F1B when > 1
     pemb: bool = False  # the embedding counts as one layer in the pipeline's split (twin.pipeline_split)
@@ -209,6 +221,8 @@ class ParallelPlan:
             parts.append(f"optimizer={self.optimizer}")
         if self.p2p != "split":  # as attention
             parts.append(f"p2p={self.p2p}")
+        if self.cpcomm != "p2p":  # as attention
+            parts.append(f"cpcomm={self.cpcomm}")
         parts.append(f"recompute={self.recompute}")
         for switch in ("oar", "ors", "oag"):
             parts.append(f"{switch}={int(getattr(self, switch))}")
@@ -225,13 +239,13 @@ _BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb"
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
 _WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
-              "p2p": P2P_KINDS}
+              "p2p": P2P_KINDS, "cpcomm": CP_COMM_KINDS}
 _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(_WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
     """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,dpouter=..,
-    reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,recompute=..,oar=0,..,tune=0]'.
+    reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,recompute=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
     'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and
@@ -317,6 +331,9 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
     if plan.tpo and not (plan.sp and plan.gx > 1):
         raise TwinError("--plan: tpo=1 overlaps sequence parallelism's gathers and scatters with their GEMMs; "
                         f"it needs sp=1 and gx > 1 (got sp={int(plan.sp)}, gx={plan.gx})")
+    if plan.cpcomm != "p2p" and plan.cp == 1:
+        raise TwinError(f"--plan: cpcomm={plan.cpcomm} says how context parallelism meets the other ranks' keys and "
+                        "values; it needs cp > 1 (got cp=1); leave it out")
     if plan.dpouter and (plan.pp == 1 or plan.gdata == 1):
         raise TwinError("--plan: dpouter=1 places the data-parallel replicas outside the pipeline's stages; it needs "
                         f"pp > 1 and dp > 1 (got pp={plan.pp}, dp={plan.gdata}); leave it out")

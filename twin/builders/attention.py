@@ -5,7 +5,9 @@ runs on the heads / gx local heads of each of the mbs sequences, replicated
 over gy like every op between the QKV and attention-output linears. Its ops
 are tagged block "attn", each kernel its role ("fwd" and "bwd" for the flash
 kernels themselves). With context parallelism (cp > 1) the flash kernel is
-ring attention's steps (twin.builders.ring_attention).
+ring attention's steps (twin.builders.ring_attention), or with
+cpcomm=allgather the kernels around K and V all-gathered
+(twin.builders.gathered_attention).
 
 With grouped-query attention (ModelSpec.kv_heads < heads) k and v, and their
 copies and gradients, are kv_heads / heads the size of q. The flash kernel
@@ -20,12 +22,13 @@ from twin.builders.megatron_kernels import (
     ATTENTION_DROPOUT_BACKWARD_BYTES, ATTENTION_DROPOUT_BYTES, COPY_BYTES, DROPOUT_FLOPS, FLASH_COPIED,
     SEQLENS_BYTES, SOFTMAX_BACKWARD_BYTES, SOFTMAX_BYTES, SOFTMAX_FLOPS, fused_softmax_available, torch_softmax_kernels,
 )
+from twin.builders.gathered_attention import GatheredAttentionWriter
 from twin.builders.ring_attention import RingAttentionWriter
 from twin.builders.tags import Pass
 from twin.ir import Attention, Gemm, OpTag
 
 
-class AttentionWriter(RingAttentionWriter):
+class AttentionWriter(RingAttentionWriter, GatheredAttentionWriter):
     """Writes a layer's attention core, forward (in the forward pass and in either recompute) and backward."""
 
     def attention_forward(self, at: Pass, layer: int) -> None:
@@ -36,7 +39,9 @@ class AttentionWriter(RingAttentionWriter):
                 self.elementwise(*self.kernel(at, "attn", f"{which}_copy", layer), self.qkv_part_elements(which),
                                  COPY_BYTES, 0)
             self.elementwise(*self.kernel(at, "attn", "seqlens", layer), self.plan.mbs + 1, SEQLENS_BYTES, 1)
-            if self.plan.cp > 1:
+            if self.plan.cp > 1 and self.plan.cpcomm == "allgather":
+                self.gathered_forward(at, layer)
+            elif self.plan.cp > 1:
                 self.ring_forward(at, layer)
             else:
                 name, tag = self.kernel(at, "attn", "fwd", layer)
@@ -61,7 +66,9 @@ class AttentionWriter(RingAttentionWriter):
         if self.plan.attention == "flash":  # nothing to recompute: the kernel rebuilds its scores itself
             if self.plan.mbs > 1:
                 self.elementwise(*self.kernel(at, "attn", "bwd_copy", layer), heads, COPY_BYTES, 0)
-            if self.plan.cp > 1:
+            if self.plan.cp > 1 and self.plan.cpcomm == "allgather":
+                self.gathered_backward(at, layer)
+            elif self.plan.cp > 1:
                 self.ring_backward(at, layer)
             else:
                 name, tag = self.kernel(at, "attn", "bwd", layer)

@@ -102,6 +102,10 @@ SEQLENS_BYTES = 4  # per sequence boundary: one int32 written
 # 2 bytes; the log-sum-exp, one fp32 per head and token, left out); the dK/dV sum reads two and writes one.
 RING_CORRECTION_BYTES = 3 * 2
 RING_ADD_BYTES = 3 * 2
+# The all-gather variant (twin.builders.gathered_attention), per element of the whole sequence's dK or dV: zeroed
+# (one write), each chunk's partial made contiguous (read, write) and added in (two reads, one write), 2 bytes each;
+# [estimate] the partials counted as covering the whole sequence once (they overlap by one chunk).
+GATHERED_DKV_BYTES = 2 + 2 * 2 + 3 * 2
 # Unfused attention's kernels on the mbs x heads/gx x s x s score tensor, bytes per score element (transformer.py
 # CoreAttention.forward):
 SOFTMAX_BYTES = 2 + 2  # fused scale + mask + softmax: read the scores, write the probabilities

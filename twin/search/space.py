@@ -29,7 +29,8 @@ multiple of the stages), sequence parallelism where gx > 1 and gy = 1, its
 overlapped gathers and scatters with it, the data-parallel overlap where
 ZeRO 0-2 synchronises more than one replica, the ranks' order (each
 pipeline on consecutive GPUs, the replicas outermost) where there are both
-stages and replicas.
+stages and replicas, and (--cpcomm) context parallelism's K/V all-gathered
+instead of passed in a ring where cp > 1.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from twin.errors import TwinError
 from twin.memory import memory_per_gpu, usable_bytes
 from twin.model import ModelSpec
 from twin.pipeline_split import split_error
-from twin.plan import RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan, divisors, validate_plan, with_micro_batch
+from twin.plan import CP_COMM_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan, divisors, validate_plan, with_micro_batch
 
 AXES = axis_registry.KEYS  # every axis a search may vary
 DEFAULT_AXES = axis_registry.DEFAULT_SEARCH  # what it varies unless told (cp only when asked for)
@@ -70,6 +71,7 @@ class SearchSpace:
     tpo: tuple[bool, ...] = (False,)  # its gathers and scatters under their GEMMs
     odp: tuple[bool, ...] = (False,)  # the data-parallel synchronisation under the backward and forward
     dpouter: tuple[bool, ...] = (False,)  # ranks placed tp-cp-pp-dp (the replicas outermost), not tp-cp-dp-pp
+    cpcomm: tuple[str, ...] = ("p2p",)  # context parallelism's K/V: a ring, or all-gathered (twin.plan.CP_COMM_KINDS)
 
     def __post_init__(self) -> None:
         for axis in self.axes:
@@ -92,6 +94,8 @@ class SearchSpace:
         for flag in ("reshard", "sp", "tpo", "odp", "dpouter"):
             if not getattr(self, flag):
                 raise TwinError(f"--{flag} is empty; give 0, 1 or 0,1")
+        if not self.cpcomm or any(c not in CP_COMM_KINDS for c in self.cpcomm):
+            raise TwinError(f"--cpcomm must list some of {', '.join(CP_COMM_KINDS)}, e.g. p2p,allgather")
         if not self.vpp or any(v < 1 for v in self.vpp):
             raise TwinError("--vpp must list positive chunk counts, e.g. 1,2,4")
 
@@ -104,6 +108,8 @@ class SearchSpace:
                           for flag, default in (("reshard", (False,)), ("vpp", (1,)), ("sp", (False,)),
                                                 ("tpo", (False,)), ("odp", (False,)), ("dpouter", (False,)))
                           if getattr(self, flag) != default)
+        if self.cpcomm != ("p2p",):
+            options += f"; cpcomm {','.join(self.cpcomm)}"
         return (f"axes {','.join(self.axes)}; {tp}; zero {','.join(map(str, self.zero))}; "
                 f"recompute {','.join(self.recompute)}{options}; mbs {mbs}")
 
@@ -193,7 +199,7 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
             rejected[_reason(str(e))] += 1
             continue
         variants = [v for r in _reshard_variants(plan, space.reshard) for v in _schedule_variants(r, model, space)
-                    if (v.vpp, v.sp, v.tpo, v.odp, v.dpouter) == (1, False, False, False, False)
+                    if (v.vpp, v.sp, v.tpo, v.odp, v.dpouter, v.cpcomm) == (1, False, False, False, False, "p2p")
                     or _valid(v, model, gpus)]
         if not variants:
             rejected["no schedule option applies"] += 1
@@ -234,15 +240,17 @@ def _schedule_variants(plan: ParallelPlan, model: ModelSpec, space: SearchSpace)
     """`plan` with each asked-for chunk count, sequence parallelism, tensor- and data-parallel overlap and rank order
     that applies to it (vpp > 1 where the stages' layers split so and some micro-batch size makes whole rounds, sp
     where gx > 1 and gy = 1, tpo with sp, odp where ZeRO 0-2 synchronises more than one replica, dpouter where there
-    are both stages and replicas to order), each distinct plan once."""
+    are both stages and replicas to order, cpcomm=allgather with cp > 1), each distinct plan once."""
     chunks = [v if plan.pp > 1 and not split_error(model.layers, replace(plan, vpp=v))
               and _micro_batch_sizes(replace(plan, vpp=v), space) else 1 for v in space.vpp]
     sequence = dict.fromkeys(s and plan.gx > 1 and plan.gy == 1 for s in space.sp)
     overlap_dp = dict.fromkeys(o and plan.gradient_replicas > 1 and plan.zero in (0, 1, 2) for o in space.odp)
     order = dict.fromkeys(d and plan.pp > 1 and plan.gdata > 1 for d in space.dpouter)
-    return [replace(plan, vpp=vpp, sp=sp, tpo=tpo, odp=odp, dpouter=dpouter)
+    kv = dict.fromkeys(c if plan.cp > 1 else "p2p" for c in space.cpcomm)
+    return [replace(plan, vpp=vpp, sp=sp, tpo=tpo, odp=odp, dpouter=dpouter, cpcomm=cpcomm)
             for vpp in dict.fromkeys(chunks) for sp in sequence
-            for tpo in dict.fromkeys(t and sp for t in space.tpo) for odp in overlap_dp for dpouter in order]
+            for tpo in dict.fromkeys(t and sp for t in space.tpo) for odp in overlap_dp for dpouter in order
+            for cpcomm in kv]
 
 
 def _reshard_variants(plan: ParallelPlan, reshard: tuple[bool, ...]) -> list[ParallelPlan]:
