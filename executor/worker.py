@@ -48,7 +48,7 @@ import threading
 def _rank_env() -> tuple[int, int, int]:
     """(the process's slot, world size, local rank) from torchrun's or Slurm's environment. The slot is the GPU the
     launcher placed the process on (rank slot of the job, in node-major order); the rank it runs is the plan's
-    (_rank_of)."""
+    (_load)."""
     env = os.environ
     if "RANK" not in env and "SLURM_PROCID" in env:
         env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]

@@ -49,8 +49,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     space = SearchSpace(axes=axes, min_tp=args.min_tp, max_tp=args.max_tp or 0, zero=_ints(args.zero, "--zero"),
                         recompute=comma_words(args.recompute), reshard=_switches(args.reshard, "--reshard"),
                         mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else (), vpp=_ints(args.vpp, "--vpp"),
-                        sp=_switches(args.sp, "--sp"), tpo=_switches(args.tpo, "--tpo"), odp=_switches(args.odp, "--odp"),
-                        dpouter=_switches(args.dpouter, "--dpouter"), cpcomm=comma_words(args.cpcomm))
+                        sp=_switches(args.sp, "--sp"), tpo=_switches(args.tpo, "--tpo"),
+                        odp=_switches(args.odp, "--odp"), dpouter=_switches(args.dpouter, "--dpouter"),
+                        cpcomm=comma_words(args.cpcomm))
     bar = ProgressBar(shows_progress(args))
     moves = None
     try:
@@ -149,10 +150,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "one replica)")
     p.add_argument("--dpouter", default="0", help="the ranks' order to try: 0 places them tp-cp-dp-pp (each stage's "
                    "replicas on consecutive GPUs), 1 tp-cp-pp-dp (each pipeline on consecutive GPUs, the replicas "
-                   "outermost: Megatron's --use-tp-pp-dp-mapping, Llama 3's), 0,1 both (default 0; applies where pp > 1 "
-                   "and dp > 1)")
+                   "outermost: Megatron's --use-tp-pp-dp-mapping, Llama 3's), 0,1 both (default 0; applies where "
+                   "pp > 1 and dp > 1)")
     p.add_argument("--cpcomm", default="p2p", help="context parallelism's K/V exchange to try: p2p (a ring, the "
-                   "default), allgather (all-gathered, Llama 3's), or p2p,allgather; applies where cp > 1 (--axes with cp)")
+                   "default), allgather (all-gathered, Llama 3's), or p2p,allgather; applies where cp > 1 (--axes "
+                   "with cp)")
     p.add_argument("--exhaustive", action="store_true",
                    help="simulate every valid plan (slow; the ranking is the same)")
     p.add_argument("--robustness", type=count_flag(limits.Range(2, 1000, "plans")), metavar="N",

@@ -45,7 +45,9 @@ from twin.errors import TwinError
 from twin.memory import memory_per_gpu, usable_bytes
 from twin.model import ModelSpec
 from twin.pipeline_split import split_error
-from twin.plan import CP_COMM_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan, divisors, validate_plan, with_micro_batch
+from twin.plan import (
+    CP_COMM_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan, divisors, validate_plan, with_micro_batch,
+)
 
 AXES = axis_registry.KEYS  # every axis a search may vary
 DEFAULT_AXES = axis_registry.DEFAULT_SEARCH  # what it varies unless told (cp only when asked for)
