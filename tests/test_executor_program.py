@@ -251,3 +251,22 @@ def test_per_kind_collective_parameters_reach_the_simulated_step(tmp_path):
         assert step[kind] == pytest.approx(model.time_alone_s(lowering, protocol, 8 << 20), rel=1e-6)
     traffic = 3 / 4 * (8 << 20)
     assert step["reduce_scatter"] - step["all_gather"] == pytest.approx(400e-6 + traffic / 1e9, rel=1e-3)
+
+
+def test_each_worker_takes_the_rank_its_gpu_holds_and_keeps_its_slot_where_the_schedule_does_not_load(tmp_path):
+    """executor.worker._load (torch-free): with dpouter the process on GPU slot g runs twin.mesh.rank_on_gpu's rank,
+    every slot a different rank; without it, the slot; a schedule that does not load keeps the slot (the worker
+    then reports the loader's error)."""
+    from executor.worker import _load
+    from twin.ir_io import save_schedule
+    from twin.mesh import rank_gpus
+
+    for plan, order in (("gx=2,gdata=2,pp=2,dpouter=1", True), ("gx=2,gdata=2,pp=2", False)):
+        schedule = tiny_schedule(plan, 8)
+        path = tmp_path / "step.json"
+        save_schedule(schedule, path)
+        ranks = [_load(str(path), slot)[1] for slot in range(8)]
+        placed = rank_gpus(schedule.info.plan)
+        assert ranks == ([placed.index(g) for g in range(8)] if order else list(range(8)))
+        assert sorted(ranks) == list(range(8)) and (ranks != list(range(8))) == order
+    assert _load(str(tmp_path / "missing.json"), 5) == (None, 5)
