@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from twin.errors import TwinError  # noqa: E402
 from twin.memory import memory_per_gpu, usable_bytes  # noqa: E402
 from twin.micro_batches import simulate_step  # noqa: E402
-from twin.plan import ParallelPlan, parse_plan, validate_plan  # noqa: E402
+from twin.plan import ParallelPlan, parse_plan  # noqa: E402
+from twin.plan_checks import validate_plan  # noqa: E402
 from twin.runs import MeasuredRun  # noqa: E402
 
 RECOMPUTE = ("none", "selective", "full")  # in this order: of each setting, the least recompute that fits is taken

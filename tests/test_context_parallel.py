@@ -25,7 +25,8 @@ from twin.memory import check_fit, memory_per_gpu
 from twin.mesh import gradient_axis, plan_mesh, weight_shard_axis
 from twin.micro_batches import simulate_step
 from twin.model import get_model, parse_model_spec
-from twin.plan import ParallelPlan, parse_plan, validate_plan
+from twin.plan import ParallelPlan, parse_plan
+from twin.plan_checks import validate_plan
 from twin.search.space import DEFAULT_AXES, SearchSpace, enumerate_space
 
 SMALL = parse_model_spec(SMALL_SPEC)  # hidden 512, heads 8, ffn 2048, vocab 1024, seq 128

@@ -13,7 +13,8 @@ from twin.errors import TwinError
 from twin.ir import P2P, Collective, Elementwise, GroupAxis, Op, Program, Schedule, StepInfo
 from twin.memory import memory_per_gpu, stage_memory
 from twin.model import get_model, parse_model_spec
-from twin.plan import parse_plan, validate_plan
+from twin.plan import parse_plan
+from twin.plan_checks import validate_plan
 from twin.sim.engine import simulate
 
 HBM_BW = 1.6e12  # Frontier GCD HBM, bytes/s

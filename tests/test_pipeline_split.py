@@ -11,7 +11,8 @@ from twin.errors import TwinError
 from twin.memory import stage_params
 from twin.model import get_model, parse_model_spec
 from twin.pipeline_split import chunk_layers, stage_layers, split_error
-from twin.plan import ParallelPlan, parse_plan, validate_plan
+from twin.plan import ParallelPlan, parse_plan
+from twin.plan_checks import validate_plan
 
 
 def megatron_offset_and_count(layers: int, pp: int, vpp: int, pemb: bool, ploss: bool, stage: int,

@@ -16,7 +16,8 @@ from twin.memory import (
     resolve_micro_batch,
 )
 from twin.model import get_model, parse_model_spec
-from twin.plan import ParallelPlan, parse_plan, validate_plan, with_micro_batch
+from twin.plan import ParallelPlan, parse_plan, with_micro_batch
+from twin.plan_checks import validate_plan
 
 SMALL = parse_model_spec(SMALL_SPEC)  # hidden 512, heads 8, ffn 2048, vocab 1024, seq 128
 

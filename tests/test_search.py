@@ -14,7 +14,8 @@ from twin.build import build_stages, build_step
 from twin.errors import TwinError
 from twin.memory import memory_per_gpu, usable_bytes
 from twin.model import get_model, parse_model_spec
-from twin.plan import parse_plan, validate_plan
+from twin.plan import parse_plan
+from twin.plan_checks import validate_plan
 from twin.search import rank
 from twin.search.batch import sequences_for_tokens
 from twin.search.bound import BoundModel

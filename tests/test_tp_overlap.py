@@ -12,7 +12,8 @@ from twin.build import build_step
 from twin.errors import TwinError
 from twin.ir import Gemm
 from twin.model import parse_model_spec
-from twin.plan import ParallelPlan, parse_plan, validate_plan
+from twin.plan import ParallelPlan, parse_plan
+from twin.plan_checks import validate_plan
 from twin.micro_batches import simulate_step
 from twin.sim.engine import simulate
 

@@ -6,7 +6,7 @@ product of the degrees is the world size. From AXES come:
 - the plan's --plan keys and their aliases (twin.plan.parse_plan), the
   range each degree may take and `describe`'s text;
 - validation: world size, and the model dimensions each degree must divide
-  (twin.plan.validate_plan);
+  (twin.plan_checks.validate_plan);
 - the mesh, innermost axis first (twin.mesh.plan_mesh): the order decides
   which ranks are neighbours, hence which groups sit inside a node;
 - the search space's axes, and which of them a search varies by default

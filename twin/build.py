@@ -17,7 +17,8 @@ from twin.errors import TwinError
 from twin.ir import Schedule
 from twin.memory import MemoryBreakdown, check_fit, resolve_micro_batch
 from twin.model import ModelSpec
-from twin.plan import ParallelPlan, validate_plan
+from twin.plan import ParallelPlan
+from twin.plan_checks import validate_plan
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,8 @@ from twin.builders.megatron_kernels import fused_softmax_available
 from twin.errors import TwinError
 from twin.model import ModelSpec
 from twin.pipeline_split import chunk_layers, stage_layers
-from twin.plan import ParallelPlan, divisors, validate_pipeline_micro_batches, with_micro_batch
+from twin.plan import ParallelPlan, divisors, with_micro_batch
+from twin.plan_checks import validate_pipeline_micro_batches
 
 # [estimate] CUDA/HIP context, NCCL/RCCL buffers and caching-allocator
 # fragmentation: PyTorch training typically cannot use the last 5-15% of HBM.

@@ -1,6 +1,7 @@
 """ParallelPlan: how one training step is split over the GPUs.
 
-One validated dataclass for every parallel scheme the twin models, in AxoNN's
+One dataclass for every parallel scheme the twin models (what a plan must
+satisfy for a model and a GPU count: twin.plan_checks), in AxoNN's
 names: G = gdata x gx x gy x gz, a 3D tensor-parallel matrix multiply on the
 gx x gy x gz grid inside each of gdata data-parallel groups (gz also shards
 the weights, ZeRO-3 style, and splits the batch). gx only = Megatron-LM
@@ -93,9 +94,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from twin import axes, limits, pipeline_split
+from twin import axes, limits
 from twin.errors import TwinError
-from twin.model import ModelSpec
 
 RECOMPUTE_MODES = ("full", "selective", "none")
 ATTENTION_KINDS = ("flash", "unfused")
@@ -238,9 +238,9 @@ _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": 
 _BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss", "dpouter"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
-_WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
+WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
               "p2p": P2P_KINDS, "cpcomm": CP_COMM_KINDS}
-_KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(_WORD_KEYS)
+_KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
@@ -277,7 +277,7 @@ def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
                 raise TwinError(f"--plan: {key}={raw!r} must be 0 or 1")
             values["tune_gemm" if key == "tune" else key] = _BOOL_WORDS[raw.lower()]
         else:
-            values[key] = _checked_word(key, raw)
+            values[key] = checked_word(key, raw)
     plan = base or ParallelPlan()
     return replace(plan, **values)  # type: ignore[arg-type]
 
@@ -289,105 +289,12 @@ def plan_keys(text: str) -> set[str]:
     return {_ALIASES.get(k, k) for k in keys}
 
 
-def _checked_word(key: str, value: str) -> str:
+def checked_word(key: str, value: str) -> str:
     """`value` if it is one of the words `key` allows, else a one-line TwinError listing them."""
-    allowed = _WORD_KEYS[key]
+    allowed = WORD_KEYS[key]
     if value not in allowed:
         raise TwinError(f"--plan: {key}={value!r} is unknown; use one of {', '.join(allowed)}")
     return value
-
-
-def _require_divides(divisor: int, value: int, what: str, fix: str) -> None:
-    if value % divisor:
-        raise TwinError(f"{what}: {value} is not divisible by {divisor}; {fix}")
-
-
-def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
-    """Raise a one-line TwinError for every plan the 4D algorithm cannot run.
-
-    Memory fit is checked separately (twin.memory.check_fit), since it needs a
-    device.
-    """
-    degrees = axes.degrees_text(plan.degrees).replace(",", " x ")
-    if plan.world_size != n_gpus:
-        raise TwinError(
-            f"--plan: {degrees} = {plan.world_size} GPUs, but --gpus is {n_gpus}; "
-            "make the product of the degrees equal the GPU count"
-        )
-    # every path checks the batch here (flags, plan text, measured-run files, code), before any work sized by it
-    limits.check_count(plan.global_batch, "--global-batch", limits.SEQUENCES)
-    if plan.zero not in ZERO_STAGES:
-        raise TwinError(f"--plan: zero={plan.zero} is not a ZeRO stage; use 0, 1, 2 or 3")
-    for key in _WORD_KEYS:  # a plan made in code has not been through parse_plan
-        _checked_word(key, getattr(plan, key))
-    if plan.reshard and plan.gathered_shards == 1:
-        raise TwinError("--plan: reshard=1 frees sharded weights after the forward, but this plan shards none; "
-                        "shard them (gz > 1, or zero=3 over gdata) or leave reshard out")
-    if plan.sp and plan.gy > 1:
-        raise TwinError(f"--plan: sp=1 is Megatron sequence parallelism over gx and needs gy=1 (got gy={plan.gy})")
-    if plan.odp and plan.zero == 3:
-        raise TwinError("--plan: odp=1 overlaps the data-parallel gradient buckets and weight gathers, which ZeRO-3 "
-                        "does not have (it shards the weights inside the layers); use zero=0, 1 or 2, or odp=0")
-    if plan.tpo and not (plan.sp and plan.gx > 1):
-        raise TwinError("--plan: tpo=1 overlaps sequence parallelism's gathers and scatters with their GEMMs; "
-                        f"it needs sp=1 and gx > 1 (got sp={int(plan.sp)}, gx={plan.gx})")
-    if plan.cpcomm != "p2p" and plan.cp == 1:
-        raise TwinError(f"--plan: cpcomm={plan.cpcomm} says how context parallelism meets the other ranks' keys and "
-                        "values; it needs cp > 1 (got cp=1); leave it out")
-    if plan.dpouter and (plan.pp == 1 or plan.gdata == 1):
-        raise TwinError("--plan: dpouter=1 places the data-parallel replicas outside the pipeline's stages; it needs "
-                        f"pp > 1 and dp > 1 (got pp={plan.pp}, dp={plan.gdata}); leave it out")
-    split = pipeline_split.split_error(model.layers, plan)
-    if split:
-        raise TwinError(f"--plan: {split}")
-    if plan.vpp > 1 and plan.pp == 1:
-        raise TwinError("--plan: vpp > 1 (interleaved 1F1B) needs pipeline parallelism; set pp > 1 or vpp=1")
-    for dimension in axes.DIMENSIONS:  # heads, kv_heads, hidden, ffn, vocab, seq: each split by the axes that say so
-        for axis in axes.AXES:
-            for rule in axis.divides:
-                if rule.dimension == dimension:
-                    words = {"axis": axis.key, "factor": rule.factor}
-                    _require_divides(rule.factor * getattr(plan, axis.key), getattr(model, dimension),
-                                     rule.what.format(**words), rule.fix.format(**words))
-    if plan.optimizer == "flat" and plan.zero:
-        raise TwinError(f"--plan: optimizer=flat is DeepSpeed's ZeRO-0 fp16 optimizer (got zero={plan.zero}); "
-                        "use zero=0 or optimizer=megatron")
-    if plan.cp > 1 and plan.attention != "flash":
-        raise TwinError(f"--plan: cp={plan.cp} runs ring attention on the fused kernel (as Megatron-Core does); "
-                        "use attention=flash or cp=1")
-    zero3 = plan.zero == 3
-    shards = plan.gathered_shards
-    over = "gz" + ("*cp" if zero3 and plan.cp > 1 else "") + ("*gdata" if zero3 else "")
-    for name, k, n, _ in model.linear_shapes() + [("lm_head", model.hidden, model.vocab, False)]:
-        block = k * n // (plan.gx * plan.gy)
-        _require_divides(shards, block, f"{name} weight block k*n/(gx*gy) (sharded over {over})",
-                         "choose a gz that divides it")
-    _require_divides(
-        plan.batch_split, plan.global_batch, "--global-batch (split over gdata*gz)",
-        f"use a multiple of gdata*gz = {plan.batch_split} sequences",
-    )
-    per_rank = plan.sequences_per_rank
-    if plan.mbs and plan.ga and plan.mbs * plan.ga != per_rank:
-        raise TwinError(
-            f"--plan: mbs={plan.mbs} x ga={plan.ga} != {per_rank} sequences per rank "
-            "(global_batch / (gdata*gz)); give only one of mbs, ga"
-        )
-    if plan.mbs:
-        _require_divides(plan.mbs, per_rank, "sequences per rank (global_batch / (gdata*gz))", "choose mbs dividing it")
-    if plan.ga:
-        _require_divides(plan.ga, per_rank, "sequences per rank (global_batch / (gdata*gz))", "choose ga dividing it")
-    micro_batches = plan.ga or (per_rank // plan.mbs if plan.mbs else 0)
-    if micro_batches:
-        validate_pipeline_micro_batches(plan, micro_batches)
-
-
-def validate_pipeline_micro_batches(plan: ParallelPlan, micro_batches: int) -> None:
-    """Interleaved 1F1B needs whole rounds of pp micro-batches (Megatron-LM asserts the same)."""
-    if plan.vpp > 1 and (micro_batches < plan.pp or micro_batches % plan.pp):
-        raise TwinError(
-            f"--plan: interleaved 1F1B (vpp={plan.vpp}) needs the micro-batch count ({micro_batches}) to be a "
-            f"multiple of pp={plan.pp} and at least pp; change mbs, ga or the global batch"
-        )
 
 
 def divisors(n: int) -> list[int]:

@@ -7,7 +7,7 @@ gathered again for the backward (`reshard`, FSDP's FULL_SHARD; only where
 some are sharded and recompute is not full, elsewhere it changes nothing and
 the plan is kept once) and a micro-batch size, with AxoNN's overlap switches
 and GEMM tuning on. Plans are checked exactly
-as `twin simulate` checks them (twin.plan.validate_plan: divisibility of
+as `twin simulate` checks them (twin.plan_checks.validate_plan: divisibility of
 heads, hidden, ffn, vocabulary, weight blocks and batch), then pruned by
 memory fit (twin.memory) before anything is simulated. Where the layers do
 not split evenly over a plan's stages but do with the embedding and the loss
@@ -45,9 +45,8 @@ from twin.errors import TwinError
 from twin.memory import memory_per_gpu, usable_bytes
 from twin.model import ModelSpec
 from twin.pipeline_split import split_error
-from twin.plan import (
-    CP_COMM_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan, divisors, validate_plan, with_micro_batch,
-)
+from twin.plan import CP_COMM_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan, divisors, with_micro_batch
+from twin.plan_checks import validate_plan
 
 AXES = axis_registry.KEYS  # every axis a search may vary
 DEFAULT_AXES = axis_registry.DEFAULT_SEARCH  # what it varies unless told (cp only when asked for)
