@@ -64,6 +64,7 @@ SETS = {
     "device.attention_efficiency": ("0.01", "0.3", "1", "2", "nan"),
     "device.kernel_overhead_us": ("0", "0.5", "50", "1e6", "-3", "inf"),
     "device.empirical_gemm_bf16_tflop_per_s": ("1", "100", "1e9", "0", "nan"),
+    "device.empirical_gemm_fp8_tflop_per_s": ("1", "1000", "1e9", "0", "nan"),
     "device.comm_compute_slowdown": ("0", "0.5", "0.99", "1", "5"),
     "device.hbm_gb": ("0.001", "1", "80", "1e308", "inf"),
 }
@@ -71,7 +72,7 @@ DEGREES = (1, 1, 1, 2, 2, 3, 4, 6, 8)
 # Plan switches a case may add (each now and then, on top of the axes and the common keys above).
 SWITCHES = (("pemb", (0, 1)), ("ploss", (0, 1)), ("dpouter", (0, 1)), ("tpo", (0, 1)), ("odp", (0, 1)),
             ("reshard", (0, 1)), ("optimizer", ("megatron", "flat")), ("p2p", ("split", "full")),
-            ("cpcomm", ("p2p", "allgather")))
+            ("cpcomm", ("p2p", "allgather")), ("fp8", (0, 1)))
 # Model-spec options a case may add: grouped-query attention, Llama's layer, the LM head, dropout.
 MODEL_OPTIONS = (("kv_heads", (1, 2, 3)), ("arch", ("gpt", "llama")), ("tied", (0, 1)), ("dropout", (0, 1)))
 
@@ -233,10 +234,13 @@ def _alarm(signum, frame):
 
 
 def _peak_tflops(argv: list[str]) -> float:
-    """The advertised peak (TF/s) of the case's machine, with its --set."""
+    """The advertised peak (TF/s) of the case's machine, with its --set: its FP8 peak where the plan's linears run
+    in FP8 (fp8=1), which only bounds the work from above."""
     machine = argv[argv.index("--machine") + 1]
     overrides = tuple(parse_override(argv[i + 1]) for i, a in enumerate(argv) if a == "--set")
-    return load_machine(machine, overrides).device.peak_flop_per_s / 1e12
+    device = load_machine(machine, overrides).device
+    fp8 = "--plan" in argv and "fp8=1" in argv[argv.index("--plan") + 1].split(",")
+    return max(device.peak_flop_per_s, device.peak_fp8_flop_per_s if fp8 else 0.0) / 1e12
 
 
 def _strict_json(text: str) -> dict:

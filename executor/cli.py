@@ -91,12 +91,20 @@ def _on_gpu(device: str) -> bool:
     return torch.cuda.is_available()
 
 
+def _refuse_fp8(schedule, command: str) -> None:
+    """The executor runs every GEMM in one dtype, the model's: an fp8=1 schedule would time other work."""
+    if schedule.info.plan is not None and schedule.info.plan.fp8:
+        raise TwinError(f"twin {command}: the schedule's plan has fp8=1, and the executor has no FP8 GEMMs (they "
+                        "would run in the model's dtype and time other work); export the same plan with fp8=0")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from twin.ir_io import load_schedule
 
     if args.profile_steps and args.check_numerics:
         raise TwinError("--profile-steps cannot go with --check-numerics; run them separately")
     schedule = load_schedule(args.schedule)
+    _refuse_fp8(schedule, "run")
     if args.check_numerics and schedule.info.plan is not None and schedule.info.plan.tpo:
         raise TwinError("--check-numerics: tpo=1 splits each overlapped GEMM into chunks, which the numerics check "
                         "does not bind to tensors; check the same plan with tpo=0 (the same data, moved in one piece)")
@@ -248,6 +256,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from twin.ir_io import load_schedule
 
     schedule = load_schedule(args.schedule)
+    _refuse_fp8(schedule, "compare")
     nproc = args.nproc or schedule.world_size
     out = _out_dir(args, args.schedule, "compare")
     c, sim_run, measured = simulate_and_execute(schedule, args.schedule, args.machine, nproc, out,

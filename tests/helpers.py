@@ -178,3 +178,29 @@ def happens_before(program: Program) -> list[set[int]]:
         before.append(closure)
         last_on_stream[op.stream] = op.id
     return before
+
+
+# ---- search helpers ------------------------------------------------------------
+
+
+def check_search_bounds_and_ranking(model, machine, gpus: int, batch: int, space, top: int):
+    """Every plan of `space` that fits: 0 < its screening bound <= its simulated step, and its full bound too; then
+    branch and bound ranks the top `top` exactly as simulating every plan does. Returns (plans, pruned, every): the
+    candidates' plans and both searches' results, for the caller's own checks."""
+    from twin.search import rank
+    from twin.search.bound import BoundModel
+    from twin.search.rank import search
+    from twin.search.screen import ScreenModel
+    from twin.search.space import enumerate_space
+
+    plans = [c.plan for c in enumerate_space(model, gpus, batch, machine.device.hbm_bytes, space).candidates]
+    screen = ScreenModel(model, BoundModel(machine, gpus))
+    rank._init_worker(model, machine, gpus)
+    for p in plans:
+        step = rank._simulate_plan(p).step_time_s
+        assert 0 < screen.bound_s(p) <= step * (1 + 1e-9), p.describe()
+        assert rank._bound_of(p) <= step * (1 + 1e-9), p.describe()
+    pruned = search(model, gpus, batch, machine, space, top=top, use_cache=False, jobs=1)
+    every = search(model, gpus, batch, machine, space, top=top, exhaustive=True, use_cache=False, jobs=1)
+    assert [(r.plan, r.step_time_s) for r in pruned.ranked] == [(r.plan, r.step_time_s) for r in every.ranked]
+    return plans, pruned, every

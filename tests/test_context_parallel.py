@@ -15,7 +15,7 @@ import dataclasses
 
 import pytest
 
-from helpers import SMALL_SPEC
+from helpers import SMALL_SPEC, check_search_bounds_and_ranking
 from topologies import load_machine
 from twin import axes
 from twin.build import build_step
@@ -215,25 +215,11 @@ def test_search_over_cp_finds_plans_with_it_and_the_default_search_none():
 def test_search_tries_both_kv_exchanges_where_cp_splits_and_its_bounds_hold():
     """--cpcomm p2p,allgather: the all-gather variant appears only with cp > 1; every plan's screening and full
     bound stay below its simulated step, and branch and bound ranks as simulating every plan does."""
-    from twin.search import rank
-    from twin.search.bound import BoundModel
-    from twin.search.rank import search
-    from twin.search.screen import ScreenModel
-
     model = dataclasses.replace(SMALL, seq=1024)
     space = SearchSpace(axes=("gx", "cp", "gdata"), cpcomm=("p2p", "allgather"))
-    plans = [c.plan for c in enumerate_space(model, 8, 8, FRONTIER.device.hbm_bytes, space).candidates]
+    plans, _, _ = check_search_bounds_and_ranking(model, FRONTIER, 8, 8, space, top=6)
     assert len({p.describe() for p in plans}) == len(plans)
     assert all(p.cp > 1 for p in plans if p.cpcomm == "allgather") and any(p.cpcomm == "allgather" for p in plans)
     assert "cpcomm p2p,allgather" in space.describe()
     with pytest.raises(TwinError, match="--cpcomm"):
         SearchSpace(cpcomm=("ring",))
-    screen = ScreenModel(model, BoundModel(FRONTIER, 8))
-    rank._init_worker(model, FRONTIER, 8)
-    for p in plans:
-        step = rank._simulate_plan(p).step_time_s
-        assert 0 < screen.bound_s(p) <= step * (1 + 1e-9), p.describe()
-        assert rank._bound_of(p) <= step * (1 + 1e-9), p.describe()
-    pruned = search(model, 8, 8, FRONTIER, space, top=6, use_cache=False, jobs=1)
-    every = search(model, 8, 8, FRONTIER, space, top=6, exhaustive=True, use_cache=False, jobs=1)
-    assert [(r.plan, r.step_time_s) for r in pruned.ranked] == [(r.plan, r.step_time_s) for r in every.ranked]

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from helpers import SMALL_SPEC
+from helpers import SMALL_SPEC, check_search_bounds_and_ranking
 from test_cli import assert_user_error, run
 from topologies import load_machine
 from twin.build import build_stages, build_step
@@ -638,20 +638,9 @@ def test_megatron_schedule_options_are_searched_only_where_they_apply():
 def test_bounds_hold_and_the_ranking_is_exact_with_megatron_schedule_options():
     """Every plan of a space with interleaving, sequence parallelism and both overlaps: the screening bound and the
     full bound stay below its simulated step, and branch and bound ranks as simulating every plan does."""
-    from twin.search.screen import ScreenModel
-
-    machine = load_machine("frontier")
     model = parse_model_spec(SEARCH_SPEC)
-    screen = ScreenModel(model, BoundModel(machine, 8))
-    rank._init_worker(model, machine, 8)
-    for cand in enumerate_space(model, 8, 32, machine.device.hbm_bytes, MEGATRON_OPTIONS).candidates:
-        step = rank._simulate_plan(cand.plan).step_time_s
-        assert 0 < screen.bound_s(cand.plan) <= step * (1 + 1e-9), cand.plan.describe()
-        assert rank._bound_of(cand.plan) <= step * (1 + 1e-9), cand.plan.describe()
-    pruned = search(model, 8, 32, machine, MEGATRON_OPTIONS, top=8, use_cache=False, jobs=1)
-    every = search(model, 8, 32, machine, MEGATRON_OPTIONS, top=8, exhaustive=True, use_cache=False, jobs=1)
+    _, pruned, every = check_search_bounds_and_ranking(model, load_machine("frontier"), 8, 32, MEGATRON_OPTIONS, top=8)
     assert every.simulated > pruned.simulated
-    assert [(r.plan, r.step_time_s) for r in pruned.ranked] == [(r.plan, r.step_time_s) for r in every.ranked]
 
 
 def test_interleaving_that_no_micro_batch_size_allows_falls_back_to_one_chunk():

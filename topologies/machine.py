@@ -124,6 +124,7 @@ def _device(f: Fields) -> DeviceSpec:
         launch_interval_s=f.number("launch_interval_us", "nonneg") * US if f.has("launch_interval_us") else 0.0,
         gemm_measured=_gemm_measured(f.tables("gemm_measured"), peak),
         gemm_wave_quantization=f.number("gemm_wave_quantization", "share") if f.has("gemm_wave_quantization") else 1.0,
+        **_fp8_rates(f),
     )
     if spec.empirical_gemm_flop_per_s > spec.peak_flop_per_s:
         f.fail("empirical_gemm_bf16_tflop_per_s", "exceeds peak_bf16_tflop_per_s; check both values")
@@ -131,6 +132,21 @@ def _device(f: Fields) -> DeviceSpec:
         f.fail("comm_compute_slowdown", "must be < 1 (a fraction of the compute rate)")
     f.finish()
     return spec
+
+
+def _fp8_rates(f: Fields) -> dict[str, float]:
+    """The device's FP8 GEMM peak and empirical rate, both given or neither (then 0: no fp8=1 plans on it)."""
+    keys = ("peak_fp8_tflop_per_s", "empirical_gemm_fp8_tflop_per_s")
+    given = [f.has(key) for key in keys]
+    if not any(given):
+        return {}
+    if not all(given):
+        missing = keys[given.index(False)]
+        f.fail(missing, f"is missing; give both {keys[0]} and {keys[1]}, or neither")
+    peak, empirical = (f.number(key) * TFLOP for key in keys)
+    if empirical > peak:
+        f.fail(keys[1], f"exceeds {keys[0]}; check both values")
+    return {"peak_fp8_flop_per_s": peak, "empirical_gemm_fp8_flop_per_s": empirical}
 
 
 def _gemm_measured(entries: list[Fields], peak_flop_per_s: float) -> tuple[GemmMeasurement, ...]:

@@ -84,6 +84,11 @@ class DeviceSpec:
     # (a grid of fixed tiles runs in waves of compute_units); 0, none (kernels that keep every unit busy, as
     # Hopper's persistent cuBLAS kernels were measured to on an H200: docs/gpu-h200.md).
     gemm_wave_quantization: float = 1.0
+    # FP8 tensor-core GEMMs (optional keys peak_fp8_tflop_per_s, empirical_gemm_fp8_tflop_per_s, both or neither):
+    # the rates of a plan's fp8=1 linears (Transformer Engine); 0 where the file gives none, and such a plan is
+    # refused on it (twin.build).
+    peak_fp8_flop_per_s: float = 0.0
+    empirical_gemm_fp8_flop_per_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ def resolve_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: i
     if gpus > machine.max_gpus:
         raise TwinError(f"--gpus {gpus} exceeds {machine.name}'s {machine.max_gpus} GPUs; use at most that many")
     validate_plan(plan, model, gpus)
+    if plan.fp8 and not machine.device.empirical_gemm_fp8_flop_per_s:
+        raise TwinError(f"--plan: fp8=1 needs the device's FP8 GEMM rate, which {machine.name}'s file does not give "
+                        "(device.peak_fp8_tflop_per_s and empirical_gemm_fp8_tflop_per_s); use fp8=0 or add them")
     resolved = resolve_micro_batch(model, plan, machine.device.hbm_bytes)
     return resolved, check_fit(model, resolved, machine.device.hbm_bytes, reserve=not measured)
 

@@ -53,6 +53,7 @@ IR_VERSION = 3
 
 COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "shift")
 GEMM_LAYOUTS = ("NN", "NT", "TN")
+FP8 = "fp8"  # the dtype of a plan's FP8 linears' GEMMs and of their sequence-parallel gathers (ParallelPlan.fp8)
 P2P_KINDS = ("send", "recv")
 # The passes an op can belong to: a micro-batch's forward, recompute (activation checkpointing) and backward, and
 # the step around the micro-batches (zeroing and syncing gradients, the optimizer).

@@ -19,12 +19,14 @@ from typing import Callable
 from twin import axes, limits
 from twin.errors import TwinError
 from twin.ir import (
-    COLLECTIVE_KINDS, GEMM_LAYOUTS, P2P, P2P_KINDS, PHASES, Attention, Collective, Elementwise, Gemm, OpTag, StepInfo,
-    Work,
+    COLLECTIVE_KINDS, FP8, GEMM_LAYOUTS, P2P, P2P_KINDS, PHASES, Attention, Collective, Elementwise, Gemm, OpTag,
+    StepInfo, Work,
 )
 from twin.model import DTYPE_BYTES
 from twin.plan import ATTENTION_KINDS, CP_COMM_KINDS, OPTIMIZER_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan
 from twin.plan import P2P_KINDS as PIPELINE_TRANSFER_KINDS
+
+IR_DTYPES = (*DTYPE_BYTES, FP8)  # a model's dtypes, and fp8 (ParallelPlan.fp8's linears)
 
 # GEMM and attention dimensions must fit the 32-bit integers BLAS and attention kernels index with.
 MAX_DIM = (1 << 31) - 1
@@ -115,9 +117,10 @@ def _bad_dims(kind: str, work: Work, names: tuple[str, ...]) -> str | None:
 
 
 def _bad_dtype(work: Gemm | Attention | Collective) -> str | None:
-    """The element type: one the builders write and the executor has a tensor type for."""
-    if work.dtype not in DTYPE_BYTES:
-        return f"unknown dtype {work.dtype!r}: use one of {', '.join(DTYPE_BYTES)}"
+    """The element type: one the builders write (a model's dtype, or fp8 for a plan's FP8 linears and their
+    gathers, which the executor refuses to run)."""
+    if work.dtype not in IR_DTYPES:
+        return f"unknown dtype {work.dtype!r}: use one of {', '.join(IR_DTYPES)}"
     return None
 
 

@@ -47,6 +47,13 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
   the whole sequence's gathered K and V, transient too, are left out. ZeRO shards
   over cp x gdata (plan.gradient_replicas), the ranks that hold the same
   weights.
+- FP8 linears (plan.fp8): each layer weight's FP8 copies, row-wise and
+  transposed (2 B per parameter of the layers' linears, sharded as the
+  weights), as Transformer Engine keeps them from step to step; and each
+  FP8 linear's input kept for its dW as the 1-byte transposed copy in place
+  of the model's dtype (the QKV's and the MLP's normed inputs, 2h/(gy r),
+  the attention context h/gx and the down projection's input f/gx per
+  token).
 - RUNTIME_RESERVE_FRACTION of HBM is not usable.
 
 The plan's memory is its worst stage's.
@@ -56,7 +63,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twin.builders.megatron_kernels import fused_softmax_available
+from twin.builders.megatron_kernels import FP8_SAVED_INPUT_BYTES, FP8_WEIGHT_COPY_BYTES, fused_softmax_available
 from twin.errors import TwinError
 from twin.model import ModelSpec
 from twin.pipeline_split import chunk_layers, stage_layers
@@ -106,6 +113,8 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) ->
     heads = (2 + 2 * model.kv_fraction) * h  # q, k, v and the attention's output (k, v narrower with GQA)
     mlp = (3 if model.gated else 2) * f  # the first linear's output (SwiGLU's gate and up) and the down's input
     linears = b * tokens * (4 * h / residual + heads / plan.gx + mlp / plan.gx) + masks
+    if plan.fp8:  # the FP8 linears' inputs kept for dW as 1-byte copies: the QKV's and MLP's normed inputs, the
+        linears -= (b - FP8_SAVED_INPUT_BYTES) * tokens * (2 * h / residual + (h + f) / plan.gx)  # context, the down's
     return linears + score_bytes(model, plan, tokens)
 
 
@@ -174,8 +183,11 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
     b = model.dtype_bytes
     tp = plan.tensor_parallel_size
     model_state = model_state_bytes_per_param(plan.zero, plan.gradient_replicas) * stage_params(model, plan, stage) / tp
-
     layers = stage_layers(model.layers, plan, stage)
+    if plan.fp8:  # the layers' linear weights' FP8 copies, kept beside the bf16 weights from step to step
+        linear_params = sum(k * n for _, k, n, _ in model.linear_shapes())
+        model_state += FP8_WEIGHT_COPY_BYTES * layers * linear_params / plan.weight_shards
+
     block_params = model.params_per_layer / (plan.gx * plan.gy)
     largest_linear = max(k * n for _, k, n, _ in model.linear_shapes()) / (plan.gx * plan.gy)
     gathered = 0.0

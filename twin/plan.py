@@ -73,6 +73,15 @@ on consecutive GPUs and the data-parallel replicas outermost (Megatron's
 the stages outermost (Megatron's tp-cp-dp-pp). Only where the ranks run
 changes (twin.mesh.rank_gpus), not their groups or programs.
 
+`fp8` runs the layers' linears in FP8, as Transformer Engine does under
+Megatron-Core's --fp8-format with current scaling: each linear's input and
+output gradient quantised (an amax pass, then a cast writing the row-wise
+and the transposed copy), its three GEMMs at the device's FP8 rate, and
+sequence parallelism's gathers of those inputs moved in FP8; the weights
+quantised once a step, and their FP8 copies held beside the bf16 ones. The
+LM head, attention and everything else stay in the model's dtype
+(twin.builders.linears, twin.memory).
+
 `odp` overlaps the data-parallel synchronisation with the step: each
 gradient bucket (a layer's, the embedding's, the LM head's) is all-reduced or
 reduce-scattered as soon as the last micro-batch's backward has finished it,
@@ -138,6 +147,7 @@ class ParallelPlan:
     tpo: bool = False  # sequence-parallel gathers and scatters chunked under their GEMMs (--tp-comm-overlap)
     odp: bool = False  # data-parallel buckets synchronised under the backward, weights gathered under the forward
     dpouter: bool = False  # ranks placed tp-cp-pp-dp (data-parallel replicas outermost), not tp-cp-dp-pp (twin.mesh)
+    fp8: bool = False  # the layers' linears in FP8 (Transformer Engine, current scaling)
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -211,6 +221,8 @@ class ParallelPlan:
             parts.append("odp=1")
         if self.dpouter:
             parts.append("dpouter=1")
+        if self.fp8:
+            parts.append("fp8=1")
         if self.mbs:
             parts.append(f"mbs={self.mbs}")
         if self.ga:
@@ -235,7 +247,7 @@ _INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero"}
 # them positive or not at all (no 0 meaning "choose").
 _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
                "zero": limits.Range(0, 3, "(a ZeRO stage)")}
-_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss", "dpouter"}
+_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss", "dpouter", "fp8"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
 WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
@@ -245,7 +257,7 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(WORD_KEYS)
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
     """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,dpouter=..,
-    reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,recompute=..,oar=0,..,tune=0]'.
+    fp8=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,recompute=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
     'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and

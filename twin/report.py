@@ -7,6 +7,8 @@ Two throughputs, because they answer two questions:
   (every rank's GEMMs, attention and element-wise work: `flops_executed`) over
   the step time. It counts recompute only where the plan recomputes and the
   model's real ffn width, so no plan can report more than the device does.
+  The percentages are of the bf16 (or fp16) peaks: a plan's FP8 linears
+  (fp8=1) run on a faster peak and can take them past 100.
 - by formula (`formula_pflops_total`, `formula_tflops_per_gpu`,
   `formula_pct_peak_advertised`, `formula_pct_peak_empirical`, from
   `flops_by_formula`): the FLOPs of Narayanan et al.'s formula named in
@@ -166,6 +168,7 @@ def format_summary(s: Summary) -> str:
         f"  throughput             {s.pflops_total:10.1f} PF/s total, {s.tflops_per_gpu:.1f} TF/s per GPU "
         "(FLOPs executed)",
         f"  % of peak              {s.pct_peak_advertised:10.1f} % advertised, {s.pct_peak_empirical:.1f} % empirical"
+        + (" (of the bf16 peaks; the FP8 linears' is higher)" if "fp8=1" in s.plan.split(",") else "")
         if peaks else "  % of peak                     - (no machine file for the peaks: --machine NAME)",
         f"{'  by ' + s.flops_formula + ' formula':<25}{s.formula_pflops_total:10.1f} PF/s total, "
         f"{s.formula_tflops_per_gpu:.1f} TF/s per GPU"

@@ -9,6 +9,12 @@ sequence parallelism (sp=1, over X) gathers and scatters the activations
 instead. The overlap switches decide only the waits (oar, ors) and when the
 next linear's weights are gathered (oag).
 
+With fp8 (ParallelPlan.fp8) a layer's linears quantise their input in the
+forward and their output's gradient in the backward ("fp8_in", "fp8_grad"),
+on the rank's own rows before any sequence-parallel gather, which then moves
+the 1-byte copies; their forward, dI and dW GEMMs run in FP8. The
+reductions of outputs and input gradients stay in the model's dtype.
+
 With tpo (Megatron-Core's --tp-comm-overlap: Transformer Engine splits the
 GEMM into gx chunks along the tokens and moves one chunk's rows while it
 multiplies another's) a sequence-parallel gather in front of a GEMM runs
@@ -23,10 +29,10 @@ device's compute (comm_compute_slowdown) applies while both run.
 
 from __future__ import annotations
 
-from twin.builders.megatron_kernels import BIAS_GRAD_BYTES
+from twin.builders.megatron_kernels import BIAS_GRAD_BYTES, FP8_QUANTIZE_BYTES
 from twin.builders.stage import Linear, StageBase
 from twin.builders.tags import Pass
-from twin.ir import Collective, Gemm, OpTag
+from twin.ir import FP8, Collective, Gemm, OpTag
 
 
 class LinearWriter(StageBase):
@@ -54,26 +60,29 @@ class LinearWriter(StageBase):
             w.wait(gathered)
         next_gather = self.gather_weight(at, prefetch) if (prefetch and self.plan.oag) else None
         rows, k_loc, n_loc = self.gemm_dims(lin)
-        tune, tpo = self.plan.tune_gemm, self.overlaps_tp(lin)
-        if sp and not lin.transposed:  # sequence-parallel input gathered before a column-parallel linear
+        tune, tpo, dtype = self.plan.tune_gemm, self.overlaps_tp(lin), self.gemm_dtype(lin)
+        gathered_input = sp and not lin.transposed  # sequence-parallel input gathered before a column-parallel linear
+        self.quantize(at, lin, "fp8_in", rows * k_loc / (self.sizes["x"] if gathered_input else 1))
+        if gathered_input:
+            nbytes = self.gathered_bytes(lin) * rows * k_loc
             if tpo:
-                self.gemm_under_gather(at, lin, "gemm", rows, n_loc, k_loc, "NT", self.b * rows * k_loc)
+                self.gemm_under_gather(at, lin, "gemm", rows, n_loc, k_loc, "NT", nbytes)
                 return next_gather
-            self.blocking(*self.named(at, lin, "ag_x"), "all_gather", "x", self.b * rows * k_loc)
+            self.blocking(*self.named(at, lin, "ag_x"), "all_gather", "x", nbytes, dtype)
         axis = lin.forward_axis
         if tpo and lin.transposed:  # row-parallel: the reduce-scatter under all but the first chunk
             first = rows // self.sizes["x"]
             name, tag = self.named(at, lin, "gemm")
-            w.compute(name, Gemm(first, n_loc, k_loc, "NT", self.dtype, tunable=tune), tag=tag)
+            w.compute(name, Gemm(first, n_loc, k_loc, "NT", dtype, tunable=tune), tag=tag)
             name, tag = self.named(at, lin, "rs_x")
             scatter = w.collective(name, "x", Collective("reduce_scatter", "x", self.b * rows * n_loc, self.dtype),
                                    tag=tag)
             name, tag = self.named(at, lin, "gemm_rest")
-            w.compute(name, Gemm(rows - first, n_loc, k_loc, "NT", self.dtype, tunable=tune), tag=tag)
+            w.compute(name, Gemm(rows - first, n_loc, k_loc, "NT", dtype, tunable=tune), tag=tag)
             w.wait(scatter)
             return next_gather
         name, tag = self.named(at, lin, "gemm")
-        w.compute(name, Gemm(rows, n_loc, k_loc, "NT", self.dtype, tunable=tune), tag=tag)
+        w.compute(name, Gemm(rows, n_loc, k_loc, "NT", dtype, tunable=tune), tag=tag)
         if self.sizes[axis] > 1:
             if sp and lin.transposed:
                 self.blocking(*self.named(at, lin, "rs_x"), "reduce_scatter", "x", self.b * rows * n_loc)
@@ -90,15 +99,22 @@ class LinearWriter(StageBase):
                           nbytes: float) -> None:
         """tpo: the sequence-parallel all-gather of `nbytes` issued, the GEMM's first gx - 1 chunks of m rows under
         it, the last chunk (role <role>_tail) after its wait (module docstring)."""
-        w, tune = self.w, self.plan.tune_gemm
+        w, tune, dtype = self.w, self.plan.tune_gemm, self.gemm_dtype(lin)
         name, tag = self.named(at, lin, "ag_x")
-        gather = w.collective(name, "x", Collective("all_gather", "x", nbytes, self.dtype), tag=tag)
+        gather = w.collective(name, "x", Collective("all_gather", "x", nbytes, dtype), tag=tag)
         last = m // self.sizes["x"]
         name, tag = self.named(at, lin, role)
-        w.compute(name, Gemm(m - last, n, k, layout, self.dtype, tunable=tune), tag=tag)
+        w.compute(name, Gemm(m - last, n, k, layout, dtype, tunable=tune), tag=tag)
         w.wait(gather)
         name, tag = self.named(at, lin, f"{role}_tail")
-        w.compute(name, Gemm(last, n, k, layout, self.dtype, tunable=tune), tag=tag)
+        w.compute(name, Gemm(last, n, k, layout, dtype, tunable=tune), tag=tag)
+
+    def quantize(self, at: Pass, lin: Linear, role: str, elements: float) -> None:
+        """Under plan.fp8, Transformer Engine's quantisation of `elements` of the linear's input ("fp8_in") or
+        output gradient ("fp8_grad") before its GEMMs (and before their sequence-parallel gather): the amax
+        reduction, then the cast to the row-wise and transposed FP8 copies (twin.builders.megatron_kernels)."""
+        if self.gemm_dtype(lin) == FP8:
+            self.elementwise(*self.named(at, lin, role), elements, FP8_QUANTIZE_BYTES, 2)
 
     @property
     def regathers_backward(self) -> bool:
@@ -130,19 +146,20 @@ class LinearWriter(StageBase):
         next_gather = self.backward_gather(at, lin, gathered, prefetch)
         sp = plan.sp and self.sizes["x"] > 1
         rows, k_loc, n_loc = self.gemm_dims(lin)
-        tune = plan.tune_gemm
+        tune, dtype, gathered = plan.tune_gemm, self.gemm_dtype(lin), self.gathered_bytes(lin)
         regather = None
+        self.quantize(at, lin, "fp8_grad", rows * n_loc / (self.sizes["x"] if sp and lin.transposed else 1))
         if lin.transposed and self.overlaps_tp(lin):  # the gradient's gather under the dI GEMM's chunks
-            self.gemm_under_gather(at, lin, "dI", rows, k_loc, n_loc, "NN", self.b * rows * n_loc)
+            self.gemm_under_gather(at, lin, "dI", rows, k_loc, n_loc, "NN", gathered * rows * n_loc)
         else:
             if sp and lin.transposed:  # the gradient arrives sequence-split: gather it first
-                self.blocking(*self.named(at, lin, "ag_x"), "all_gather", "x", self.b * rows * n_loc)
+                self.blocking(*self.named(at, lin, "ag_x"), "all_gather", "x", gathered * rows * n_loc, dtype)
             elif sp:  # the saved input is sequence-split: gather it again for dW, behind the dI GEMM
                 name, tag = self.named(at, lin, "ag_in_x")
-                regather = w.collective(name, "x", Collective("all_gather", "x", self.b * rows * k_loc, self.dtype),
+                regather = w.collective(name, "x", Collective("all_gather", "x", gathered * rows * k_loc, dtype),
                                         tag=tag)
             name, tag = self.named(at, lin, "dI")
-            w.compute(name, Gemm(rows, k_loc, n_loc, "NN", self.dtype, tunable=tune), tag=tag)
+            w.compute(name, Gemm(rows, k_loc, n_loc, "NN", dtype, tunable=tune), tag=tag)
         axis = lin.backward_axis
         reduce_dI = None
         if self.sizes[axis] > 1 and not (sp and lin.transposed):
@@ -154,7 +171,7 @@ class LinearWriter(StageBase):
         if regather is not None:
             w.wait(regather)
         name, tag = self.named(at, lin, "dW")
-        w.compute(name, Gemm(n_loc, k_loc, rows, "TN", self.dtype, tunable=tune), tag=tag)
+        w.compute(name, Gemm(n_loc, k_loc, rows, "TN", dtype, tunable=tune), tag=tag)
         if bias:  # grad_output.sum(dim=0), before the handle's wait
             self.elementwise(*self.named(at, lin, "dbias"), rows * n_loc, BIAS_GRAD_BYTES, 1)
         if reduce_dI is not None and plan.oar:

@@ -5,7 +5,10 @@ Megatron's mixed-precision optimizer with apex's FusedAdam
 parameters / (cp x gdata) with ZeRO 1-3); in fp16 first one cast per
 parameter tensor and the unscale pass. With the plan's `optimizer=flat`,
 DeepSpeed's fused fp16 step instead (FLAT_OPTIMIZER_PASSES: three passes over
-one flat buffer, ZeRO 0 only). The gradients' synchronisation
+one flat buffer, ZeRO 0 only). Under the plan's fp8, last, the layers'
+linear weights are quantised for the next step (Transformer Engine casts
+them in the first micro-batch's forward; here at the step's end, where the
+same time is spent on the same rank). The gradients' synchronisation
 between the scaling and the step is twin.builders.data_parallel's. Ops are
 tagged with the pass "step" and no micro-batch.
 """
@@ -14,8 +17,8 @@ from __future__ import annotations
 
 from math import ceil
 
-from twin.builders.megatron_kernels import (FLAT_OPTIMIZER_PASSES, FP16_GRAD_CAST_BYTES, FP16_UNSCALE_PASS,
-                                           OPTIMIZER_PASSES, main_grad_bytes)
+from twin.builders.megatron_kernels import (FLAT_OPTIMIZER_PASSES, FP8_QUANTIZE_BYTES, FP16_GRAD_CAST_BYTES,
+                                           FP16_UNSCALE_PASS, OPTIMIZER_PASSES, main_grad_bytes)
 from twin.builders.stage import StageBase
 from twin.builders.tags import STEP
 
@@ -65,3 +68,12 @@ class OptimizerWriter(StageBase):
             passes.insert(0, FP16_UNSCALE_PASS)
         for name, nbytes, flops in passes:
             self.elementwise(f"optimizer.{name}", STEP.tag("optimizer", name), optimizer_params, nbytes, flops)
+        if self.plan.fp8:  # the updated weights quantised for the next step's FP8 GEMMs
+            self.elementwise("optimizer.fp8_weights", STEP.tag("optimizer", "fp8_weights"), self.fp8_weights(),
+                             FP8_QUANTIZE_BYTES, 2)
+
+    def fp8_weights(self) -> float:
+        """Elements of the (x, y) weight blocks of this stage's FP8 linears: the layers', not the LM head's."""
+        per_layer = sum(k * n for _, k, n, _ in self.model.linear_shapes())
+        layers = sum(len(chunk) for chunk in self.chunks)
+        return layers * per_layer / (self.sizes["x"] * self.sizes["y"])

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from twin.builders.megatron_kernels import grad_accumulation_bytes
+from twin.builders.megatron_kernels import FP8_GATHER_BYTES, grad_accumulation_bytes
 from twin.builders.program import ProgramWriter
 from twin.builders.tags import Pass
-from twin.ir import Collective, Elementwise, OpTag
+from twin.ir import FP8, Collective, Elementwise, OpTag
 from twin.mesh import gradient_axis, plan_mesh, weight_shard_axis
 from twin.model import ModelSpec
 from twin.pipeline_split import chunk_layers
@@ -111,6 +111,16 @@ class StageBase:
     def gemm_dims(self, lin: Linear) -> tuple[int, int, int]:
         """(rows, k_local, n_local) of this rank's forward GEMM."""
         return (self.tokens, lin.k // self.sizes[lin.forward_axis], lin.n // self.sizes[lin.backward_axis])
+
+    def gemm_dtype(self, lin: Linear) -> str:
+        """A linear's GEMMs' dtype: FP8 for a layer's linears under plan.fp8 (Transformer Engine's modules; the LM
+        head, Megatron's own ColumnParallelLinear, stays in the model's dtype), else the model's."""
+        return FP8 if self.plan.fp8 and lin.layer is not None else self.dtype
+
+    def gathered_bytes(self, lin: Linear) -> float:
+        """Bytes per element of a sequence-parallel all-gather of the linear's input or output gradient: FP8 copies
+        where its GEMMs run in FP8 (they are quantised before the gather), else the model's dtype."""
+        return FP8_GATHER_BYTES if self.gemm_dtype(lin) == FP8 else self.b
 
     def output_elements(self, lin: Linear) -> float:
         """Elements of the linear's output where its bias is added: the residual stream's share after a

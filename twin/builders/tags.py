@@ -16,7 +16,8 @@ real tensors by (block, role). The words:
   its bias is added outside the GEMM), its weight's all-gather "ag_z" or
   "ag_zdata" (ZeRO-3) and the gradient's reduce-scatter "rs_z" or
   "rs_zdata", the output's or dI's all-reduce "ar_x" / "ar_y", sequence
-  parallelism's "ag_x", "ag_in_x", "rs_x" (SEQUENCE_ROLES).
+  parallelism's "ag_x", "ag_in_x", "rs_x" (SEQUENCE_ROLES), and under fp8
+  the quantisations of its input and output gradient "fp8_in", "fp8_grad".
 - a module's roles: its kernels, "fwd" for the module's own forward kernel
   (ln1, gelu, the flash kernel), "bwd" for its backward, and the others by
   what they do ("q_copy", "scores", "softmax_bwd", "bwd_params_sum",
@@ -26,7 +27,8 @@ real tensors by (block, role). The words:
   the parameter's block and layer.
 - the step's: "zero" and "scale" of main_grad, a gradient bucket's
   "ar_data", "rs_data", "ag_data", the tied embedding's "ar_tied", the
-  optimizer's passes by name ("grad_norm", "adam", ...).
+  optimizer's passes by name ("grad_norm", "adam", ..., and under fp8 the
+  weights' quantisation "fp8_weights").
 
 Names keep the text they always had (e.g. mb3.c1.bwd.L12.mlp_up.dW), written
 here beside the tag: a label for traces and figures, read by nothing.

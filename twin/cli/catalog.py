@@ -26,6 +26,8 @@ def cmd_machines(args: argparse.Namespace) -> int:
             "gpus_per_node": n.gpus_per_node,
             "peak_tflops": d.peak_flop_per_s / 1e12,
             "empirical_gemm_tflops": d.empirical_gemm_flop_per_s / 1e12,
+            "peak_fp8_tflops": d.peak_fp8_flop_per_s / 1e12,  # 0: the file gives no FP8 rates (no fp8=1 plans)
+            "empirical_gemm_fp8_tflops": d.empirical_gemm_fp8_flop_per_s / 1e12,
             "hbm_gb": d.hbm_bytes / 1e9,
             "hbm_bw_gb_per_s": d.hbm_bw_bytes_per_s / 1e9,
             "nics_per_node": len(n.nics),
@@ -43,11 +45,13 @@ def cmd_machines(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'machine':<15}{'device':<27}{'GPUs/node':>10}{'peak TF/s':>11}{'GEMM TF/s':>11}{'HBM GB':>8}{'NICs':>6}  network")
+    print(f"{'machine':<15}{'device':<27}{'GPUs/node':>10}{'peak TF/s':>11}{'GEMM TF/s':>11}{'FP8 GEMM':>10}"
+          f"{'HBM GB':>8}{'NICs':>6}  network")
     for r in rows:
+        fp8 = f"{r['empirical_gemm_fp8_tflops']:>10.1f}" if r["empirical_gemm_fp8_tflops"] else f"{'-':>10}"
         print(
             f"{r['name']:<15}{r['device']:<27}{r['gpus_per_node']:>10}{r['peak_tflops']:>11.1f}"
-            f"{r['empirical_gemm_tflops']:>11.1f}{r['hbm_gb']:>8.0f}{r['nics_per_node']:>6}  {r['network']}"
+            f"{r['empirical_gemm_tflops']:>11.1f}{fp8}{r['hbm_gb']:>8.0f}{r['nics_per_node']:>6}  {r['network']}"
         )
     if args.name:
         print()

@@ -51,7 +51,10 @@ def cmd_search(args: argparse.Namespace) -> int:
                         mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else (), vpp=_ints(args.vpp, "--vpp"),
                         sp=_switches(args.sp, "--sp"), tpo=_switches(args.tpo, "--tpo"),
                         odp=_switches(args.odp, "--odp"), dpouter=_switches(args.dpouter, "--dpouter"),
-                        cpcomm=comma_words(args.cpcomm))
+                        cpcomm=comma_words(args.cpcomm), fp8=_switches(args.fp8, "--fp8"))
+    if True in space.fp8 and not machine.device.empirical_gemm_fp8_flop_per_s:
+        raise TwinError(f"--fp8: {machine.name}'s file gives no FP8 GEMM rate (device.peak_fp8_tflop_per_s and "
+                        "empirical_gemm_fp8_tflop_per_s); use --fp8 0 or add them")
     bar = ProgressBar(shows_progress(args))
     moves = None
     try:
@@ -155,6 +158,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cpcomm", default="p2p", help="context parallelism's K/V exchange to try: p2p (a ring, the "
                    "default), allgather (all-gathered, Llama 3's), or p2p,allgather; applies where cp > 1 (--axes "
                    "with cp)")
+    p.add_argument("--fp8", default="0", help="the layers' linears in FP8 (Transformer Engine's current scaling) to "
+                   "try: 0, 1 or 0,1 (default 0; 1 needs a machine file with an FP8 GEMM rate)")
     p.add_argument("--exhaustive", action="store_true",
                    help="simulate every valid plan (slow; the ranking is the same)")
     p.add_argument("--robustness", type=count_flag(limits.Range(2, 1000, "plans")), metavar="N",

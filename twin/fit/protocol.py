@@ -32,6 +32,8 @@ VALIDATION_FILES = {
     "megatron-h100-2024.csv": "78c249ad2049ecbb5b14175a1481f0053a02f06be2809b9a2a966422cf3b83b1",
     # Meta's Llama 3 405B pretraining on 8,192 and 16,384 H100 (the Llama 3 paper's Table 4)
     "llama3-405b-meta-2024.csv": "9e80559b7ba2169f128d2ebfd9c7a7792877ffc1267e4f3cdb2cb334100bd9d4",
+    # NVIDIA Megatron-Bridge's FP8 runs of Llama 3 70B and 3.1 405B on 64 and 1,024 H100 (its performance archive)
+    "megatron-bridge-h100-fp8.csv": "8d3d0302e24d3eeac48b5a2804a0973f9bf78be0a4133c17f02e9006ddc943dd",
 }
 
 

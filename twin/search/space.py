@@ -30,7 +30,8 @@ overlapped gathers and scatters with it, the data-parallel overlap where
 ZeRO 0-2 synchronises more than one replica, the ranks' order (each
 pipeline on consecutive GPUs, the replicas outermost) where there are both
 stages and replicas, and (--cpcomm) context parallelism's K/V all-gathered
-instead of passed in a ring where cp > 1.
+instead of passed in a ring where cp > 1, and (--fp8) the layers' linears in
+FP8 on any plan.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class SearchSpace:
     odp: tuple[bool, ...] = (False,)  # the data-parallel synchronisation under the backward and forward
     dpouter: tuple[bool, ...] = (False,)  # ranks placed tp-cp-pp-dp (the replicas outermost), not tp-cp-dp-pp
     cpcomm: tuple[str, ...] = ("p2p",)  # context parallelism's K/V: a ring, or all-gathered (twin.plan.CP_COMM_KINDS)
+    fp8: tuple[bool, ...] = (False,)  # the layers' linears in FP8 (twin.plan's fp8)
 
     def __post_init__(self) -> None:
         for axis in self.axes:
@@ -92,7 +94,7 @@ class SearchSpace:
             raise TwinError(f"--max-tp {self.max_tp} is below --min-tp {self.min_tp}; raise it or drop one")
         if any(m < 1 for m in self.mbs):
             raise TwinError("--mbs values must be positive integers")
-        for flag in ("reshard", "sp", "tpo", "odp", "dpouter"):
+        for flag in ("reshard", "sp", "tpo", "odp", "dpouter", "fp8"):
             if not getattr(self, flag):
                 raise TwinError(f"--{flag} is empty; give 0, 1 or 0,1")
         if not self.cpcomm or any(c not in CP_COMM_KINDS for c in self.cpcomm):
@@ -107,7 +109,8 @@ class SearchSpace:
         mbs = ",".join(map(str, self.mbs)) if self.mbs else "auto"
         options = "".join(f"; {flag} {','.join(str(int(v)) for v in getattr(self, flag))}"
                           for flag, default in (("reshard", (False,)), ("vpp", (1,)), ("sp", (False,)),
-                                                ("tpo", (False,)), ("odp", (False,)), ("dpouter", (False,)))
+                                                ("tpo", (False,)), ("odp", (False,)), ("dpouter", (False,)),
+                                                ("fp8", (False,)))
                           if getattr(self, flag) != default)
         if self.cpcomm != ("p2p",):
             options += f"; cpcomm {','.join(self.cpcomm)}"
@@ -200,7 +203,8 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
             rejected[_reason(str(e))] += 1
             continue
         variants = [v for r in _reshard_variants(plan, space.reshard) for v in _schedule_variants(r, model, space)
-                    if (v.vpp, v.sp, v.tpo, v.odp, v.dpouter, v.cpcomm) == (1, False, False, False, False, "p2p")
+                    if (v.vpp, v.sp, v.tpo, v.odp, v.dpouter, v.cpcomm, v.fp8) == (1, False, False, False, False, "p2p",
+                                                                                   False)
                     or _valid(v, model, gpus)]
         if not variants:
             rejected["no schedule option applies"] += 1
@@ -241,17 +245,17 @@ def _schedule_variants(plan: ParallelPlan, model: ModelSpec, space: SearchSpace)
     """`plan` with each asked-for chunk count, sequence parallelism, tensor- and data-parallel overlap and rank order
     that applies to it (vpp > 1 where the stages' layers split so and some micro-batch size makes whole rounds, sp
     where gx > 1 and gy = 1, tpo with sp, odp where ZeRO 0-2 synchronises more than one replica, dpouter where there
-    are both stages and replicas to order, cpcomm=allgather with cp > 1), each distinct plan once."""
+    are both stages and replicas to order, cpcomm=allgather with cp > 1, fp8 everywhere), each distinct plan once."""
     chunks = [v if plan.pp > 1 and not split_error(model.layers, replace(plan, vpp=v))
               and _micro_batch_sizes(replace(plan, vpp=v), space) else 1 for v in space.vpp]
     sequence = dict.fromkeys(s and plan.gx > 1 and plan.gy == 1 for s in space.sp)
     overlap_dp = dict.fromkeys(o and plan.gradient_replicas > 1 and plan.zero in (0, 1, 2) for o in space.odp)
     order = dict.fromkeys(d and plan.pp > 1 and plan.gdata > 1 for d in space.dpouter)
     kv = dict.fromkeys(c if plan.cp > 1 else "p2p" for c in space.cpcomm)
-    return [replace(plan, vpp=vpp, sp=sp, tpo=tpo, odp=odp, dpouter=dpouter, cpcomm=cpcomm)
+    return [replace(plan, vpp=vpp, sp=sp, tpo=tpo, odp=odp, dpouter=dpouter, cpcomm=cpcomm, fp8=fp8)
             for vpp in dict.fromkeys(chunks) for sp in sequence
             for tpo in dict.fromkeys(t and sp for t in space.tpo) for odp in overlap_dp for dpouter in order
-            for cpcomm in kv]
+            for cpcomm in kv for fp8 in dict.fromkeys(space.fp8)]
 
 
 def _reshard_variants(plan: ParallelPlan, reshard: tuple[bool, ...]) -> list[ParallelPlan]:

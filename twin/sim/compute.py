@@ -33,6 +33,14 @@ a measured shape the measurement is the answer; the tile, wave and k-loop
 estimates only carry it to shapes nearby. A tunable
 GEMM takes the fastest layout. Never above the device's peak.
 
+FP8 GEMMs (a plan's fp8=1 linears) run at the device's empirical FP8 rate
+(measured on an 8192^3 GEMM, where the model is normalised for them) with
+the same shape model, except that the k loop's fixed cost weighs as at
+half the inner dimension (gemm_k_half doubled: a tile's main loop moves
+twice the elements of k per cycle, its prologue and epilogue take as long),
+and their 1-byte operands stream at half the bytes; measured GEMMs
+(bf16 timings) are not carried to them.
+
 Attention (flash) runs at attention_efficiency x the empirical GEMM rate,
 plus attention_overhead_s per call where a machine file measured one (on a
 CPU, SDPA's backward is several kernels and allocations: a fixed cost);
@@ -47,9 +55,12 @@ from functools import lru_cache
 from math import ceil, log
 
 from topologies.machine import LAYOUTS, DeviceSpec, GemmMeasurement
-from twin.ir import Attention, Elementwise, Gemm, Op, Work
+from twin.errors import TwinError
+from twin.ir import FP8, Attention, Elementwise, Gemm, Op, Work
 
+FP8_K_HALF_SCALE = 2.0  # an FP8 tile's k loop moves twice the elements per cycle: its fixed cost weighs as at k / 2
 REFERENCE_GEMM_DIM = 32768  # the square GEMM the empirical peaks were measured on (AxoNN SC'24 sec. VI-C)
+FP8_REFERENCE_GEMM_DIM = 8192  # the square GEMM the empirical FP8 rates were measured on (the machine files' sources)
 
 
 class ComputeModel:
@@ -59,6 +70,8 @@ class ComputeModel:
         self.device = device
         d = REFERENCE_GEMM_DIM
         self._reference_efficiency = self._shape_efficiency(d, d, d)
+        d8 = FP8_REFERENCE_GEMM_DIM
+        self._reference_efficiency_fp8 = self._shape_efficiency(d8, d8, d8, 1, FP8_K_HALF_SCALE)
         self.duration_s = lru_cache(maxsize=None)(self._duration_s)
 
     def op_durations_s(self, ops: Iterable[Op]) -> list[float]:
@@ -75,18 +88,23 @@ class ComputeModel:
             out.append(seconds)
         return out
 
-    def _shape_efficiency(self, m: int, n: int, k: int, batch: int = 1) -> float:
+    def _shape_efficiency(self, m: int, n: int, k: int, batch: int = 1, k_half_scale: float = 1.0) -> float:
         dev = self.device
         tiles_m, tiles_n = ceil(m / dev.gemm_tile_m), ceil(n / dev.gemm_tile_n)
         tile_util = (m * n) / (tiles_m * dev.gemm_tile_m * tiles_n * dev.gemm_tile_n)
         tiles = batch * tiles_m * tiles_n
         waves = ceil(tiles / dev.compute_units)
         wave_util = 1.0 - dev.gemm_wave_quantization * (1.0 - tiles / (waves * dev.compute_units))
-        k_util = k / (k + dev.gemm_k_half)
+        k_util = k / (k + dev.gemm_k_half * k_half_scale)
         return tile_util * wave_util * k_util
 
     def gemm_efficiency(self, gemm: Gemm) -> float:
-        """Fraction of the empirical GEMM peak this GEMM reaches (module docstring: model, then measurements)."""
+        """Fraction of the empirical GEMM peak (of its dtype) this GEMM reaches (module docstring: model, then
+        measurements)."""
+        if gemm.dtype == FP8:
+            shape = self._shape_efficiency(gemm.m, gemm.n, gemm.k, gemm.batch, FP8_K_HALF_SCALE)
+            return shape / self._reference_efficiency_fp8 * self._layout_efficiency(
+                gemm.m, gemm.n, gemm.k, gemm.layout, gemm.tunable)
         if not self.device.gemm_measured:
             return self._modelled(gemm.m, gemm.n, gemm.k, gemm.layout, gemm.tunable, gemm.batch)
         layouts = LAYOUTS if gemm.tunable else (gemm.layout,)
@@ -117,14 +135,20 @@ class ComputeModel:
             near.m, near.n, near.k, near.layout, False, near.batch)
 
     def gemm_memory_s(self, gemm: Gemm) -> float:
-        """The floor under a GEMM's time: streaming its 2-byte operands and result through HBM once."""
+        """The floor under a GEMM's time: streaming its operands (2 bytes each, 1 in FP8) and its 2-byte result
+        through HBM once."""
         dev = self.device
-        operand_bytes = 2 * gemm.batch * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+        operand = 1 if gemm.dtype == FP8 else 2
+        operand_bytes = gemm.batch * (operand * (gemm.m * gemm.k + gemm.k * gemm.n) + 2 * gemm.m * gemm.n)
         return operand_bytes / (dev.hbm_bw_bytes_per_s * dev.hbm_efficiency)
 
     def gemm_time_s(self, gemm: Gemm) -> float:
         dev = self.device
-        flop_time = gemm.flops / (dev.empirical_gemm_flop_per_s * self.gemm_efficiency(gemm))
+        rate = dev.empirical_gemm_fp8_flop_per_s if gemm.dtype == FP8 else dev.empirical_gemm_flop_per_s
+        if not rate:
+            raise TwinError(f"an FP8 GEMM on {dev.name}, whose machine file gives no FP8 rate "
+                            "(device.empirical_gemm_fp8_tflop_per_s); use fp8=0 or add it")
+        flop_time = gemm.flops / (rate * self.gemm_efficiency(gemm))
         return max(flop_time, self.gemm_memory_s(gemm)) + dev.kernel_overhead_s
 
     def _duration_s(self, work: Work) -> float:
