@@ -493,3 +493,33 @@ def test_a_number_on_its_upper_bound_is_probed_downward_not_called_idle():
     runs = [SimpleNamespace(step_time_s=1.2)]
     kept, idle = _drop_idle((param,), Steps(), np.log([1.0]), runs, np.arange(1), explicit=True)
     assert kept == (param,) and idle == ()
+
+
+def test_the_fp8_gemm_rate_is_fitted_from_fp8_runs_and_refused_from_bf16_ones(tmp_path):
+    """On an H100 file, runs simulated with FP8 linears at 1,100 TF/s give that rate back from the file's 1,507;
+    the same parameter asked of runs without FP8 is one no run depends on (refused)."""
+    machine_name, truth = "mpt-h100-80g", (("device.empirical_gemm_fp8_tflop_per_s", 1100.0),)
+    machine = load_machine(machine_name, truth)
+
+    def runs(fp8: int):
+        path = tmp_path / f"fp8-{fp8}.csv"
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(HEADER)
+            for layers, hidden, heads in [(2, 2048, 16), (2, 4096, 32)]:
+                model = ModelSpec("m", layers, hidden, heads, seq=1024)
+                for gpus, plan, batch in [(1, f"tp=1,mbs=1,recompute=none,fp8={fp8}", 2),
+                                          (2, f"tp=2,sp=1,mbs=2,recompute=none,fp8={fp8}", 4)]:
+                    p = parse_plan(f"{plan},global_batch={batch}")
+                    step = simulate_step(model, p, machine, gpus).step_time_s
+                    w.writerow([layers, hidden, heads, 1024, gpus, plan, batch, repr(step), "simulated at the truth"])
+        return load_runs(str(path))
+
+    params = fit_parameters(load_machine(machine_name), tuple(p for p, _ in truth))
+    result = fit(runs(1), machine_name, (), params, folds=0, jobs=1)
+    assert result.values[0] == pytest.approx(1100.0, rel=0.01)
+    assert np.abs(result.errors_before).mean() > 0.03
+    with pytest.raises(TwinError, match="empirical_gemm_fp8_tflop_per_s has no effect"):
+        fit(runs(0), machine_name, (), params, folds=0, jobs=1)
+    with pytest.raises(TwinError, match="empirical_gemm_fp8"):
+        fit_parameters(load_machine(MACHINE), tuple(p for p, _ in truth))  # an A100 file has no FP8 rate

@@ -4,8 +4,9 @@ Only numbers with a physical meaning that measured steps can pin down, and
 that no datasheet gives to the precision a prediction needs: the host's time
 per op issued (on small models the framework, not the GPU, sets the pace), a
 fixed device cost per kernel (launch and tail), the empirical GEMM rate and how short inner
-dimensions and a last wave of tiles lower it, the HBM efficiency of element-wise work, and the fused
-attention kernel's rate. No per-row or per-model factor exists, so a fit
+dimensions and a last wave of tiles lower it, the HBM efficiency of element-wise work, the fused
+attention kernel's rate, and where the machine file gives one the FP8 GEMM rate (from runs whose plans
+run their linears in FP8; never by default). No per-row or per-model factor exists, so a fit
 cannot memorise the runs it learns from.
 
 Bounds are physical, not tuning ranges: a host issues an op in 1-500 us; a
@@ -58,6 +59,10 @@ def _parameters(machine: Machine) -> dict[str, FitParameter]:
                      start=1.0),
         FitParameter("device.hbm_efficiency", 0.1, 1.0, "achieved / peak HBM bandwidth of element-wise work"),
         FitParameter("device.attention_efficiency", 0.05, 1.0, "fused attention rate / empirical GEMM rate"),
+    ) + tuple(  # the FP8 GEMM rate, where the file gives one: runs with fp8=1 plans pin it down
+        FitParameter("device.empirical_gemm_fp8_tflop_per_s", dev.empirical_gemm_fp8_flop_per_s / 5e12,
+                     dev.peak_fp8_flop_per_s / 1e12, "FP8 GEMM rate at large shapes (fp8=1 plans' linears)")
+        for _ in range(1 if dev.empirical_gemm_fp8_flop_per_s else 0)
     ) + tuple(
         FitParameter(path, 0.02, 1.0, f"achieved / peak bandwidth of {path.rsplit('.', 1)[1]} links: the collective "
                      "library's reach at that level")
