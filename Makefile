@@ -46,7 +46,8 @@ bench-search: $(BIN)/twin
 # - MosaicML's A100 40 GB cluster, fitted on its 46 one-node MPT runs (FSDP, flash attention, bf16): the
 #   attention rate and the GEMM rate (the host's time per op is not determined by these GPU-bound runs;
 #   MPT trains without dropout);
-# - MosaicML's H100 80 GB cluster, fitted on its 37 one-node MPT runs: the same two rates;
+# - MosaicML's H100 80 GB cluster, fitted on its 37 one-node MPT runs: the same two rates; then, on that file,
+#   the FP8 GEMM rate fitted on the same cluster's 7 one-node FP8 runs (the linears in FP8, Transformer Engine);
 # - Perlmutter's A100s: the host's time per op carried from the first fit, the attention and GEMM rates from
 #   the second (the same A100 40 GB, flash attention, bf16 and sharded data parallelism; AxoNN is another
 #   code on another host, so this is a transfer, not a measurement);
@@ -61,7 +62,11 @@ fit: $(BIN)/twin
 	$(BIN)/twin fit --machine mpt-a100-40g --runs benchmarks/data/mpt-a100-40gb-one-node.csv \
 		--assume dropout=0 --params $(MPT_PARAMS) -o topologies/fitted/mpt-a100-40g.toml
 	$(BIN)/twin fit --machine mpt-h100-80g --runs benchmarks/data/mpt-h100-80gb-one-node.csv \
-		--assume dropout=0 --params $(MPT_PARAMS) -o topologies/fitted/mpt-h100-80g.toml
+		--assume dropout=0 --params $(MPT_PARAMS) -o topologies/fitted/mpt-h100-80g-bf16.toml
+	$(BIN)/twin fit --machine topologies/fitted/mpt-h100-80g-bf16.toml \
+		--runs benchmarks/data/mpt-h100-80gb-fp8-one-node.csv --assume dropout=0 \
+		--params device.empirical_gemm_fp8_tflop_per_s -o topologies/fitted/mpt-h100-80g.toml
+	rm topologies/fitted/mpt-h100-80g-bf16.toml
 	$(BIN)/twin fit --machine perlmutter --from topologies/fitted/dgx-a100-800g.toml \
 		--params device.launch_interval_us -o topologies/fitted/perlmutter-host.toml
 	$(BIN)/twin fit --machine topologies/fitted/perlmutter-host.toml --from topologies/fitted/mpt-a100-40g.toml \

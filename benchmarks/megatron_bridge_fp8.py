@@ -17,14 +17,14 @@ shown (benchmarks/open_settings.py).
 
 Two machine columns, both the DGX H100 SuperPOD of topologies/mpt-h100-80g.toml
 grown to the 128 nodes the largest run needs: first principles (the file's
-bf16 and FP8 GEMM rates, 813 and 1,507 TF/s), and the bf16 GEMM rate `make
-fit` learned from MosaicML's one-node H100 runs carried over with the FP8
-rate scaled by the same factor (the file's FP8 / bf16 ratio kept: whatever
-slows the runs' GEMMs below the microbenchmark is assumed to slow both alike).
-Prints one row per run and the mean absolute error of each column. What-ifs,
-not the protocol: `--carry bf16` or `--carry fp8` carries one of the two
-rates and leaves the other as the file has it; `--fp8 0` runs the same plans
-with bf16 linears (what FP8 buys, by the twin).
+bf16 and FP8 GEMM rates, 813 and 1,507 TF/s), and the two GEMM rates `make
+fit` learned on one node of MosaicML's H100 cluster carried over (the bf16
+rate from its 37 bf16 MPT runs, the FP8 rate from its 7 FP8 runs:
+topologies/fitted/mpt-h100-80g.toml; not their attention rate, which is
+Triton's kernel). Prints one row per run and the mean absolute error of each
+column. What-ifs, not the protocol: `--carry bf16` or `--carry fp8` carries
+one of the two rates and leaves the other as the file has it; `--fp8 0` runs
+the same plans with bf16 linears (what FP8 buys, by the twin).
 """
 
 from __future__ import annotations
@@ -52,9 +52,8 @@ def machines(carry: str = "both") -> dict[str, object]:
     """The two columns: the machine file grown to NODES nodes, and the same with the fitted GEMM rates carried
     (`carry`: both, or only the bf16 or only the FP8 one)."""
     grown = (parse_override(f"network.n_nodes={NODES}"),)
-    base = load_machine(MACHINE).device
-    bf16 = load_machine(str(FITTED)).device.empirical_gemm_flop_per_s / 1e12
-    fp8 = bf16 * base.empirical_gemm_fp8_flop_per_s / base.empirical_gemm_flop_per_s
+    fitted = load_machine(str(FITTED)).device
+    bf16, fp8 = fitted.empirical_gemm_flop_per_s / 1e12, fitted.empirical_gemm_fp8_flop_per_s / 1e12
     rates = {"bf16": (f"device.empirical_gemm_bf16_tflop_per_s={bf16}", f"bf16 GEMMs {bf16:.0f} TF/s"),
              "fp8": (f"device.empirical_gemm_fp8_tflop_per_s={fp8}", f"FP8 GEMMs {fp8:.0f} TF/s")}
     kept = rates if carry == "both" else {carry: rates[carry]}

@@ -334,13 +334,14 @@ def test_megatron_sc21_runs_are_table_1_of_the_paper_run_backwards():
     ("mpt-a100-40gb-multi-node.csv", 32, {16, 32, 64, 128}, 312e12),
     ("mpt-a100-80gb.csv", 61, {8, 32, 64}, 312e12),
     ("mpt-h100-80gb-one-node.csv", 37, {8}, 989e12),
-    ("mpt-h100-80gb-multi-node.csv", 33, {16, 32, 64, 128, 256, 512}, 989e12)])
+    ("mpt-h100-80gb-multi-node.csv", 33, {16, 32, 64, 128, 256, 512}, 989e12),
+    ("mpt-h100-80gb-fp8-one-node.csv", 7, {8}, 1979e12)])
 def test_mosaicml_runs_reproduce_the_tables_mfu(name, count, gpus, peak):
     """Each MPT row's step time is its tokens over the tokens per second its source quotes, its plan FSDP over every
     GPU with the table's micro-batch (resharding the weights after the forward where the table says FULL_SHARD),
     and MosaicML's MFU formula ((3 x 2 N s + 3 x 4 l h s^2) per sequence over the GPU's dense bf16 peak, 312 TF/s
-    for an A100 and 989 for an H100) on the row's shape gives the MFU the table prints: the shapes, the vocabulary
-    and the throughput were copied right."""
+    for an A100 and 989 for an H100; the H100's dense FP8 peak, 1,979, for its amp_fp8 runs) on the row's shape
+    gives the MFU the table prints: the shapes, the vocabulary and the throughput were copied right."""
     runs = load_runs(str(REPO / "benchmarks" / "data" / name), "dropout=0")
     assert len(runs) == count and {r.gpus for r in runs} == gpus
     for r in runs:
@@ -349,6 +350,7 @@ def test_mosaicml_runs_reproduce_the_tables_mfu(name, count, gpus, peak):
         mfu = float(re.search(r"MFU ([0-9.]+)%", r.source).group(1)) / 100
         assert r.step_time_s == pytest.approx(p.global_batch * m.seq / tokens_per_s, rel=1e-5)
         assert (p.gz, p.gx * p.gy * p.gdata * p.pp) == (r.gpus, 1) and p.attention == "flash"
+        assert p.fp8 == ("amp_fp8" in r.source)
         assert p.recompute == ("full" if "checkpointing True" in r.source else "none")
         assert p.reshard == ("FSDP FULL_SHARD" in r.source) != ("FSDP SHARD_GRAD_OP" in r.source)
         per_sequence = 3 * 2 * m.params * m.seq + 3 * m.layers * 4 * m.hidden * m.seq ** 2
