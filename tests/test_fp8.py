@@ -14,7 +14,6 @@ import pytest
 from helpers import REPO, check_search_bounds_and_ranking
 from topologies import load_machine
 from twin.build import build_step
-from twin.builders.megatron_kernels import FP8_QUANTIZE_BYTES
 from twin.errors import TwinError
 from twin.ir import FP8, Collective, Elementwise, Gemm
 from twin.ir_io import save_schedule
@@ -22,12 +21,16 @@ from twin.memory import layer_activation_bytes, stage_memory
 from twin.micro_batches import simulate_step
 from twin.model import parse_model_spec
 from twin.plan import ParallelPlan, parse_plan
+from twin.plan_checks import validate_plan
 from twin.search.space import SearchSpace
 from twin.sim.compute import ComputeModel
 
 MODEL = parse_model_spec("layers=2,hidden=1024,heads=16,kv_heads=4,ffn=2816,seq=512,vocab=4096,arch=llama")
 TP = 4
 BASE = f"tp={TP},dp=2,sp=1,mbs=1,recompute=none"
+# Bytes a quantisation moves per element: current scaling reads the tensor for its amax, then again for the cast,
+# which writes the row-wise and the transposed FP8 copies; delayed scaling casts alone (its scale is known).
+QUANTIZE_BYTES = {"current": 2 + 2 + 1 + 1, "delayed": 2 + 1 + 1}
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +50,16 @@ def layer_ops(h100, fp8: bool, extra: str = "") -> list:
 
 def test_fp8_round_trips_and_defaults_off():
     p = plan(True)
-    assert p.fp8 and "fp8=1" in p.describe()
+    assert p.fp8 and "fp8=1" in p.describe() and "fp8recipe" not in p.describe()
     assert parse_plan(p.describe(), ParallelPlan(global_batch=4)) == p
     assert not plan(False).fp8 and "fp8" not in plan(False).describe()
+    delayed = plan(True, ",fp8recipe=delayed")
+    assert "fp8recipe=delayed" in delayed.describe()
+    assert parse_plan(delayed.describe(), ParallelPlan(global_batch=4)) == delayed
+    with pytest.raises(TwinError, match="fp8recipe=delayed .* needs fp8=1"):
+        validate_plan(plan(False, ",fp8recipe=delayed"), MODEL, 2 * TP)
+    with pytest.raises(TwinError, match="fp8recipe='late' is unknown; use one of current, delayed"):
+        plan(True, ",fp8recipe=late")
 
 
 def test_every_linear_of_a_layer_runs_its_three_gemms_in_fp8_and_the_lm_head_does_not(h100):
@@ -63,11 +73,14 @@ def test_every_linear_of_a_layer_runs_its_three_gemms_in_fp8_and_the_lm_head_doe
     assert {op.work.dtype for op in gemms if op.tag.block == "lm_head"} == {MODEL.dtype}
 
 
-def test_each_linear_quantises_its_own_rows_of_input_and_output_gradient(h100):
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_each_linear_quantises_its_own_rows_of_input_and_output_gradient(h100, recipe):
     """Under sequence parallelism a column-parallel linear's input (and a row-parallel one's output gradient) is
-    quantised on the rank's 1/tp of the tokens, before the gather; the others on the whole local tensor."""
-    tokens, h = MODEL.seq, MODEL.hidden
-    q = {(op.tag.block, op.tag.role): op.work for op in layer_ops(h100, True) if op.tag.role.startswith("fp8_")}
+    quantised on the rank's 1/tp of the tokens, before the gather; the others on the whole local tensor; each
+    element moving the recipe's bytes."""
+    tokens, h, per_element = MODEL.seq, MODEL.hidden, QUANTIZE_BYTES[recipe]
+    q = {(op.tag.block, op.tag.role): op.work for op in layer_ops(h100, True, f",fp8recipe={recipe}")
+         if op.tag.role.startswith("fp8_")}
     expected = {  # elements: (input, output gradient) of each linear on one rank
         "qkv": (tokens * h / TP, tokens * (h + 2 * MODEL.kv_heads * MODEL.head_dim) / TP),
         "attn_out": (tokens * h / TP, tokens * h / TP),
@@ -77,8 +90,8 @@ def test_each_linear_quantises_its_own_rows_of_input_and_output_gradient(h100):
     assert set(q) == {(b, r) for b in expected for r in ("fp8_in", "fp8_grad")}
     for block, (inputs, grads) in expected.items():
         assert isinstance(q[block, "fp8_in"], Elementwise)
-        assert q[block, "fp8_in"].nbytes == pytest.approx(FP8_QUANTIZE_BYTES * inputs)
-        assert q[block, "fp8_grad"].nbytes == pytest.approx(FP8_QUANTIZE_BYTES * grads)
+        assert q[block, "fp8_in"].nbytes == pytest.approx(per_element * inputs)
+        assert q[block, "fp8_grad"].nbytes == pytest.approx(per_element * grads)
     assert not any(op.tag.role.startswith("fp8_") for op in layer_ops(h100, False))
 
 
@@ -100,7 +113,8 @@ def test_the_weights_are_quantised_once_a_step(h100):
     program = build_step(MODEL, plan(True), h100, 2 * TP).schedule.programs[0]
     casts = [op.work for op in program.ops if op.tag.role == "fp8_weights"]
     per_layer = sum(k * n for _, k, n, _ in MODEL.linear_shapes())
-    assert len(casts) == 1 and casts[0].nbytes == pytest.approx(FP8_QUANTIZE_BYTES * MODEL.layers * per_layer / TP)
+    assert len(casts) == 1
+    assert casts[0].nbytes == pytest.approx(QUANTIZE_BYTES["current"] * MODEL.layers * per_layer / TP)
 
 
 def test_an_fp8_gemm_runs_at_the_fp8_rate_where_it_was_measured_and_its_short_k_costs_more(h100):

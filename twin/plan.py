@@ -74,13 +74,17 @@ the stages outermost (Megatron's tp-cp-dp-pp). Only where the ranks run
 changes (twin.mesh.rank_gpus), not their groups or programs.
 
 `fp8` runs the layers' linears in FP8, as Transformer Engine does under
-Megatron-Core's --fp8-format with current scaling: each linear's input and
-output gradient quantised (an amax pass, then a cast writing the row-wise
-and the transposed copy), its three GEMMs at the device's FP8 rate, and
-sequence parallelism's gathers of those inputs moved in FP8; the weights
-quantised once a step, and their FP8 copies held beside the bf16 ones. The
-LM head, attention and everything else stay in the model's dtype
-(twin.builders.linears, twin.memory).
+Megatron-Core's --fp8-format: each linear's input and output gradient
+quantised, its three GEMMs at the device's FP8 rate, and sequence
+parallelism's gathers of those inputs moved in FP8; the weights quantised
+once a step, and their FP8 copies held beside the bf16 ones. The LM head,
+attention and everything else stay in the model's dtype
+(twin.builders.linears, twin.memory). `fp8recipe` names how a tensor is
+quantised: `current` scaling (--fp8-recipe tensorwise, the default: an amax
+pass, then a cast writing the row-wise and the transposed copy) or
+`delayed` scaling (--fp8-recipe delayed, Transformer Engine's only recipe
+before 2.0: the scale from earlier steps' amax, the new amax taken inside
+the cast, one pass).
 
 `odp` overlaps the data-parallel synchronisation with the step: each
 gradient bucket (a layer's, the embedding's, the LM head's) is all-reduced or
@@ -118,6 +122,9 @@ P2P_KINDS = ("split", "full")
 # attention kernels (Megatron-Core's --cp-comm-type p2p, the default), or all-gathered before them and their
 # gradients reduce-scattered after (--cp-comm-type all_gather: Transformer Engine's, Llama 3's).
 CP_COMM_KINDS = ("p2p", "allgather")
+# How an FP8 linear's tensors are quantised (ParallelPlan.fp8): current scaling (an amax pass, then the cast) or
+# delayed scaling (the scale from an amax history, the cast alone). twin.builders.megatron_kernels.
+FP8_RECIPES = ("current", "delayed")
 ZERO_STAGES = (0, 1, 2, 3)
 _BOOL_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
 
@@ -147,7 +154,8 @@ class ParallelPlan:
     tpo: bool = False  # sequence-parallel gathers and scatters chunked under their GEMMs (--tp-comm-overlap)
     odp: bool = False  # data-parallel buckets synchronised under the backward, weights gathered under the forward
     dpouter: bool = False  # ranks placed tp-cp-pp-dp (data-parallel replicas outermost), not tp-cp-dp-pp (twin.mesh)
-    fp8: bool = False  # the layers' linears in FP8 (Transformer Engine, current scaling)
+    fp8: bool = False  # the layers' linears in FP8 (Transformer Engine)
+    fp8recipe: str = "current"  # FP8_RECIPES: how fp8's tensors are quantised
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -235,6 +243,8 @@ class ParallelPlan:
             parts.append(f"p2p={self.p2p}")
         if self.cpcomm != "p2p":  # as attention
             parts.append(f"cpcomm={self.cpcomm}")
+        if self.fp8recipe != "current":  # as attention
+            parts.append(f"fp8recipe={self.fp8recipe}")
         parts.append(f"recompute={self.recompute}")
         for switch in ("oar", "ors", "oag"):
             parts.append(f"{switch}={int(getattr(self, switch))}")
@@ -251,13 +261,14 @@ _BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb"
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
 WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
-              "p2p": P2P_KINDS, "cpcomm": CP_COMM_KINDS}
+              "p2p": P2P_KINDS, "cpcomm": CP_COMM_KINDS, "fp8recipe": FP8_RECIPES}
 _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
     """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,dpouter=..,
-    fp8=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,recompute=..,oar=0,..,tune=0]'.
+    fp8=..,fp8recipe=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,recompute=..,oar=0,..,
+    tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
     'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and

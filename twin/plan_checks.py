@@ -51,6 +51,9 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
     if plan.cpcomm != "p2p" and plan.cp == 1:
         raise TwinError(f"--plan: cpcomm={plan.cpcomm} says how context parallelism meets the other ranks' keys and "
                         "values; it needs cp > 1 (got cp=1); leave it out")
+    if plan.fp8recipe != "current" and not plan.fp8:
+        raise TwinError(f"--plan: fp8recipe={plan.fp8recipe} says how FP8 linears quantise their tensors; it needs "
+                        "fp8=1; add it or leave fp8recipe out")
     if plan.dpouter and (plan.pp == 1 or plan.gdata == 1):
         raise TwinError("--plan: dpouter=1 places the data-parallel replicas outside the pipeline's stages; it needs "
                         f"pp > 1 and dp > 1 (got pp={plan.pp}, dp={plan.gdata}); leave it out")

@@ -111,10 +111,10 @@ class LinearWriter(StageBase):
 
     def quantize(self, at: Pass, lin: Linear, role: str, elements: float) -> None:
         """Under plan.fp8, Transformer Engine's quantisation of `elements` of the linear's input ("fp8_in") or
-        output gradient ("fp8_grad") before its GEMMs (and before their sequence-parallel gather): the amax
-        reduction, then the cast to the row-wise and transposed FP8 copies (twin.builders.megatron_kernels)."""
+        output gradient ("fp8_grad") before its GEMMs (and before their sequence-parallel gather): the cast to the
+        row-wise and transposed FP8 copies, after an amax pass under current scaling (twin.builders.megatron_kernels)."""
         if self.gemm_dtype(lin) == FP8:
-            self.elementwise(*self.named(at, lin, role), elements, FP8_QUANTIZE_BYTES, 2)
+            self.elementwise(*self.named(at, lin, role), elements, FP8_QUANTIZE_BYTES[self.plan.fp8recipe], 2)
 
     @property
     def regathers_backward(self) -> bool:

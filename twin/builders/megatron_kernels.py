@@ -73,13 +73,15 @@ SWIGLU_FLOPS = 6  # sigmoid (exp, add, divide), two multiplies, the product
 ROPE_BYTES = 2 + 2
 ROPE_FLOPS = 3  # x cos + rotate_half(x) sin
 
-# FP8 linears (ParallelPlan.fp8: Transformer Engine's current scaling, Megatron-Core's --fp8-recipe tensorwise)
-# [estimate: each kernel's traffic from what it must read and write, not a kernel trace]. A tensor is quantised in
-# two kernels per element: the amax reduction reads it (2 bytes), the cast reads it again and writes the FP8 copy
+# FP8 linears (ParallelPlan.fp8) [estimate: each kernel's traffic from what it must read and write, not a kernel
+# trace]. Under current scaling (fp8recipe=current, Megatron-Core's --fp8-recipe tensorwise) a tensor is quantised
+# in two kernels per element: the amax reduction reads it (2 bytes), the cast reads it again and writes the FP8 copy
 # in rows (1 byte) and transposed (1 byte; Hopper's FP8 GEMMs take only the TN layout, so the wgrad and dgrad
-# GEMMs read the transposed copies). Each linear's input (forward, and again in a recomputed forward), its output's
-# gradient (backward) and, once a step, its weight. The gathers of sequence parallelism move the FP8 copy.
-FP8_QUANTIZE_BYTES = 2 + 2 + 1 + 1
+# GEMMs read the transposed copies). Under delayed scaling (fp8recipe=delayed: the scale from earlier amaxes) the
+# cast-transpose alone, taking the amax as it goes. Each linear's input (forward, and again in a recomputed
+# forward), its output's gradient (backward) and, once a step, its weight. The gathers of sequence parallelism move
+# the FP8 copy.
+FP8_QUANTIZE_BYTES = {"current": 2 + 2 + 1 + 1, "delayed": 2 + 1 + 1}
 FP8_GATHER_BYTES = 1  # per element of a sequence-parallel all-gather of a quantised tensor
 FP8_SAVED_INPUT_BYTES = 1  # per element of a linear's input kept for dW: its transposed FP8 copy (twin.memory)
 FP8_WEIGHT_COPY_BYTES = 2  # per weight: its FP8 copy in rows and transposed, kept beside the bf16 weight (twin.memory)

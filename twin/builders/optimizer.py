@@ -70,7 +70,7 @@ class OptimizerWriter(StageBase):
             self.elementwise(f"optimizer.{name}", STEP.tag("optimizer", name), optimizer_params, nbytes, flops)
         if self.plan.fp8:  # the updated weights quantised for the next step's FP8 GEMMs
             self.elementwise("optimizer.fp8_weights", STEP.tag("optimizer", "fp8_weights"), self.fp8_weights(),
-                             FP8_QUANTIZE_BYTES, 2)
+                             FP8_QUANTIZE_BYTES[self.plan.fp8recipe], 2)
 
     def fp8_weights(self) -> float:
         """Elements of the (x, y) weight blocks of this stage's FP8 linears: the layers', not the LM head's."""
