@@ -50,10 +50,10 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
 - FP8 linears (plan.fp8): each layer weight's FP8 copies, row-wise and
   transposed (2 B per parameter of the layers' linears, sharded as the
   weights), as Transformer Engine keeps them from step to step; and each
-  FP8 linear's input kept for its dW as the 1-byte transposed copy in place
-  of the model's dtype (the QKV's and the MLP's normed inputs, 2h/(gy r),
-  the attention context h/gx and the down projection's input f/gx per
-  token).
+  FP8 linear's input kept for its dW as the 1-byte transposed copy: in
+  place of the model's dtype for the QKV's and the MLP's normed inputs,
+  2h/(gy r), and the down projection's input, f/gx per token; beside it for
+  the attention's output, h/gx, which the attention's backward also keeps.
 - RUNTIME_RESERVE_FRACTION of HBM is not usable.
 
 The plan's memory is its worst stage's.
@@ -113,8 +113,9 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) ->
     heads = (2 + 2 * model.kv_fraction) * h  # q, k, v and the attention's output (k, v narrower with GQA)
     mlp = (3 if model.gated else 2) * f  # the first linear's output (SwiGLU's gate and up) and the down's input
     linears = b * tokens * (4 * h / residual + heads / plan.gx + mlp / plan.gx) + masks
-    if plan.fp8:  # the FP8 linears' inputs kept for dW as 1-byte copies: the QKV's and MLP's normed inputs, the
-        linears -= (b - FP8_SAVED_INPUT_BYTES) * tokens * (2 * h / residual + (h + f) / plan.gx)  # context, the down's
+    if plan.fp8:  # the FP8 linears' inputs kept for dW as 1-byte copies (module docstring)
+        linears -= (b - FP8_SAVED_INPUT_BYTES) * tokens * (2 * h / residual + f / plan.gx)
+        linears += FP8_SAVED_INPUT_BYTES * tokens * h / plan.gx  # the context's copy, beside the one attention keeps
     return linears + score_bytes(model, plan, tokens)
 
 
