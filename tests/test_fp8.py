@@ -13,6 +13,7 @@ import pytest
 
 from helpers import REPO, check_search_bounds_and_ranking
 from topologies import load_machine
+from topologies.overrides import parse_override
 from twin.build import build_step
 from twin.errors import TwinError
 from twin.ir import FP8, Collective, Elementwise, Gemm
@@ -191,3 +192,15 @@ def test_the_search_tries_fp8_with_bounds_below_each_step_and_an_exact_ranking(h
                           timeout=120)
     assert done.returncode == 2 and "--fp8: frontier's file gives no FP8 GEMM rate" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_an_fp8_gemm_never_runs_above_the_fp8_peak(h100):
+    """A GEMM larger than the one the FP8 rate was measured on runs a little faster, up to the FP8 peak: with the
+    k loop's cost set absurdly high (so the reference shape is slow), a long-k GEMM is capped there."""
+    dev = h100.device
+    big = Gemm(16384, 16384, 16384, "NT", FP8)
+    assert 1 < ComputeModel(dev).gemm_efficiency(big) < dev.peak_fp8_flop_per_s / dev.empirical_gemm_fp8_flop_per_s
+    slow_k = load_machine("mpt-h100-80g", (parse_override("device.gemm_k_half=4096"),)).device
+    huge_k = Gemm(8192, 8192, 1 << 20, "NT", FP8)
+    assert ComputeModel(slow_k).gemm_efficiency(huge_k) == pytest.approx(
+        slow_k.peak_fp8_flop_per_s / slow_k.empirical_gemm_fp8_flop_per_s)

@@ -101,10 +101,13 @@ class ComputeModel:
     def gemm_efficiency(self, gemm: Gemm) -> float:
         """Fraction of the empirical GEMM peak (of its dtype) this GEMM reaches (module docstring: model, then
         measurements)."""
-        if gemm.dtype == FP8:
+        if gemm.dtype == FP8:  # normalised where the FP8 rate was measured, so larger GEMMs run a little faster;
+            dev = self.device  # never above the FP8 peak
             shape = self._shape_efficiency(gemm.m, gemm.n, gemm.k, gemm.batch, FP8_K_HALF_SCALE)
-            return shape / self._reference_efficiency_fp8 * self._layout_efficiency(
+            efficiency = shape / self._reference_efficiency_fp8 * self._layout_efficiency(
                 gemm.m, gemm.n, gemm.k, gemm.layout, gemm.tunable)
+            rate = dev.empirical_gemm_fp8_flop_per_s
+            return min(efficiency, dev.peak_fp8_flop_per_s / rate) if rate else efficiency
         if not self.device.gemm_measured:
             return self._modelled(gemm.m, gemm.n, gemm.k, gemm.layout, gemm.tunable, gemm.batch)
         layouts = LAYOUTS if gemm.tunable else (gemm.layout,)
