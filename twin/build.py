@@ -28,6 +28,13 @@ class BuiltStep:
     memory: MemoryBreakdown
 
 
+def check_fp8_rate(machine: Machine, asked_by: str, instead: str) -> None:
+    """A one-line TwinError where FP8 linears (`asked_by`) meet a machine file that gives no FP8 GEMM rate."""
+    if not machine.device.empirical_gemm_fp8_flop_per_s:
+        raise TwinError(f"{asked_by} needs the device's FP8 GEMM rate, which {machine.name}'s file does not give "
+                        f"(device.peak_fp8_tflop_per_s and empirical_gemm_fp8_tflop_per_s); {instead} or add them")
+
+
 def resolve_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int, measured: bool = False
                  ) -> tuple[ParallelPlan, MemoryBreakdown]:
     """The checked plan with mbs and ga resolved, and its memory per GPU; no schedule built. `measured`: the plan
@@ -35,9 +42,8 @@ def resolve_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: i
     if gpus > machine.max_gpus:
         raise TwinError(f"--gpus {gpus} exceeds {machine.name}'s {machine.max_gpus} GPUs; use at most that many")
     validate_plan(plan, model, gpus)
-    if plan.fp8 and not machine.device.empirical_gemm_fp8_flop_per_s:
-        raise TwinError(f"--plan: fp8=1 needs the device's FP8 GEMM rate, which {machine.name}'s file does not give "
-                        "(device.peak_fp8_tflop_per_s and empirical_gemm_fp8_tflop_per_s); use fp8=0 or add them")
+    if plan.fp8:
+        check_fp8_rate(machine, "--plan: fp8=1", "use fp8=0")
     resolved = resolve_micro_batch(model, plan, machine.device.hbm_bytes)
     return resolved, check_fit(model, resolved, machine.device.hbm_bytes, reserve=not measured)
 

@@ -186,8 +186,7 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
     model_state = model_state_bytes_per_param(plan.zero, plan.gradient_replicas) * stage_params(model, plan, stage) / tp
     layers = stage_layers(model.layers, plan, stage)
     if plan.fp8:  # the layers' linear weights' FP8 copies, kept beside the bf16 weights from step to step
-        linear_params = sum(k * n for _, k, n, _ in model.linear_shapes())
-        model_state += FP8_WEIGHT_COPY_BYTES * layers * linear_params / plan.weight_shards
+        model_state += FP8_WEIGHT_COPY_BYTES * layers * model.linear_weights_per_layer / plan.weight_shards
 
     block_params = model.params_per_layer / (plan.gx * plan.gy)
     largest_linear = max(k * n for _, k, n, _ in model.linear_shapes()) / (plan.gx * plan.gy)

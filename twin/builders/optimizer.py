@@ -74,6 +74,5 @@ class OptimizerWriter(StageBase):
 
     def fp8_weights(self) -> float:
         """Elements of the (x, y) weight blocks of this stage's FP8 linears: the layers', not the LM head's."""
-        per_layer = sum(k * n for _, k, n, _ in self.model.linear_shapes())
         layers = sum(len(chunk) for chunk in self.chunks)
-        return layers * per_layer / (self.sizes["x"] * self.sizes["y"])
+        return layers * self.model.linear_weights_per_layer / (self.sizes["x"] * self.sizes["y"])

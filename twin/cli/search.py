@@ -28,6 +28,7 @@ def _switches(text: str, flag: str) -> tuple[bool, ...]:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from topologies.overrides import describe_overrides
+    from twin.build import check_fp8_rate
     from twin.figures import landscape_figure
     from twin.search.batch import sequences_for_tokens
     from twin.search.rank import search
@@ -52,9 +53,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                         sp=_switches(args.sp, "--sp"), tpo=_switches(args.tpo, "--tpo"),
                         odp=_switches(args.odp, "--odp"), dpouter=_switches(args.dpouter, "--dpouter"),
                         cpcomm=comma_words(args.cpcomm), fp8=_switches(args.fp8, "--fp8"))
-    if True in space.fp8 and not machine.device.empirical_gemm_fp8_flop_per_s:
-        raise TwinError(f"--fp8: {machine.name}'s file gives no FP8 GEMM rate (device.peak_fp8_tflop_per_s and "
-                        "empirical_gemm_fp8_tflop_per_s); use --fp8 0 or add them")
+    if True in space.fp8:
+        check_fp8_rate(machine, "--fp8 1", "use --fp8 0")
     bar = ProgressBar(shows_progress(args))
     moves = None
     try:

@@ -59,11 +59,10 @@ def _parameters(machine: Machine) -> dict[str, FitParameter]:
                      start=1.0),
         FitParameter("device.hbm_efficiency", 0.1, 1.0, "achieved / peak HBM bandwidth of element-wise work"),
         FitParameter("device.attention_efficiency", 0.05, 1.0, "fused attention rate / empirical GEMM rate"),
-    ) + tuple(  # the FP8 GEMM rate, where the file gives one: runs with fp8=1 plans pin it down
+    ) + ((  # the FP8 GEMM rate, where the file gives one: runs with fp8=1 plans pin it down
         FitParameter("device.empirical_gemm_fp8_tflop_per_s", dev.empirical_gemm_fp8_flop_per_s / 5e12,
-                     dev.peak_fp8_flop_per_s / 1e12, "FP8 GEMM rate at large shapes (fp8=1 plans' linears)")
-        for _ in range(1 if dev.empirical_gemm_fp8_flop_per_s else 0)
-    ) + tuple(
+                     dev.peak_fp8_flop_per_s / 1e12, "FP8 GEMM rate at large shapes (fp8=1 plans' linears)"),
+    ) if dev.empirical_gemm_fp8_flop_per_s else ()) + tuple(
         FitParameter(path, 0.02, 1.0, f"achieved / peak bandwidth of {path.rsplit('.', 1)[1]} links: the collective "
                      "library's reach at that level")
         for path in link_parameters(machine))}

@@ -103,9 +103,7 @@ class ComputeModel:
         measurements)."""
         if gemm.dtype == FP8:  # normalised where the FP8 rate was measured, so larger GEMMs run a little faster;
             dev = self.device  # never above the FP8 peak
-            shape = self._shape_efficiency(gemm.m, gemm.n, gemm.k, gemm.batch, FP8_K_HALF_SCALE)
-            efficiency = shape / self._reference_efficiency_fp8 * self._layout_efficiency(
-                gemm.m, gemm.n, gemm.k, gemm.layout, gemm.tunable)
+            efficiency = self._modelled(gemm.m, gemm.n, gemm.k, gemm.layout, gemm.tunable, gemm.batch, fp8=True)
             rate = dev.empirical_gemm_fp8_flop_per_s
             return min(efficiency, dev.peak_fp8_flop_per_s / rate) if rate else efficiency
         if not self.device.gemm_measured:
@@ -114,8 +112,13 @@ class ComputeModel:
         best = max(self._measured(gemm.m, gemm.n, gemm.k, layout, gemm.batch) for layout in layouts)
         return min(best, self.device.peak_flop_per_s / self.device.empirical_gemm_flop_per_s)
 
-    def _modelled(self, m: int, n: int, k: int, layout: str, tunable: bool, batch: int = 1) -> float:
-        shape = self._shape_efficiency(m, n, k, batch) / self._reference_efficiency
+    def _modelled(self, m: int, n: int, k: int, layout: str, tunable: bool, batch: int = 1, fp8: bool = False
+                  ) -> float:
+        """The shape model's efficiency relative to the GEMM its dtype's rate was measured on, times the layout's."""
+        if fp8:
+            shape = self._shape_efficiency(m, n, k, batch, FP8_K_HALF_SCALE) / self._reference_efficiency_fp8
+        else:
+            shape = self._shape_efficiency(m, n, k, batch) / self._reference_efficiency
         return shape * self._layout_efficiency(m, n, k, layout, tunable)
 
     def _layout_efficiency(self, m: int, n: int, k: int, layout: str, tunable: bool) -> float:
