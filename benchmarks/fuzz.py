@@ -7,7 +7,7 @@ value), a small GPT-style model (any head count, odd vocabularies and ffn
 sizes, sometimes a dtype, grouped-query attention, Llama's layer, an untied
 head, no dropout), a plan over every axis and switch (degrees that do not
 divide, GPU counts that do not match, context parallelism, interleaving,
-uneven pipeline splits, ZeRO, recompute, attention kinds, the overlaps, rank
+uneven pipeline splits, ZeRO, recompute (of every layer or some), attention kinds, the overlaps, rank
 order, micro-batches) and a batch, runs `twin simulate --json` in
 this process and sorts the outcome:
 
@@ -72,7 +72,8 @@ DEGREES = (1, 1, 1, 2, 2, 3, 4, 6, 8)
 # Plan switches a case may add (each now and then, on top of the axes and the common keys above).
 SWITCHES = (("pemb", (0, 1)), ("ploss", (0, 1)), ("dpouter", (0, 1)), ("tpo", (0, 1)), ("odp", (0, 1)),
             ("reshard", (0, 1)), ("optimizer", ("megatron", "flat")), ("p2p", ("split", "full")),
-            ("cpcomm", ("p2p", "allgather")), ("fp8", (0, 1)), ("fp8recipe", ("current", "delayed")))
+            ("cpcomm", ("p2p", "allgather")), ("fp8", (0, 1)), ("fp8recipe", ("current", "delayed")),
+            ("rcl", (1, 2)))
 # Model-spec options a case may add: grouped-query attention, Llama's layer, the LM head, dropout.
 MODEL_OPTIONS = (("kv_heads", (1, 2, 3)), ("arch", ("gpt", "llama")), ("tied", (0, 1)), ("dropout", (0, 1)))
 
@@ -142,7 +143,8 @@ def _drop_inapplicable(plan: dict) -> None:
              "dpouter": plan["pp"] > 1 and plan["gdata"] > 1,
              "reshard": plan["gz"] > 1 or (plan.get("zero") == 3 and plan["gdata"] > 1),
              "odp": plan.get("zero", 0) != 3, "optimizer": plan.get("zero", 0) == 0 or plan.get("optimizer") != "flat",
-             "cpcomm": plan.get("cp", 1) > 1, "fp8recipe": plan.get("fp8") == 1}
+             "cpcomm": plan.get("cp", 1) > 1, "fp8recipe": plan.get("fp8") == 1,
+             "rcl": plan.get("recompute", "full") == "full" and not plan.get("reshard")}
     for key, allowed in rules.items():
         if key in plan and not allowed:
             del plan[key]

@@ -19,7 +19,8 @@ micro-batches Meta tuned. What it leaves open, taken as the twin's fastest
 candidates): the micro-batch (1 or 2 sequences), the interleaved chunks (1,
 2, 4 or 8: the divisors of the 8 slots a stage), whether the sequence-
 parallel gathers run under their GEMMs (tpo) and the least recompute that
-fits. Assumed, not stated: sequence parallelism over the tensor-parallel
+fits (none, or full of the first 1, 2, ... layers of each chunk: rcl,
+benchmarks/open_settings.py). Assumed, not stated: sequence parallelism over the tensor-parallel
 ranks (sp=1) and flash attention.
 
 The machine is topologies/mpt-h100-80g.toml (8 H100 SXM 80 GB a node on

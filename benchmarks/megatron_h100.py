@@ -16,7 +16,8 @@ for throughput, so each run is predicted as the fastest, by the twin, of the
 settings it leaves open (mbs 1, 2 or 4 dividing the sequences per data-parallel
 rank; vpp 1 or any divisor of the layers per stage up to MAX_CHUNKS, with the
 micro-batches a multiple of pp as Megatron requires; the least recompute that
-fits: none, then selective, then full), as the AxoNN rows are the fastest of
+fits: none, selective, full of the first 1, 2, ... layers of each chunk, then
+full), as the AxoNN rows are the fastest of
 AxoNN's candidates. Flash attention (Transformer Engine's), bf16, GPT-style
 layers with the LM head untied (`tied=0`: the table's parameter counts say
 so, tests/test_model.py), which adds one V x h table's gradient and

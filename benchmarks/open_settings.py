@@ -21,11 +21,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from twin.errors import TwinError  # noqa: E402
 from twin.memory import memory_per_gpu, usable_bytes  # noqa: E402
 from twin.micro_batches import simulate_step  # noqa: E402
+from twin.model import ModelSpec  # noqa: E402
+from twin.pipeline_split import most_chunk_layers  # noqa: E402
 from twin.plan import ParallelPlan, parse_plan  # noqa: E402
 from twin.plan_checks import validate_plan  # noqa: E402
 from twin.runs import MeasuredRun  # noqa: E402
 
-RECOMPUTE = ("none", "selective", "full")  # in this order: of each setting, the least recompute that fits is taken
+
+def recompute_options(model: ModelSpec, plan: ParallelPlan) -> list[str]:
+    """The recompute settings from least to most: none, selective, full recompute of the first 1, 2, ... layers of
+    each model chunk (rcl, Megatron-Core's --recompute-method block), then of all of them."""
+    partial = [f"full,rcl={n}" for n in range(1, most_chunk_layers(model.layers, plan))]
+    return ["none", "selective", *partial, "full"]
 
 
 def fastest(run: MeasuredRun, machine, settings: list[str]) -> tuple[float, str]:
@@ -33,12 +40,13 @@ def fastest(run: MeasuredRun, machine, settings: list[str]) -> tuple[float, str]
     least recompute that fits: (step seconds, plan)."""
     best: tuple[float, str] | None = None
     for base in settings:
-        for recompute in RECOMPUTE:
+        plan = parse_plan(f"{base},recompute=none", ParallelPlan(global_batch=run.plan.global_batch))
+        try:
+            validate_plan(plan, run.model, run.gpus)
+        except TwinError:
+            continue
+        for recompute in recompute_options(run.model, plan):
             plan = parse_plan(f"{base},recompute={recompute}", ParallelPlan(global_batch=run.plan.global_batch))
-            try:
-                validate_plan(plan, run.model, run.gpus)
-            except TwinError:
-                break
             if memory_per_gpu(run.model, plan).total > usable_bytes(machine.device.hbm_bytes):
                 continue
             step = simulate_step(run.model, plan, machine, run.gpus).step_time_s

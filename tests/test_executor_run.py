@@ -124,6 +124,15 @@ def test_numerics_pass_with_sequence_parallelism(tmp_path):
     assert result["linears_per_rank"] == [9, 9]
 
 
+def test_numerics_pass_with_only_the_first_layer_recomputed(tmp_path):
+    """rcl=1: layer 0 reruns its forward before its backward, layer 1 keeps its activations."""
+    schedule, path = export(tmp_path, "gx=2,mbs=1,recompute=full,rcl=1", 2)
+    assert {op.tag.layer for op in schedule.programs[0].ops if op.tag.phase == "rc" and op.tag.layer is not None} \
+        == {0}
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+
+
 def test_unfused_attention_with_selective_recompute_runs_and_its_numerics_pass(tmp_path):
     """The unfused core attention's batched GEMMs and element-wise kernels run as scratch kernels between the
     checked linears."""

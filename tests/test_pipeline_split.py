@@ -157,7 +157,8 @@ def test_interleaved_activations_count_what_each_chunk_holds():
 
     model = get_model("Llama-3.1-405B")
     plan = ParallelPlan(gx=8, pp=16, vpp=8, pemb=True, ploss=True, mbs=1, ga=32, global_batch=32)
-    assert in_flight_layers(model, plan, 0) == 143 - 31
-    assert in_flight_layers(model, plan, 1) == 141
+    assert in_flight_layers(model, plan, 0) == (143 - 31, 0)  # (recomputed, kept): full recompute
+    assert in_flight_layers(model, plan, 1) == (141, 0)
     even = replace(plan, pemb=False, ploss=False)
-    assert in_flight_layers(replace(model, layers=128), even, 0) == 143
+    assert in_flight_layers(replace(model, layers=128), even, 0) == (143, 0)
+    assert in_flight_layers(model, replace(plan, recompute="none"), 1) == (0, 141)

@@ -5,7 +5,7 @@ through the builder) and on, and the two schedules must be equal: every
 program's ops, in order, with their ids, names, streams, works, dependencies
 and tags, and the groups. The plans cover every axis (4D, pipelines, 1F1B and
 interleaved, context parallelism, sequence parallelism, ZeRO 1-3), every
-overlap switch, each recompute and attention kind and micro-batches of one and
+overlap switch, each recompute and attention kind, recompute of some layers (rcl) and micro-batches of one and
 more sequences; each is checked to have copied blocks at all.
 """
 
@@ -41,6 +41,9 @@ PLANS = [
     "tp=2,pp=2,dp=2,zero=1,sp=1,mbs=2,ga=4",
     *(f"gx=2,gz=2,pp=2,mbs=1,ga=4,recompute=none,reshard=1,oag={g}" for g in (0, 1)),
     "gz=2,gdata=2,zero=3,mbs=1,ga=3,recompute=selective,attention=unfused,reshard=1",
+    "gx=2,gz=2,pp=2,vpp=2,mbs=1,ga=4,rcl=1",  # only the first layer of each chunk recomputes
+    "gx=2,gz=2,gdata=2,mbs=1,ga=3,rcl=5,oag=0",
+    "tp=2,pp=2,dp=2,sp=1,fp8=1,mbs=1,ga=4,rcl=2",
 ]
 
 

@@ -33,7 +33,7 @@ IR_DTYPES = (*DTYPE_BYTES, FP8)  # a model's dtypes, and fp8 (ParallelPlan.fp8's
 MAX_DIM = (1 << 31) - 1
 MAX_AMOUNT = 1e30  # FLOPs or bytes of one op or step: a zettascale step is 1e21; beyond this, ratios overflow
 _PLAN_COUNTS = {**{key: limits.DEGREE for key in axes.KEYS}, "vpp": limits.DEGREE, "global_batch": limits.SEQUENCES,
-                "mbs": limits.SEQUENCES, "ga": limits.SEQUENCES}
+                "mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "rcl": limits.RECOMPUTED_LAYERS}
 _PLAN_WORDS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
                "p2p": PIPELINE_TRANSFER_KINDS, "cpcomm": CP_COMM_KINDS, "fp8recipe": FP8_RECIPES}
 

@@ -48,6 +48,7 @@ SEQUENCES = Range(1, 1_000_000_000, "sequences")
 TOKENS = Range(1, 10**12, "tokens")
 SEQ_LEN = Range(1, 10_000_000, "tokens")
 LAYERS = Range(1, 100_000, "layers")
+RECOMPUTED_LAYERS = Range(0, 100_000, "layers (0: every layer)")  # ParallelPlan.rcl
 WIDTH = Range(1, 10_000_000, "")  # hidden, heads, ffn
 VOCAB = Range(1, 100_000_000, "tokens")
 DEGREE = Range(1, 10_000_000, "")  # a parallel degree

@@ -35,7 +35,11 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
   keeps all but the scores and rebuilds one layer's scores at a time in its
   backward; full keeps only each layer's input (2 m h/(gy r) bytes) and
   rebuilds one layer's whole set at a time. With flash attention selective
-  has nothing to drop, so it counts as none.
+  has nothing to drop, so it counts as none. Full recompute of the first
+  rcl layers of each model chunk (plan.rcl) keeps those layers' inputs and
+  the other layers' whole sets, and rebuilds one layer at a time; the
+  gathered weights of the layers that do not recompute stay for their
+  backward, as without recompute.
 - A pipeline stage holds the activations of its in-flight micro-batches:
   min(pp - s, m) under 1F1B (the first stage holds the most), and
   min(2 (pp - s - 1) + (vpp - 1) pp + 1, m vpp) model chunks under interleaving.
@@ -144,15 +148,14 @@ def residual_split(plan: ParallelPlan) -> int:
     return plan.gy * (plan.gx if plan.sp else 1)
 
 
-def kept_and_rebuilt_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) -> tuple[float, float]:
-    """(what each in-flight layer keeps, what one layer's backward rebuilds at a time), by plan.recompute."""
+def kept_and_rebuilt_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) -> tuple[float, float, float]:
+    """(what each in-flight layer that recomputes keeps, what each other in-flight layer keeps, what one layer's
+    backward rebuilds at a time), by plan.recompute."""
     working = layer_activation_bytes(model, plan, tokens)
-    if plan.recompute == "full":
-        return layer_input_bytes(model, plan, tokens), working
     if plan.recompute == "selective":
         scores = score_bytes(model, plan, tokens)
-        return working - scores, scores
-    return working, 0.0
+        return 0.0, working - scores, scores
+    return layer_input_bytes(model, plan, tokens), working, working if plan.recompute == "full" else 0.0
 
 
 def stage_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
@@ -167,17 +170,31 @@ def stage_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:
     return params
 
 
-def in_flight_layers(model: ModelSpec, plan: ParallelPlan, stage: int) -> int:
-    """Layers whose activations a stage holds at its peak: those of the forwards it runs before its first backward.
-    Interleaved, those forwards take the stage's chunks in turn, pp micro-batches each (Megatron's order), so a
-    chunk holding fewer layers (the embedding's or the loss's slot, pemb/ploss) counts for what it holds."""
+def in_flight_layers(model: ModelSpec, plan: ParallelPlan, stage: int) -> tuple[int, int]:
+    """Layers whose activations a stage holds at its peak, those of the forwards it runs before its first backward:
+    (how many recompute, how many keep everything). Interleaved, those forwards take the stage's chunks in turn,
+    pp micro-batches each (Megatron's order), so a chunk holding fewer layers (the embedding's or the loss's slot,
+    pemb/ploss) counts for what it holds. Of a chunk's layers the first plan.rcl recompute (all under full
+    recompute without rcl, none without recompute)."""
     micro_batches = max(plan.ga, 1)
     if plan.vpp == 1:
-        return min(plan.pp - stage, micro_batches) * stage_layers(model.layers, plan, stage)
-    forwards = min(2 * (plan.pp - stage - 1) + (plan.vpp - 1) * plan.pp + 1, micro_batches * plan.vpp)
-    sizes = [len(chunk_layers(model.layers, plan, stage, chunk)) for chunk in range(plan.vpp)]
-    rounds, rest = divmod(forwards, plan.pp * plan.vpp)
-    return rounds * plan.pp * sum(sizes) + sum(sizes[k // plan.pp] for k in range(rest))
+        forwards = [min(plan.pp - stage, micro_batches)]
+    else:
+        held = min(2 * (plan.pp - stage - 1) + (plan.vpp - 1) * plan.pp + 1, micro_batches * plan.vpp)
+        rounds, rest = divmod(held, plan.pp * plan.vpp)
+        forwards = [rounds * plan.pp + max(0, min(plan.pp, rest - chunk * plan.pp)) for chunk in range(plan.vpp)]
+    recomputed = kept = 0
+    for chunk, count in enumerate(forwards):
+        size, again = chunk_recompute(model, plan, stage, chunk)
+        recomputed += count * again
+        kept += count * (size - again)
+    return recomputed, kept
+
+
+def chunk_recompute(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int) -> tuple[int, int]:
+    """(layers, layers that recompute) of model chunk `chunk` on pipeline stage `stage`."""
+    size = len(chunk_layers(model.layers, plan, stage, chunk))
+    return size, plan.recomputed_layers(size)
 
 
 def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBreakdown:
@@ -192,14 +209,21 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
     largest_linear = max(k * n for _, k, n, _ in model.linear_shapes()) / (plan.gx * plan.gy)
     gathered = 0.0
     if plan.gathered_shards > 1:
-        kept_for_backward = plan.recompute != "full" and not plan.reshard
-        gathered = b * block_params * (layers if kept_for_backward else 1)
+        # the weights of the layers whose backward reads the forward's (reshard frees them, recompute gathers them
+        # again), and of the one block being recomputed
+        if plan.reshard or (plan.recompute == "full" and not plan.rcl):
+            held = 1
+        else:
+            recomputing = sum(chunk_recompute(model, plan, stage, chunk)[1] for chunk in range(plan.vpp))
+            held = layers - recomputing + (1 if recomputing else 0)
+        gathered = b * block_params * held
         gathered += b * largest_linear * (1 if plan.oag else 0)  # the next linear, prefetched
     gathered += b * largest_linear  # dW before its reduction
 
     tokens = plan.mbs * model.seq // plan.cp  # context parallelism splits every activation's tokens
-    kept, rebuilt = kept_and_rebuilt_bytes(model, plan, tokens)
-    activations = in_flight_layers(model, plan, stage) * kept + rebuilt
+    input_only, everything, rebuilt = kept_and_rebuilt_bytes(model, plan, tokens)
+    recomputed, kept = in_flight_layers(model, plan, stage)
+    activations = recomputed * input_only + kept * everything + rebuilt
     logits = LOGIT_BYTES_PER_ELEMENT * tokens * model.vocab / plan.gx if stage == plan.pp - 1 else 0.0
     return MemoryBreakdown(model_state, gathered, activations, logits, stage)
 

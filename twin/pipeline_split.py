@@ -63,6 +63,13 @@ def chunk_layers(layers: int, plan: PipelineShape, stage: int, chunk: int = 0) -
     return range(max(first, 0), min(first + per_chunk, layers))
 
 
+def most_chunk_layers(layers: int, plan: PipelineShape) -> int:
+    """The most transformer layers any model chunk holds (the end chunks hold fewer with pemb or ploss)."""
+    if is_even(plan):
+        return layers // (plan.pp * plan.vpp)
+    return max(len(chunk_layers(layers, plan, stage, chunk)) for stage in range(plan.pp) for chunk in range(plan.vpp))
+
+
 def stage_layers(layers: int, plan: PipelineShape, stage: int) -> int:
     """How many layers stage `stage` holds over all its chunks (memory asks per stage for every plan a search
     sizes: the even split without building ranges)."""

@@ -17,6 +17,15 @@ them, gradients summed over cp and gdata together (and ZeRO sharded over
 both). G = gx gy gz cp gdata pp. The degrees are the axes of twin.axes, which
 parsing, validation, `describe`, the mesh and the search all read.
 
+`rcl` recomputes only some layers (Megatron-Core's --recompute-method block
+with --recompute-num-layers N, with recompute=full): in each model chunk
+(the stage's layers, or each interleaved chunk's) the first rcl layers
+rerun their forward before their backward and keep only their input, the
+others keep every activation as without recompute. 0, the default, is
+every layer: full recompute as Korthikanti et al. count it. It sits
+between none and full in memory and in time, which is how runs whose
+activations would not fit without recompute avoid recomputing all of them.
+
 `attention` is the attention kernel the run uses: "flash" (one fused
 FlashAttention kernel per direction, what AxoNN and the Frontier paper ran:
 the default) or "unfused" (Megatron-LM's "core attention" before
@@ -140,6 +149,7 @@ class ParallelPlan:
     mbs: int = 0  # sequences per rank per micro-batch; 0 = derive
     ga: int = 0  # micro-batches per step (gradient accumulation); 0 = derive
     recompute: str = "full"
+    rcl: int = 0  # with recompute=full, only the first rcl layers of each model chunk recompute; 0 = every layer
     attention: str = "flash"  # ATTENTION_KINDS: the fused kernel, or Megatron's unfused core attention
     optimizer: str = "megatron"  # OPTIMIZER_KINDS: Megatron's mixed-precision optimizer, or DeepSpeed's flat fused one
     p2p: str = "split"  # P2P_KINDS: pipeline transfers cut over the tensor-parallel ranks, or whole on each
@@ -205,6 +215,17 @@ class ParallelPlan:
     def overlap(self) -> bool:
         return self.oar or self.ors or self.oag
 
+    def recomputes(self, position: int) -> bool:
+        """Whether the layer at `position` (0-based) within its model chunk reruns its forward before its
+        backward: every layer under full recompute, the first rcl of each chunk where rcl is given."""
+        return self.recompute == "full" and (self.rcl == 0 or position < self.rcl)
+
+    def recomputed_layers(self, chunk_layers: int) -> int:
+        """How many of a model chunk's `chunk_layers` layers recompute (those `recomputes` says so of)."""
+        if self.recompute != "full":
+            return 0
+        return chunk_layers if self.rcl == 0 else min(self.rcl, chunk_layers)
+
     def without_overlap(self) -> "ParallelPlan":
         return replace(self, oar=False, ors=False, oag=False)
 
@@ -246,17 +267,19 @@ class ParallelPlan:
         if self.fp8recipe != "current":  # as attention
             parts.append(f"fp8recipe={self.fp8recipe}")
         parts.append(f"recompute={self.recompute}")
+        if self.rcl:
+            parts.append(f"rcl={self.rcl}")
         for switch in ("oar", "ors", "oag"):
             parts.append(f"{switch}={int(getattr(self, switch))}")
         parts.append(f"tune={int(self.tune_gemm)}")
         return ",".join(parts)
 
 
-_INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero"}
+_INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero", "rcl"}
 # What each integer key counts (twin.limits). mbs and ga, when left out, are chosen by the twin: a user gives
 # them positive or not at all (no 0 meaning "choose").
 _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
-               "zero": limits.Range(0, 3, "(a ZeRO stage)")}
+               "zero": limits.Range(0, 3, "(a ZeRO stage)"), "rcl": limits.RECOMPUTED_LAYERS}
 _BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss", "dpouter", "fp8"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
@@ -267,7 +290,7 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(WORD_KEYS)
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
     """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,dpouter=..,
-    fp8=..,fp8recipe=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,recompute=..,oar=0,..,
+    fp8=..,fp8recipe=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,recompute=..,rcl=..,oar=0,..,
     tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so

@@ -62,6 +62,8 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
         raise TwinError(f"--plan: {split}")
     if plan.vpp > 1 and plan.pp == 1:
         raise TwinError("--plan: vpp > 1 (interleaved 1F1B) needs pipeline parallelism; set pp > 1 or vpp=1")
+    if plan.rcl:
+        _check_recomputed_layers(plan, model)
     for dimension in axes.DIMENSIONS:  # heads, kv_heads, hidden, ffn, vocab, seq: each split by the axes that say so
         for axis in axes.AXES:
             for rule in axis.divides:
@@ -99,6 +101,22 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
     micro_batches = plan.ga or (per_rank // plan.mbs if plan.mbs else 0)
     if micro_batches:
         validate_pipeline_micro_batches(plan, micro_batches)
+
+
+def _check_recomputed_layers(plan: ParallelPlan, model: ModelSpec) -> None:
+    """rcl (the first rcl layers of each model chunk recompute) needs full recompute, and fewer layers than a chunk
+    holds (as many is full recompute: the plan's text for it is rcl left out); FSDP's resharding, which regathers
+    the weights of the layers that do not recompute, is not modelled with it."""
+    if plan.recompute != "full":
+        raise TwinError(f"--plan: rcl={plan.rcl} has only the first rcl layers of each model chunk recompute in "
+                        f"full; it needs recompute=full (got recompute={plan.recompute}); add it or leave rcl out")
+    if plan.reshard:
+        raise TwinError("--plan: rcl with reshard=1 is not modelled (the layers that do not recompute would gather "
+                        "their weights again for the backward); use reshard=0 or leave rcl out")
+    most = pipeline_split.most_chunk_layers(model.layers, plan)
+    if plan.rcl >= most:
+        raise TwinError(f"--plan: rcl={plan.rcl} recomputes every layer of each model chunk (at most {most} a chunk "
+                        f"here), which is recompute=full alone; leave rcl out, or give fewer than {most}")
 
 
 def validate_pipeline_micro_batches(plan: ParallelPlan, micro_batches: int) -> None:

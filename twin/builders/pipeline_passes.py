@@ -5,9 +5,10 @@ them in twin.builders.pipeline's 1F1B or interleaved order, each forward
 from the embedding (first virtual stage) or a received activation through
 the chunk's blocks to the loss (last virtual stage) or a send, each backward
 the other way, with the recompute of full recompute before each block's
-backward. Pipeline transfers carry the residual stream's share on this rank
-(tokens x hidden / (gy [x gx with sp])); sends never block compute, receives
-do. Without sequence parallelism every tensor-parallel rank holds the whole
+backward (only the chunk's first plan.rcl blocks', where rcl is given).
+Pipeline transfers carry the residual stream's share on this rank (tokens x
+hidden / (gy [x gx with sp])); sends never block compute, receives do.
+Without sequence parallelism every tensor-parallel rank holds the whole
 residual stream, and Megatron sends a 1/gx slice of it from each and
 all-gathers the slices after the receive (Megatron-LM's
 scatter_gather_tensors_in_pipeline, on by default, in Megatron-DeepSpeed's
@@ -118,7 +119,7 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         recompute = at.to("rc")
         last = mb == self.plan.ga - 1  # odp: each bucket reduced once its last gradient is in (no-op otherwise)
         for i, block in enumerate(blocks):
-            if self.plan.recompute == "full":
+            if self.plan.recomputes(len(blocks) - 1 - i):  # its position in the chunk (plan.rcl)
                 self.block_forward(recompute, block, None, None)
             after = order[4 * i + 4] if 4 * i + 4 < len(order) else None
             gathered = self.block_backward(at, block, gathered, after)
@@ -141,8 +142,8 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         forward, backward = self.pass_of("fwd", 0, 0), self.pass_of("bwd", 0, 0)
         for block in self.chunks[0]:
             self.block_forward(forward, block, None, None)
-        for block in reversed(self.chunks[0]):
-            if self.plan.recompute == "full":
+        for position, block in reversed(list(enumerate(self.chunks[0]))):
+            if self.plan.recomputes(position):
                 self.block_forward(backward.to("rc"), block, None, None)
             self.block_backward(backward, block)
         return self.w.ops

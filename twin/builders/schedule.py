@@ -87,10 +87,11 @@ output linears):
   then masked, so unlike flash's causal kernel no GEMM skips the masked half.
 
 Recompute (plan.recompute): full reruns each block's forward right before its
-backward (above); selective (Korthikanti et al., arXiv 2205.05198, as
-Megatron's checkpointed core attention) reruns only the unfused core
-attention's forward, under the recompute tag, right before that layer's
-attention backward. Flash attention keeps nothing of size s^2 and already
+backward (above), or only the first plan.rcl blocks' of each model chunk
+(Megatron-Core's --recompute-method block); selective (Korthikanti et al.,
+arXiv 2205.05198, as Megatron's checkpointed core attention) reruns only the
+unfused core attention's forward, under the recompute tag, right before
+that layer's attention backward. Flash attention keeps nothing of size s^2 and already
 recomputes its scores inside its backward kernel, so with flash selective
 recomputes nothing: the schedule is the one without recompute.
 
