@@ -131,3 +131,22 @@ def test_an_exported_schedule_keeps_rcl(tmp_path):
     path = tmp_path / "step.json"
     save_schedule(schedule, str(path))
     assert load_schedule(str(path)).info.plan.rcl == 1
+
+
+def test_search_tries_rcl_where_it_applies_and_its_bounds_hold():
+    """`twin search --rcl 0,1,2` with full recompute: each plan's bounds stay at or below its simulated step (the
+    screen counts no recompute where only some layers recompute; the full bound continues from chunks of rcl + 1
+    and rcl + 2 layers), and branch and bound ranks as simulating every plan does."""
+    from helpers import check_search_bounds_and_ranking
+    from twin.search.space import SearchSpace
+
+    model = parse_model_spec("layers=12,hidden=512,heads=8,seq=512,vocab=4096")
+    space = SearchSpace(axes=("gx", "gdata", "pp"), recompute=("none", "full"), vpp=(1, 2), rcl=(0, 1, 2, 12))
+    plans, _, every = check_search_bounds_and_ranking(model, load_machine("dgx-a100"), 8, 32, space, top=5)
+    assert len({p.describe() for p in plans}) == len(plans)  # rcl=12 is every layer: the rcl=0 plans, once
+    assert {p.rcl for p in plans} == {0, 1, 2}
+    for p in plans:
+        assert p.rcl == 0 or (p.recompute == "full" and p.rcl < model.layers // (p.pp * p.vpp))
+    assert "rcl 0,1,2,12" in space.describe()
+    with pytest.raises(TwinError, match="--rcl must list layer counts of 0 or more"):
+        SearchSpace(rcl=(-1,))

@@ -52,7 +52,8 @@ def cmd_search(args: argparse.Namespace) -> int:
                         mbs=_ints(args.mbs, "--mbs") if args.mbs != "auto" else (), vpp=_ints(args.vpp, "--vpp"),
                         sp=_switches(args.sp, "--sp"), tpo=_switches(args.tpo, "--tpo"),
                         odp=_switches(args.odp, "--odp"), dpouter=_switches(args.dpouter, "--dpouter"),
-                        cpcomm=comma_words(args.cpcomm), fp8=_switches(args.fp8, "--fp8"))
+                        cpcomm=comma_words(args.cpcomm), fp8=_switches(args.fp8, "--fp8"),
+                        rcl=_ints(args.rcl, "--rcl"))
     if True in space.fp8:
         check_fp8_rate(machine, "--fp8 1", "use --fp8 0")
     bar = ProgressBar(shows_progress(args))
@@ -133,6 +134,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--zero", default="0", help="ZeRO stages to try over gdata, e.g. 0,1 (default 0)")
     p.add_argument("--recompute", default="full",
                    help="recompute modes to try, from full,selective,none (default full)")
+    p.add_argument("--rcl", default="0",
+                   help="with full recompute, how many layers of each model chunk recompute, to try: e.g. 0,1,2 "
+                   "(Megatron-Core's --recompute-method block --recompute-num-layers; 0, the default: every layer; "
+                   "a count applies where a chunk holds more layers)")
     p.add_argument("--reshard", default="0",
                    help="FSDP's resharding to try: 0 keeps sharded weights gathered for the backward (AxoNN, "
                    "SHARD_GRAD_OP), 1 gathers them again (FULL_SHARD: less memory, one more all-gather per linear), "

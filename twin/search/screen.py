@@ -96,9 +96,12 @@ from twin.search.passes import busiest_stream_s, least_per_layer_s, pass_chains_
 
 
 def grid_plan(plan: ParallelPlan) -> ParallelPlan:
-    """The plan reduced to what decides a layer's ops: its tensor-parallel grid, one micro-batch, no pipeline."""
+    """The plan reduced to what decides a layer's ops: its tensor-parallel grid, one micro-batch, no pipeline.
+    Where only some layers recompute (rcl), the least layer is one that does not: the grid's layers recompute
+    nothing (each number takes the least over the plan's layers)."""
+    partial = {"recompute": "none", "rcl": 0} if plan.rcl else {}
     return replace(plan, pp=1, vpp=1, pemb=False, ploss=False, dpouter=False, gdata=1, zero=0, ga=1,
-                   global_batch=plan.mbs * plan.gz)
+                   global_batch=plan.mbs * plan.gz, **partial)
 
 
 class ScreenModel:

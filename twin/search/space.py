@@ -31,7 +31,9 @@ ZeRO 0-2 synchronises more than one replica, the ranks' order (each
 pipeline on consecutive GPUs, the replicas outermost) where there are both
 stages and replicas, and (--cpcomm) context parallelism's K/V all-gathered
 instead of passed in a ring where cp > 1, and (--fp8) the layers' linears in
-FP8 on any plan.
+FP8 on any plan. --rcl adds full recompute of only the first N layers of
+each model chunk (rcl=N) to the plans with full recompute, where N is fewer
+than a chunk's layers.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from twin import axes as axis_registry
 from twin.errors import TwinError
 from twin.memory import memory_per_gpu, usable_bytes
 from twin.model import ModelSpec
-from twin.pipeline_split import split_error
+from twin.pipeline_split import most_chunk_layers, split_error
 from twin.plan import CP_COMM_KINDS, RECOMPUTE_MODES, ZERO_STAGES, ParallelPlan, divisors, with_micro_batch
 from twin.plan_checks import validate_plan
 
@@ -75,6 +77,7 @@ class SearchSpace:
     dpouter: tuple[bool, ...] = (False,)  # ranks placed tp-cp-pp-dp (the replicas outermost), not tp-cp-dp-pp
     cpcomm: tuple[str, ...] = ("p2p",)  # context parallelism's K/V: a ring, or all-gathered (twin.plan.CP_COMM_KINDS)
     fp8: tuple[bool, ...] = (False,)  # the layers' linears in FP8 (twin.plan's fp8)
+    rcl: tuple[int, ...] = (0,)  # with full recompute, the layers of each chunk that recompute (0: all; twin.plan)
 
     def __post_init__(self) -> None:
         for axis in self.axes:
@@ -101,6 +104,8 @@ class SearchSpace:
             raise TwinError(f"--cpcomm must list some of {', '.join(CP_COMM_KINDS)}, e.g. p2p,allgather")
         if not self.vpp or any(v < 1 for v in self.vpp):
             raise TwinError("--vpp must list positive chunk counts, e.g. 1,2,4")
+        if not self.rcl or any(n < 0 for n in self.rcl):
+            raise TwinError("--rcl must list layer counts of 0 or more, e.g. 0,1,2 (0: every layer recomputes)")
 
     def describe(self) -> str:
         tp = f"tp {self.min_tp}..{self.max_tp or 'any'}"
@@ -110,7 +115,7 @@ class SearchSpace:
         options = "".join(f"; {flag} {','.join(str(int(v)) for v in getattr(self, flag))}"
                           for flag, default in (("reshard", (False,)), ("vpp", (1,)), ("sp", (False,)),
                                                 ("tpo", (False,)), ("odp", (False,)), ("dpouter", (False,)),
-                                                ("fp8", (False,)))
+                                                ("fp8", (False,)), ("rcl", (0,)))
                           if getattr(self, flag) != default)
         if self.cpcomm != ("p2p",):
             options += f"; cpcomm {','.join(self.cpcomm)}"
@@ -203,8 +208,8 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
             rejected[_reason(str(e))] += 1
             continue
         variants = [v for r in _reshard_variants(plan, space.reshard) for v in _schedule_variants(r, model, space)
-                    if (v.vpp, v.sp, v.tpo, v.odp, v.dpouter, v.cpcomm, v.fp8) == (1, False, False, False, False, "p2p",
-                                                                                   False)
+                    if (v.vpp, v.sp, v.tpo, v.odp, v.dpouter, v.cpcomm, v.fp8, v.rcl) == (1, False, False, False, False,
+                                                                                          "p2p", False, 0)
                     or _valid(v, model, gpus)]
         if not variants:
             rejected["no schedule option applies"] += 1
@@ -245,17 +250,28 @@ def _schedule_variants(plan: ParallelPlan, model: ModelSpec, space: SearchSpace)
     """`plan` with each asked-for chunk count, sequence parallelism, tensor- and data-parallel overlap and rank order
     that applies to it (vpp > 1 where the stages' layers split so and some micro-batch size makes whole rounds, sp
     where gx > 1 and gy = 1, tpo with sp, odp where ZeRO 0-2 synchronises more than one replica, dpouter where there
-    are both stages and replicas to order, cpcomm=allgather with cp > 1, fp8 everywhere), each distinct plan once."""
+    are both stages and replicas to order, cpcomm=allgather with cp > 1, fp8 everywhere, rcl with full recompute
+    and fewer than a chunk's layers), each distinct plan once."""
     chunks = [v if plan.pp > 1 and not split_error(model.layers, replace(plan, vpp=v))
               and _micro_batch_sizes(replace(plan, vpp=v), space) else 1 for v in space.vpp]
     sequence = dict.fromkeys(s and plan.gx > 1 and plan.gy == 1 for s in space.sp)
     overlap_dp = dict.fromkeys(o and plan.gradient_replicas > 1 and plan.zero in (0, 1, 2) for o in space.odp)
     order = dict.fromkeys(d and plan.pp > 1 and plan.gdata > 1 for d in space.dpouter)
     kv = dict.fromkeys(c if plan.cp > 1 else "p2p" for c in space.cpcomm)
-    return [replace(plan, vpp=vpp, sp=sp, tpo=tpo, odp=odp, dpouter=dpouter, cpcomm=cpcomm, fp8=fp8)
+    return [replace(plan, vpp=vpp, sp=sp, tpo=tpo, odp=odp, dpouter=dpouter, cpcomm=cpcomm, fp8=fp8, rcl=rcl)
             for vpp in dict.fromkeys(chunks) for sp in sequence
             for tpo in dict.fromkeys(t and sp for t in space.tpo) for odp in overlap_dp for dpouter in order
-            for cpcomm in kv for fp8 in dict.fromkeys(space.fp8)]
+            for cpcomm in kv for fp8 in dict.fromkeys(space.fp8)
+            for rcl in _recomputed_layer_counts(replace(plan, vpp=vpp), model, space)]
+
+
+def _recomputed_layer_counts(plan: ParallelPlan, model: ModelSpec, space: SearchSpace) -> list[int]:
+    """The asked-for rcl that apply to `plan`: with full recompute, 0 (every layer) and counts below a chunk's
+    layers; otherwise 0 alone."""
+    if plan.recompute != "full" or plan.reshard:
+        return [0]
+    most = most_chunk_layers(model.layers, plan)
+    return list(dict.fromkeys(n if n < most else 0 for n in space.rcl))
 
 
 def _reshard_variants(plan: ParallelPlan, reshard: tuple[bool, ...]) -> list[ParallelPlan]:
