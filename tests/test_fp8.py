@@ -97,6 +97,24 @@ def test_each_linear_quantises_its_own_rows_of_input_and_output_gradient(h100, r
 
 
 @pytest.mark.parametrize("tpo", [0, 1])
+def test_current_scaling_reduces_the_amax_of_what_sequence_parallelism_gathers(h100, tpo):
+    """Transformer Engine's current scaling all-reduces (MAX) the amax of a column-parallel linear's input and a
+    row-parallel linear's output gradient over the tensor-parallel ranks, whose FP8 gather needs one scale: one
+    fp32 over x per such quantisation, before the gather; delayed scaling and plans without sp reduce none."""
+    def amaxes(extra):
+        return {(op.tag.block, op.tag.phase): op.work for op in layer_ops(h100, True, extra)
+                if op.tag.role == "amax_x"}
+    reduced = amaxes(f",tpo={tpo}")
+    assert set(reduced) == {("qkv", "fwd"), ("mlp_up", "fwd"), ("attn_out", "bwd"), ("mlp_down", "bwd")}
+    for work in reduced.values():
+        assert (work.kind, work.group, work.nbytes, work.dtype) == ("all_reduce", "x", 4, "fp32")
+    assert amaxes(",fp8recipe=delayed") == {}
+    without_sp = parse_plan(BASE.replace("sp=1", "sp=0") + ",fp8=1", ParallelPlan(global_batch=4))
+    program = build_step(MODEL, without_sp, h100, 2 * TP).schedule.programs[0]
+    assert not any(op.tag.role == "amax_x" for op in program.ops)
+
+
+@pytest.mark.parametrize("tpo", [0, 1])
 def test_sequence_parallel_gathers_move_one_byte_per_element(h100, tpo):
     def gathers(fp8):
         return {(op.tag.block, op.tag.role, op.tag.phase): op.work for op in layer_ops(h100, fp8, f",tpo={tpo}")

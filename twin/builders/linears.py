@@ -12,8 +12,10 @@ next linear's weights are gathered (oag).
 With fp8 (ParallelPlan.fp8) a layer's linears quantise their input in the
 forward and their output's gradient in the backward ("fp8_in", "fp8_grad"),
 on the rank's own rows before any sequence-parallel gather, which then moves
-the 1-byte copies; their forward, dI and dW GEMMs run in FP8. The
-reductions of outputs and input gradients stay in the model's dtype.
+the 1-byte copies (under current scaling after an all-reduce of the
+tensor's amax over x, so that every rank casts with one scale); their
+forward, dI and dW GEMMs run in FP8. The reductions of outputs and input
+gradients stay in the model's dtype.
 
 With tpo (Megatron-Core's --tp-comm-overlap: Transformer Engine splits the
 GEMM into gx chunks along the tokens and moves one chunk's rows while it
@@ -29,7 +31,7 @@ device's compute (comm_compute_slowdown) applies while both run.
 
 from __future__ import annotations
 
-from twin.builders.megatron_kernels import BIAS_GRAD_BYTES, FP8_QUANTIZE_BYTES
+from twin.builders.megatron_kernels import BIAS_GRAD_BYTES, FP8_AMAX_BYTES, FP8_QUANTIZE_BYTES
 from twin.builders.stage import Linear, StageBase
 from twin.builders.tags import Pass
 from twin.ir import FP8, Collective, Gemm, OpTag
@@ -62,7 +64,7 @@ class LinearWriter(StageBase):
         rows, k_loc, n_loc = self.gemm_dims(lin)
         tune, tpo, dtype = self.plan.tune_gemm, self.overlaps_tp(lin), self.gemm_dtype(lin)
         gathered_input = sp and not lin.transposed  # sequence-parallel input gathered before a column-parallel linear
-        self.quantize(at, lin, "fp8_in", rows * k_loc / (self.sizes["x"] if gathered_input else 1))
+        self.quantize(at, lin, "fp8_in", rows * k_loc / (self.sizes["x"] if gathered_input else 1), gathered_input)
         if gathered_input:
             nbytes = self.gathered_bytes(lin) * rows * k_loc
             if tpo:
@@ -109,12 +111,18 @@ class LinearWriter(StageBase):
         name, tag = self.named(at, lin, f"{role}_tail")
         w.compute(name, Gemm(last, n, k, layout, dtype, tunable=tune), tag=tag)
 
-    def quantize(self, at: Pass, lin: Linear, role: str, elements: float) -> None:
+    def quantize(self, at: Pass, lin: Linear, role: str, elements: float, gathered: bool) -> None:
         """Under plan.fp8, Transformer Engine's quantisation of `elements` of the linear's input ("fp8_in") or
         output gradient ("fp8_grad") before its GEMMs (and before their sequence-parallel gather): the cast to the
-        row-wise and transposed FP8 copies, after an amax pass under current scaling (twin.builders.megatron_kernels)."""
-        if self.gemm_dtype(lin) == FP8:
-            self.elementwise(*self.named(at, lin, role), elements, FP8_QUANTIZE_BYTES[self.plan.fp8recipe], 2)
+        row-wise and transposed FP8 copies, after an amax pass under current scaling (twin.builders.megatron_kernels).
+        A tensor sequence parallelism then gathers (`gathered`) shares one scale over the tensor-parallel ranks: under
+        current scaling its amax is all-reduced over x ("amax_x") between the amax pass and the cast; written after
+        the quantisation, whose two passes it separates, the chain to the gather takes as long."""
+        if self.gemm_dtype(lin) != FP8:
+            return
+        self.elementwise(*self.named(at, lin, role), elements, FP8_QUANTIZE_BYTES[self.plan.fp8recipe], 2)
+        if gathered and self.plan.fp8recipe == "current":
+            self.blocking(*self.named(at, lin, "amax_x"), "all_reduce", "x", FP8_AMAX_BYTES, "fp32")
 
     @property
     def regathers_backward(self) -> bool:
@@ -148,7 +156,8 @@ class LinearWriter(StageBase):
         rows, k_loc, n_loc = self.gemm_dims(lin)
         tune, dtype, gathered = plan.tune_gemm, self.gemm_dtype(lin), self.gathered_bytes(lin)
         regather = None
-        self.quantize(at, lin, "fp8_grad", rows * n_loc / (self.sizes["x"] if sp and lin.transposed else 1))
+        gathered_grad = sp and lin.transposed  # the output gradient arrives sequence-split: gathered in FP8
+        self.quantize(at, lin, "fp8_grad", rows * n_loc / (self.sizes["x"] if gathered_grad else 1), gathered_grad)
         if lin.transposed and self.overlaps_tp(lin):  # the gradient's gather under the dI GEMM's chunks
             self.gemm_under_gather(at, lin, "dI", rows, k_loc, n_loc, "NN", gathered * rows * n_loc)
         else:

@@ -83,6 +83,12 @@ ROPE_FLOPS = 3  # x cos + rotate_half(x) sin
 # the FP8 copy.
 FP8_QUANTIZE_BYTES = {"current": 2 + 2 + 1 + 1, "delayed": 2 + 1 + 1}
 FP8_GATHER_BYTES = 1  # per element of a sequence-parallel all-gather of a quantised tensor
+# Under current scaling a tensor that sequence parallelism gathers in FP8 needs one scale on every tensor-parallel
+# rank: Transformer Engine all-reduces its amax (one fp32, a MAX) over the tensor-parallel group between the amax
+# kernel and the cast, for a column-parallel linear's input and a row-parallel one's output gradient
+# (transformer_engine/pytorch/module/linear.py: set_quantizer_amax_reduction_group, TE 2.x). Delayed scaling takes
+# its scale from earlier steps and reduces nothing here.
+FP8_AMAX_BYTES = 4
 FP8_SAVED_INPUT_BYTES = 1  # per element of a linear's input kept for dW: its transposed FP8 copy (twin.memory)
 FP8_WEIGHT_COPY_BYTES = 2  # per weight: its FP8 copy in rows and transposed, kept beside the bf16 weight (twin.memory)
 

@@ -17,7 +17,9 @@ real tensors by (block, role). The words:
   "ag_zdata" (ZeRO-3) and the gradient's reduce-scatter "rs_z" or
   "rs_zdata", the output's or dI's all-reduce "ar_x" / "ar_y", sequence
   parallelism's "ag_x", "ag_in_x", "rs_x" (SEQUENCE_ROLES), and under fp8
-  the quantisations of its input and output gradient "fp8_in", "fp8_grad".
+  the quantisations of its input and output gradient "fp8_in", "fp8_grad",
+  and, for one that sequence parallelism gathers, its amax's all-reduce
+  "amax_x".
 - a module's roles: its kernels, "fwd" for the module's own forward kernel
   (ln1, gelu, the flash kernel), "bwd" for its backward, and the others by
   what they do ("q_copy", "scores", "softmax_bwd", "bwd_params_sum",
