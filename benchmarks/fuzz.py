@@ -73,7 +73,7 @@ DEGREES = (1, 1, 1, 2, 2, 3, 4, 6, 8)
 SWITCHES = (("pemb", (0, 1)), ("ploss", (0, 1)), ("dpouter", (0, 1)), ("tpo", (0, 1)), ("odp", (0, 1)),
             ("reshard", (0, 1)), ("optimizer", ("megatron", "flat")), ("p2p", ("split", "full")),
             ("cpcomm", ("p2p", "allgather")), ("fp8", (0, 1)), ("fp8recipe", ("current", "delayed")),
-            ("rcl", (1, 2)))
+            ("rcl", (1, 2)), ("fp8pg", (0, 1)))
 # Model-spec options a case may add: grouped-query attention, Llama's layer, the LM head, dropout.
 MODEL_OPTIONS = (("kv_heads", (1, 2, 3)), ("arch", ("gpt", "llama")), ("tied", (0, 1)), ("dropout", (0, 1)))
 
@@ -144,7 +144,8 @@ def _drop_inapplicable(plan: dict) -> None:
              "reshard": plan["gz"] > 1 or (plan.get("zero") == 3 and plan["gdata"] > 1),
              "odp": plan.get("zero", 0) != 3, "optimizer": plan.get("zero", 0) == 0 or plan.get("optimizer") != "flat",
              "cpcomm": plan.get("cp", 1) > 1, "fp8recipe": plan.get("fp8") == 1,
-             "rcl": plan.get("recompute", "full") == "full" and not plan.get("reshard")}
+             "rcl": plan.get("recompute", "full") == "full" and not plan.get("reshard"),
+             "fp8pg": plan.get("fp8") == 1 and plan.get("zero") in (1, 2) and plan["gdata"] > 1}
     for key, allowed in rules.items():
         if key in plan and not allowed:
             del plan[key]

@@ -136,6 +136,50 @@ def test_the_weights_are_quantised_once_a_step(h100):
     assert casts[0].nbytes == pytest.approx(QUANTIZE_BYTES["current"] * MODEL.layers * per_layer / TP)
 
 
+@pytest.mark.parametrize("odp", [0, 1])
+def test_fp8_param_gather_quantises_the_shard_gathers_in_fp8_and_transposes_after(h100, odp):
+    """fp8pg=1 (--fp8-param-gather) under ZeRO-1 over dp=2: the shard (half the linears' weights) quantised from
+    the fp32 master weights (an amax read of 4 bytes, a cast reading 4 and writing 1), the four weights' amaxes a
+    layer all-reduced over data, each layer's bucket gathered with its linear weights in FP8 (its norms in bf16),
+    then each gathered layer's transposed copy made (1 byte read, 1 written) after its gather: at the step's end,
+    or with odp under the next forward, before the layer's first use."""
+    per_layer = MODEL.linear_weights_per_layer
+    gathered = build_step(MODEL, plan(True, f",zero=1,odp={odp},fp8pg=1"), h100, 2 * TP).schedule.programs[0]
+    ops = gathered.ops
+    casts = [op.work for op in ops if op.tag.role == "fp8_weights"]
+    assert len(casts) == 1 and casts[0].nbytes == pytest.approx((4 + 4 + 1) * MODEL.layers * per_layer / TP / 2)
+    amax = [op.work for op in ops if op.tag.role == "fp8_amax"]
+    assert [(w.kind, w.group, w.nbytes, w.dtype) for w in amax] == [("all_reduce", "data", 4 * 4 * MODEL.layers,
+                                                                     "fp32")]
+    layer_gathers = {op.tag.layer: op for op in ops if op.tag.role == "ag_data" and op.tag.block == "layer"}
+    assert set(layer_gathers) == set(range(MODEL.layers))
+    for op in layer_gathers.values():
+        norms = MODEL.params_per_layer - per_layer
+        assert op.work.nbytes == pytest.approx((1 * per_layer + MODEL.dtype_bytes * norms) / TP)
+        assert op.work.dtype == FP8
+    embed = next(op for op in ops if op.tag.role == "ag_data" and op.tag.block == "embed")
+    assert embed.work.dtype == MODEL.dtype  # not an FP8 linear
+    transposes = {op.tag.layer: op for op in ops if op.tag.role == "fp8_transpose"}
+    assert set(transposes) == set(range(MODEL.layers))
+    for layer, op in transposes.items():
+        assert op.work.nbytes == pytest.approx(2 * per_layer / TP)
+        assert layer_gathers[layer].id in op.deps  # waits for its layer's gather
+    plain = build_step(MODEL, plan(True, f",zero=1,odp={odp}"), h100, 2 * TP).schedule.programs[0]
+    assert not any(op.tag.role in ("fp8_transpose", "fp8_amax") for op in plain.ops)
+
+
+def test_fp8_param_gather_keeps_no_bf16_weights_and_needs_fp8_and_zero(h100):
+    """The FP8 weights are the weights: the model state loses the 2 bytes a weight that fp8=1 adds beside bf16."""
+    with_copies = stage_memory(MODEL, plan(True, ",zero=1"), 0).model_state
+    fp8_only = stage_memory(MODEL, plan(True, ",zero=1,fp8pg=1"), 0).model_state
+    assert with_copies - fp8_only == pytest.approx(2 * MODEL.layers * MODEL.linear_weights_per_layer / TP)
+    assert stage_memory(MODEL, plan(False, ",zero=1"), 0).model_state == pytest.approx(fp8_only)
+    for bad in (plan(False, ",zero=1,fp8pg=1"), plan(True, ",fp8pg=1")):
+        with pytest.raises(TwinError, match="fp8pg=1 .* needs fp8=1 and zero=1 or 2"):
+            validate_plan(bad, MODEL, 2 * TP)
+    assert "fp8=1,fp8pg=1" in plan(True, ",zero=1,fp8pg=1").describe()
+
+
 def test_an_fp8_gemm_runs_at_the_fp8_rate_where_it_was_measured_and_its_short_k_costs_more(h100):
     compute, dev = ComputeModel(h100.device), h100.device
     d = 8192

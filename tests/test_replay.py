@@ -44,6 +44,7 @@ PLANS = [
     "gx=2,gz=2,pp=2,vpp=2,mbs=1,ga=4,rcl=1",  # only the first layer of each chunk recomputes
     "gx=2,gz=2,gdata=2,mbs=1,ga=3,rcl=5,oag=0",
     "tp=2,pp=2,dp=2,sp=1,fp8=1,mbs=1,ga=4,rcl=2",
+    "tp=2,pp=2,dp=2,sp=1,fp8=1,fp8pg=1,zero=1,odp=1,mbs=1,ga=4",
 ]
 
 

@@ -53,7 +53,8 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
   weights.
 - FP8 linears (plan.fp8): each layer weight's FP8 copies, row-wise and
   transposed (2 B per parameter of the layers' linears, sharded as the
-  weights), as Transformer Engine keeps them from step to step; and each
+  weights), as Transformer Engine keeps them from step to step (under
+  fp8pg they are the weights: no bf16 copy, so no extra bytes); and each
   FP8 linear's input kept for its dW as the 1-byte transposed copy: in
   place of the model's dtype for the QKV's and the MLP's normed inputs,
   2h/(gy r), and the down projection's input, f/gx per token; beside it for
@@ -202,7 +203,7 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
     tp = plan.tensor_parallel_size
     model_state = model_state_bytes_per_param(plan.zero, plan.gradient_replicas) * stage_params(model, plan, stage) / tp
     layers = stage_layers(model.layers, plan, stage)
-    if plan.fp8:  # the layers' linear weights' FP8 copies, kept beside the bf16 weights from step to step
+    if plan.fp8 and not plan.fp8pg:  # the linear weights' FP8 copies beside the bf16 ones (fp8pg: instead of them)
         model_state += FP8_WEIGHT_COPY_BYTES * layers * model.linear_weights_per_layer / plan.weight_shards
 
     block_params = model.params_per_layer / (plan.gx * plan.gy)

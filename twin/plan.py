@@ -93,7 +93,12 @@ quantised: `current` scaling (--fp8-recipe tensorwise, the default: an amax
 pass, then a cast writing the row-wise and the transposed copy) or
 `delayed` scaling (--fp8-recipe delayed, Transformer Engine's only recipe
 before 2.0: the scale from earlier steps' amax, the new amax taken inside
-the cast, one pass).
+the cast, one pass). `fp8pg` is Megatron-Core's --fp8-param-gather (which
+Megatron-Bridge's current-scaling recipe sets): the layers' linear weights
+are kept in FP8 only (no bf16 copy), each rank quantises its own ZeRO shard
+from the fp32 master weights after the optimizer, ZeRO-1/2's gather of the
+updated weights moves them in FP8, and the transposed copy is made after
+the gather.
 
 `odp` overlaps the data-parallel synchronisation with the step: each
 gradient bucket (a layer's, the embedding's, the LM head's) is all-reduced or
@@ -166,6 +171,7 @@ class ParallelPlan:
     dpouter: bool = False  # ranks placed tp-cp-pp-dp (data-parallel replicas outermost), not tp-cp-dp-pp (twin.mesh)
     fp8: bool = False  # the layers' linears in FP8 (Transformer Engine)
     fp8recipe: str = "current"  # FP8_RECIPES: how fp8's tensors are quantised
+    fp8pg: bool = False  # the linears' weights kept, and ZeRO-1/2's weights gathered, in FP8 (--fp8-param-gather)
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -252,6 +258,8 @@ class ParallelPlan:
             parts.append("dpouter=1")
         if self.fp8:
             parts.append("fp8=1")
+        if self.fp8pg:
+            parts.append("fp8pg=1")
         if self.mbs:
             parts.append(f"mbs={self.mbs}")
         if self.ga:
@@ -280,7 +288,7 @@ _INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero", "rcl"}
 # them positive or not at all (no 0 meaning "choose").
 _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
                "zero": limits.Range(0, 3, "(a ZeRO stage)"), "rcl": limits.RECOMPUTED_LAYERS}
-_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss", "dpouter", "fp8"}
+_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss", "dpouter", "fp8", "fp8pg"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
 WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
@@ -290,7 +298,7 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(WORD_KEYS)
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
     """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,dpouter=..,
-    fp8=..,fp8recipe=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,recompute=..,rcl=..,oar=0,..,
+    fp8=..,fp8recipe=..,fp8pg=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,recompute=..,rcl=..,oar=0,..,
     tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so

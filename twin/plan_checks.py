@@ -54,6 +54,10 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
     if plan.fp8recipe != "current" and not plan.fp8:
         raise TwinError(f"--plan: fp8recipe={plan.fp8recipe} says how FP8 linears quantise their tensors; it needs "
                         "fp8=1; add it or leave fp8recipe out")
+    if plan.fp8pg and not (plan.fp8 and plan.zero in (1, 2)):
+        raise TwinError(f"--plan: fp8pg=1 keeps the linears' weights in FP8 and gathers ZeRO-1/2's updated weights "
+                        f"in FP8; it needs fp8=1 and zero=1 or 2 (got fp8={int(plan.fp8)}, zero={plan.zero}); add "
+                        "them or leave fp8pg out")
     if plan.dpouter and (plan.pp == 1 or plan.gdata == 1):
         raise TwinError("--plan: dpouter=1 places the data-parallel replicas outside the pipeline's stages; it needs "
                         f"pp > 1 and dp > 1 (got pp={plan.pp}, dp={plan.gdata}); leave it out")

@@ -16,15 +16,19 @@ waited here, and ZeRO-1/2's gathers of the updated weights are issued at the
 start of the step, the previous step's, each layer's first forward waiting for
 its own: the steady state of Megatron's --overlap-grad-reduce and
 --overlap-param-gather (PyTorch DDP's bucketed all-reduce for ZeRO-0).
+
+Under fp8pg (--fp8-param-gather) a layer's linear weights are gathered in
+FP8 and, once gathered, given their transposed FP8 copy.
 """
 
 from __future__ import annotations
 
 from functools import cached_property
 
+from twin.builders.megatron_kernels import FP8_GATHER_BYTES, FP8_TRANSPOSE_BYTES
 from twin.builders.stage import Bucket, StageBase
 from twin.builders.tags import STEP
-from twin.ir import Collective
+from twin.ir import FP8, Collective
 
 class DataParallelWriter(StageBase):
     """Writes the gradient synchronisation around the optimizer step."""
@@ -88,21 +92,33 @@ class DataParallelWriter(StageBase):
         op = self.weight_gathers.pop((block, layer), None)
         if op is not None:
             self.w.wait(op)
+            self.transpose_fp8_weights(block, layer)
 
     def gather_weights(self, buckets: list[Bucket]) -> None:
         """ZeRO-1/2: every rank needs the updated weights of the other shards back (with odp, at the start of the
         next step instead: prefetch_weights)."""
         if self.gathers_weights_ahead():
             return
-        for bucket in buckets:
-            self.w.wait(self.gather_bucket(*bucket))
+        for block, layer, params in buckets:
+            self.w.wait(self.gather_bucket(block, layer, params))
+            self.transpose_fp8_weights(block, layer)
 
     def gather_bucket(self, block: str, layer: int | None, params: float) -> int:
-        """One bucket's all-gather of the updated bf16 weights over the gradient group, issued."""
+        """One bucket's all-gather of the updated weights over the gradient group, issued: in the model's dtype, but
+        for a layer's linear weights in FP8 under fp8pg (twin.builders.megatron_kernels)."""
+        fp8 = self.plan.fp8pg and block == "layer"
+        linear = self.model.linear_weights_per_layer if fp8 else 0
+        nbytes = (self.b * (params - linear) + FP8_GATHER_BYTES * linear) / self.plan.tensor_parallel_size
         return self.w.collective(self.bucket_name(block, layer, "ag_data"), self.gradient_axis,
-                                 Collective("all_gather", self.gradient_axis, self.b * params /
-                                            self.plan.tensor_parallel_size, self.dtype),
+                                 Collective("all_gather", self.gradient_axis, nbytes, FP8 if fp8 else self.dtype),
                                  tag=STEP.tag(block, "ag_data", layer))
+
+    def transpose_fp8_weights(self, block: str, layer: int | None) -> None:
+        """fp8pg: a layer's gathered FP8 weights get their transposed copy (the dgrad and wgrad GEMMs read it)."""
+        if self.plan.fp8pg and block == "layer":
+            elements = self.model.linear_weights_per_layer / (self.sizes["x"] * self.sizes["y"])
+            self.elementwise(self.bucket_name(block, layer, "fp8_transpose"), STEP.tag(block, "fp8_transpose", layer),
+                             elements, FP8_TRANSPOSE_BYTES, 0)
 
     @staticmethod
     def bucket_name(block: str, layer: int | None, role: str) -> str:

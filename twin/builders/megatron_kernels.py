@@ -83,6 +83,13 @@ ROPE_FLOPS = 3  # x cos + rotate_half(x) sin
 # the FP8 copy.
 FP8_QUANTIZE_BYTES = {"current": 2 + 2 + 1 + 1, "delayed": 2 + 1 + 1}
 FP8_GATHER_BYTES = 1  # per element of a sequence-parallel all-gather of a quantised tensor
+# --fp8-param-gather (ParallelPlan.fp8pg): each rank quantises its shard of the linears' weights from the fp32
+# master weights (current scaling: an amax pass reading 4 bytes, then the cast reading 4 and writing the 1-byte
+# row-wise copy into the parameter buffer; delayed: the cast alone), and after the FP8 gather Transformer Engine
+# writes each weight's transposed copy (reading 1 byte, writing 1) [estimate, as above]. Under current scaling the
+# shards' amaxes are all-reduced (MAX) over the gradient group first, one fp32 per weight tensor, in one call.
+FP8_MASTER_QUANTIZE_BYTES = {"current": 4 + 4 + 1, "delayed": 4 + 1}
+FP8_TRANSPOSE_BYTES = 1 + 1
 # Under current scaling a tensor that sequence parallelism gathers in FP8 needs one scale on every tensor-parallel
 # rank: Transformer Engine all-reduces its amax (one fp32, a MAX) over the tensor-parallel group between the amax
 # kernel and the cast, for a column-parallel linear's input and a row-parallel one's output gradient

@@ -8,7 +8,9 @@ DeepSpeed's fused fp16 step instead (FLAT_OPTIMIZER_PASSES: three passes over
 one flat buffer, ZeRO 0 only). Under the plan's fp8, last, the layers'
 linear weights are quantised for the next step (Transformer Engine casts
 them in the first micro-batch's forward; here at the step's end, where the
-same time is spent on the same rank). The gradients' synchronisation
+same time is spent on the same rank); under fp8pg, each rank's ZeRO shard
+of them, from the fp32 master weights, before twin.builders.data_parallel
+gathers them in FP8. The gradients' synchronisation
 between the scaling and the step is twin.builders.data_parallel's. Ops are
 tagged with the pass "step" and no micro-batch.
 """
@@ -17,7 +19,8 @@ from __future__ import annotations
 
 from math import ceil
 
-from twin.builders.megatron_kernels import (FLAT_OPTIMIZER_PASSES, FP8_QUANTIZE_BYTES, FP16_GRAD_CAST_BYTES,
+from twin.builders.megatron_kernels import (FLAT_OPTIMIZER_PASSES, FP8_AMAX_BYTES, FP8_MASTER_QUANTIZE_BYTES,
+                                           FP8_QUANTIZE_BYTES, FP8_TRANSPOSE_BYTES, FP16_GRAD_CAST_BYTES,
                                            FP16_UNSCALE_PASS, OPTIMIZER_PASSES, main_grad_bytes)
 from twin.builders.stage import StageBase
 from twin.builders.tags import STEP
@@ -68,9 +71,26 @@ class OptimizerWriter(StageBase):
             passes.insert(0, FP16_UNSCALE_PASS)
         for name, nbytes, flops in passes:
             self.elementwise(f"optimizer.{name}", STEP.tag("optimizer", name), optimizer_params, nbytes, flops)
-        if self.plan.fp8:  # the updated weights quantised for the next step's FP8 GEMMs
+        if self.plan.fp8pg:
+            self.quantize_weight_shard(shards)
+        elif self.plan.fp8:  # the updated weights quantised for the next step's FP8 GEMMs
             self.elementwise("optimizer.fp8_weights", STEP.tag("optimizer", "fp8_weights"), self.fp8_weights(),
                              FP8_QUANTIZE_BYTES[self.plan.fp8recipe], 2)
+
+    def quantize_weight_shard(self, shards: int) -> None:
+        """fp8pg: this rank's shard of the linears' weights quantised from the fp32 master weights into the FP8
+        parameter buffer, under current scaling after the amaxes' all-reduce over the gradient group (module
+        docstring); without a gather to follow (one replica) the transposed copies are made here."""
+        recipe, group = self.plan.fp8recipe, self.gradient_axis
+        self.elementwise("optimizer.fp8_weights", STEP.tag("optimizer", "fp8_weights"), self.fp8_weights() / shards,
+                         FP8_MASTER_QUANTIZE_BYTES[recipe], 2)
+        if recipe == "current" and self.sizes[group] > 1:
+            tensors = 4 * sum(len(chunk) for chunk in self.chunks)  # the layers' four weights each
+            self.blocking("optimizer.fp8_amax", STEP.tag("optimizer", "fp8_amax"), "all_reduce", group,
+                          FP8_AMAX_BYTES * tensors, "fp32")
+        if self.sizes[group] == 1:  # fp8pg needs ZeRO-1/2: with more than one replica the gathers follow
+            self.elementwise("optimizer.fp8_transpose", STEP.tag("optimizer", "fp8_transpose"), self.fp8_weights(),
+                             FP8_TRANSPOSE_BYTES, 0)
 
     def fp8_weights(self) -> float:
         """Elements of the (x, y) weight blocks of this stage's FP8 linears: the layers', not the LM head's."""
