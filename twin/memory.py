@@ -212,11 +212,8 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
     if plan.gathered_shards > 1:
         # the weights of the layers whose backward reads the forward's (reshard frees them, recompute gathers them
         # again), and of the one block being recomputed
-        if plan.reshard or (plan.recompute == "full" and not plan.rcl):
-            held = 1
-        else:
-            recomputing = sum(chunk_recompute(model, plan, stage, chunk)[1] for chunk in range(plan.vpp))
-            held = layers - recomputing + (1 if recomputing else 0)
+        recomputing = sum(chunk_recompute(model, plan, stage, chunk)[1] for chunk in range(plan.vpp))
+        held = 1 if plan.reshard else layers - recomputing + (1 if recomputing else 0)
         gathered = b * block_params * held
         gathered += b * largest_linear * (1 if plan.oag else 0)  # the next linear, prefetched
     gathered += b * largest_linear  # dW before its reduction

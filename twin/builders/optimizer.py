@@ -29,13 +29,18 @@ from twin.builders.tags import STEP
 class OptimizerWriter(StageBase):
     """Writes what the optimizer does before the first micro-batch and after the last."""
 
+    @property
+    def held_layers(self) -> int:
+        """The transformer layers this stage holds, over all its chunks."""
+        return sum(len(chunk) for chunk in self.chunks)
+
     def parameter_tensors(self) -> int:
         """Parameter tensors of this stage: a layer's 4 weights, 4 biases and 2 x 2 LayerNorm parameters (GPT; Llama:
         4 weights, 2 RMSNorm gammas), the word (and position) table, the final norm, the LM head where it is a
         tensor of its own (untied, or GPT's copy on the last stage)."""
         model = self.model
         norm_tensors = 2 if model.biased else 1
-        tensors = (4 + (4 if model.biased else 0) + 2 * norm_tensors) * sum(len(chunk) for chunk in self.chunks)
+        tensors = (4 + (4 if model.biased else 0) + 2 * norm_tensors) * self.held_layers
         if self.stage == 0:
             tensors += 1 + (1 if model.learned_positions else 0)
         if self.stage == self.plan.pp - 1:
@@ -85,7 +90,7 @@ class OptimizerWriter(StageBase):
         self.elementwise("optimizer.fp8_weights", STEP.tag("optimizer", "fp8_weights"), self.fp8_weights() / shards,
                          FP8_MASTER_QUANTIZE_BYTES[recipe], 2)
         if recipe == "current" and self.sizes[group] > 1:
-            tensors = 4 * sum(len(chunk) for chunk in self.chunks)  # the layers' four weights each
+            tensors = len(self.model.linear_shapes()) * self.held_layers  # one weight tensor a linear
             self.blocking("optimizer.fp8_amax", STEP.tag("optimizer", "fp8_amax"), "all_reduce", group,
                           FP8_AMAX_BYTES * tensors, "fp32")
         if self.sizes[group] == 1:  # fp8pg needs ZeRO-1/2: with more than one replica the gathers follow
@@ -94,5 +99,4 @@ class OptimizerWriter(StageBase):
 
     def fp8_weights(self) -> float:
         """Elements of the (x, y) weight blocks of this stage's FP8 linears: the layers', not the LM head's."""
-        layers = sum(len(chunk) for chunk in self.chunks)
-        return layers * self.model.linear_weights_per_layer / (self.sizes["x"] * self.sizes["y"])
+        return self.held_layers * self.model.linear_weights_per_layer / (self.sizes["x"] * self.sizes["y"])

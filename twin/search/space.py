@@ -258,11 +258,11 @@ def _schedule_variants(plan: ParallelPlan, model: ModelSpec, space: SearchSpace)
     overlap_dp = dict.fromkeys(o and plan.gradient_replicas > 1 and plan.zero in (0, 1, 2) for o in space.odp)
     order = dict.fromkeys(d and plan.pp > 1 and plan.gdata > 1 for d in space.dpouter)
     kv = dict.fromkeys(c if plan.cp > 1 else "p2p" for c in space.cpcomm)
+    recomputed = {vpp: _recomputed_layer_counts(replace(plan, vpp=vpp), model, space) for vpp in chunks}
     return [replace(plan, vpp=vpp, sp=sp, tpo=tpo, odp=odp, dpouter=dpouter, cpcomm=cpcomm, fp8=fp8, rcl=rcl)
             for vpp in dict.fromkeys(chunks) for sp in sequence
             for tpo in dict.fromkeys(t and sp for t in space.tpo) for odp in overlap_dp for dpouter in order
-            for cpcomm in kv for fp8 in dict.fromkeys(space.fp8)
-            for rcl in _recomputed_layer_counts(replace(plan, vpp=vpp), model, space)]
+            for cpcomm in kv for fp8 in dict.fromkeys(space.fp8) for rcl in recomputed[vpp]]
 
 
 def _recomputed_layer_counts(plan: ParallelPlan, model: ModelSpec, space: SearchSpace) -> list[int]:
