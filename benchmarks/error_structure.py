@@ -32,6 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from topologies.machine import load_machine  # noqa: E402
+from twin.errors import TwinError  # noqa: E402
 from twin.fit.solve import simulate_runs  # noqa: E402
 from twin.runs import load_runs  # noqa: E402
 from twin.search.rank import worker_count  # noqa: E402
@@ -71,6 +73,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     args = ap.parse_args(argv)
+    try:
+        load_machine(args.machine)
+    except TwinError as e:
+        ap.exit(2, f"error_structure.py: error: --machine: {e}\n")
     runs = load_runs(str(VALIDATION), ASSUME)
     predicted = [p.step_s for p in simulate_runs(runs, args.machine, [()] * len(runs), args.jobs or worker_count(None))]
     rows = [{"model": run.label, "tp": run.plan.gx, "pp": run.plan.pp, "dp": run.plan.gdata,

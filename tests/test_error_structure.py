@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from error_structure import residual_error  # noqa: E402
+from error_structure import main, residual_error  # noqa: E402
 
 
 def _row(tp: int, mbs: int, measured: float, predicted: float) -> dict:
@@ -32,3 +32,11 @@ def test_what_varies_inside_a_group_is_left():
     factor = (1.1 * 0.9) ** 0.5
     assert error == pytest.approx((abs(factor / 1.1 - 1) + abs(factor / 0.9 - 1)) / 2, rel=1e-9)
     assert error > 0.09
+
+
+def test_an_unknown_machine_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--machine", "no-such-machine.toml"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "--machine" in err and "not found" in err and "\n" not in err
