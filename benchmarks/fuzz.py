@@ -144,7 +144,7 @@ def _drop_inapplicable(plan: dict) -> None:
              "reshard": plan["gz"] > 1 or (plan.get("zero") == 3 and plan["gdata"] > 1),
              "odp": plan.get("zero", 0) != 3, "optimizer": plan.get("zero", 0) == 0 or plan.get("optimizer") != "flat",
              "cpcomm": plan.get("cp", 1) > 1, "fp8recipe": plan.get("fp8") == 1,
-             "rcl": plan.get("recompute", "full") == "full" and not plan.get("reshard"),
+             "rcl": plan.get("recompute", "full") == "full",
              "fp8pg": plan.get("fp8") == 1 and plan.get("zero") in (1, 2) and plan["gdata"] > 1}
     for key, allowed in rules.items():
         if key in plan and not allowed:

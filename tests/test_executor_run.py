@@ -124,9 +124,11 @@ def test_numerics_pass_with_sequence_parallelism(tmp_path):
     assert result["linears_per_rank"] == [9, 9]
 
 
-def test_numerics_pass_with_only_the_first_layer_recomputed(tmp_path):
-    """rcl=1: layer 0 reruns its forward before its backward, layer 1 keeps its activations."""
-    schedule, path = export(tmp_path, "gx=2,mbs=1,recompute=full,rcl=1", 2)
+@pytest.mark.parametrize("plan", ["gx=2,mbs=1,recompute=full,rcl=1", "gz=2,mbs=1,recompute=full,rcl=1,reshard=1"])
+def test_numerics_pass_with_only_the_first_layer_recomputed(tmp_path, plan):
+    """rcl=1: layer 0 reruns its forward before its backward, layer 1 keeps its activations (with reshard, weights
+    sharded over z: gathers its weights again for its backward)."""
+    schedule, path = export(tmp_path, plan, 2)
     assert {op.tag.layer for op in schedule.programs[0].ops if op.tag.phase == "rc" and op.tag.layer is not None} \
         == {0}
     result = numerics(schedule, path, tmp_path / "num")

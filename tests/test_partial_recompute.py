@@ -57,7 +57,6 @@ def test_the_plan_text_and_its_default():
     (f"{PIPELINE},recompute=none,rcl=1", "rcl=1 .* needs recompute=full"),
     (f"{PIPELINE},recompute=selective,rcl=1", "needs recompute=full"),
     (f"{PIPELINE},rcl=2", r"rcl=2 recomputes every layer of each model chunk \(at most 2 a chunk here\)"),
-    ("gz=2,dp=2,mbs=1,rcl=1,reshard=1,recompute=full", "rcl with reshard=1 is not modelled"),
 ])
 def test_refusals_name_the_field_and_the_fix(text, message):
     with pytest.raises(TwinError, match=message):
@@ -115,6 +114,47 @@ def test_gathered_weights_stay_for_the_layers_that_do_not_recompute():
     assert gathered["recompute=full,rcl=3"] == pytest.approx(gathered["recompute=full"] + (MODEL.layers - 3) * block)
 
 
+def backward_gathers(p: ParallelPlan, micro_batch: int = 0) -> dict[int, int]:
+    """Layer -> the weight all-gathers over z rank 0 issues for it in its backward pass (not its recompute)."""
+    program = build_schedule(MODEL, p).programs[0]
+    out: dict[int, int] = {}
+    for op in program.ops:
+        tag = op.tag
+        if (tag is not None and tag.phase == "bwd" and tag.micro_batch == micro_batch and tag.layer is not None
+                and tag.role == "ag_z"):
+            out[tag.layer] = out.get(tag.layer, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("oag", [0, 1])
+def test_with_reshard_the_layers_that_do_not_recompute_gather_their_weights_again(oag):
+    """FSDP's reshard frees a layer's weights after its forward: a layer whose recompute gathered them back
+    (the first rcl) does not gather them again for its backward; the others gather their four linears' again,
+    prefetched one linear ahead with oag (the first by the LM head's backward), as without recompute."""
+    linears = len(MODEL.linear_shapes())
+    p = plan(f"gz=2,gdata=2,mbs=1,ga=2,recompute=full,rcl=3,reshard=1,oag={oag}")
+    assert backward_gathers(p) == {layer: linears for layer in range(3, MODEL.layers)}
+    assert backward_gathers(p, micro_batch=1) == backward_gathers(p)
+    # the two ends: every layer recomputes (nothing gathered again) and none does (every layer gathers again)
+    assert backward_gathers(plan(f"gz=2,gdata=2,mbs=1,ga=2,recompute=full,reshard=1,oag={oag}")) == {}
+    assert backward_gathers(plan(f"gz=2,gdata=2,mbs=1,ga=2,recompute=none,reshard=1,oag={oag}")) == \
+        {layer: linears for layer in range(MODEL.layers)}
+    # without reshard the layers that do not recompute keep the forward's gathered weights
+    assert backward_gathers(plan(f"gz=2,gdata=2,mbs=1,ga=2,recompute=full,rcl=3,oag={oag}")) == {}
+    # and in a pipeline of interleaved chunks, per chunk: layers 1 and 5 of stage 0's chunks (0-1, 4-5)
+    p = plan(f"gz=2,pp=2,vpp=2,mbs=1,ga=4,recompute=full,rcl=1,reshard=1,oag={oag}")
+    assert backward_gathers(p) == {1: linears, 5: linears}
+
+
+def test_with_reshard_one_gathered_block_is_held_whichever_layers_recompute():
+    """Resharded weights are freed after each forward: the gathered weights memory holds is one block (and the
+    prefetched linear), with rcl as with full recompute or none."""
+    held = {r: stage_memory(MODEL, plan(f"gz=2,gdata=2,mbs=1,ga=2,reshard=1,{r}"), 0).gathered_weights
+            for r in ("recompute=none", "recompute=full,rcl=3", "recompute=full")}
+    assert held["recompute=full,rcl=3"] == pytest.approx(held["recompute=full"]) == pytest.approx(
+        held["recompute=none"])
+
+
 def test_the_step_costs_what_its_recomputed_layers_cost():
     """On one machine the step grows with the layers that recompute: rcl=1 of 2 a chunk adds half of what full
     recompute adds to no recompute, to within what the pipeline's overlaps move (5%)."""
@@ -124,6 +164,15 @@ def test_the_step_costs_what_its_recomputed_layers_cost():
     none, half, full = steps.values()
     assert none < half < full
     assert (half - none) / (full - none) == pytest.approx(0.5, abs=0.05)
+
+
+def test_with_reshard_the_step_lies_between_no_recompute_and_full():
+    """With reshard a layer that does not recompute pays a weight gather where it saves a forward: with weights
+    sharded over z (FSDP) on one machine, rcl's step still lies between none's and full's."""
+    machine = load_machine("dgx-a100")
+    steps = [simulate_step(MODEL, plan(f"gz=2,gdata=2,mbs=1,ga=2,reshard=1,{r}"), machine, 4).step_time_s
+             for r in ("recompute=none", "recompute=full,rcl=4", "recompute=full")]
+    assert steps[0] < steps[1] < steps[2]
 
 
 def test_an_exported_schedule_keeps_rcl(tmp_path):
@@ -150,3 +199,20 @@ def test_search_tries_rcl_where_it_applies_and_its_bounds_hold():
     assert "rcl 0,1,2,12" in space.describe()
     with pytest.raises(TwinError, match="--rcl must list layer counts of 0 or more"):
         SearchSpace(rcl=(-1,))
+
+
+def test_search_tries_rcl_with_reshard_and_its_bounds_hold():
+    """`twin search --reshard 0,1 --rcl 0,2` over FSDP-like plans: reshard=1 with full recompute only beside an rcl
+    (with every layer recomputing it changes nothing: that plan is kept once, without it), every plan's bounds at
+    or below its simulated step, and branch and bound ranks as simulating every plan does."""
+    from helpers import check_search_bounds_and_ranking
+    from twin.search.space import SearchSpace
+
+    model = parse_model_spec("layers=6,hidden=512,heads=8,seq=512,vocab=4096")
+    space = SearchSpace(axes=("gz", "gdata"), recompute=("none", "full"), reshard=(False, True), rcl=(0, 2))
+    plans, _, _ = check_search_bounds_and_ranking(model, load_machine("dgx-a100"), 8, 32, space, top=5)
+    assert len({p.describe() for p in plans}) == len(plans)
+    sharded_full = [p for p in plans if p.reshard and p.recompute == "full"]
+    assert sharded_full and all(p.rcl == 2 for p in sharded_full)
+    assert any(p.reshard and p.recompute == "none" for p in plans)
+    assert any(not p.reshard and p.recompute == "full" and p.rcl == 0 for p in plans)

@@ -43,6 +43,8 @@ PLANS = [
     "gz=2,gdata=2,zero=3,mbs=1,ga=3,recompute=selective,attention=unfused,reshard=1",
     "gx=2,gz=2,pp=2,vpp=2,mbs=1,ga=4,rcl=1",  # only the first layer of each chunk recomputes
     "gx=2,gz=2,gdata=2,mbs=1,ga=3,rcl=5,oag=0",
+    *(f"gx=2,gz=2,gdata=2,mbs=1,ga=3,rcl=3,reshard=1,oag={g}" for g in (0, 1)),  # the others gather again
+    "gz=2,pp=2,vpp=2,mbs=1,ga=4,rcl=1,reshard=1",
     "tp=2,pp=2,dp=2,sp=1,fp8=1,mbs=1,ga=4,rcl=2",
     "tp=2,pp=2,dp=2,sp=1,fp8=1,fp8pg=1,zero=1,odp=1,mbs=1,ga=4",
 ]

@@ -53,7 +53,9 @@ between a layer's forward and its backward: 0 keeps the gathered weights for
 the backward (AxoNN's Algorithm 1, FSDP's SHARD_GRAD_OP: the default); 1
 frees them after the forward and gathers them again for the backward
 (PyTorch FSDP's FULL_SHARD, reshard_after_forward). With full recompute both
-gather again for the recompute, so they differ only without it.
+gather again for the recompute, so they differ only in the layers that do
+not recompute: every layer without full recompute, and with rcl the layers
+of each chunk after its first rcl.
 
 `tpo` is Megatron-Core's tensor-parallel communication overlap
 (--tp-comm-overlap, Transformer Engine's userbuffers; torchtitan's AsyncTP):

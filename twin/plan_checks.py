@@ -109,14 +109,11 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
 
 def _check_recomputed_layers(plan: ParallelPlan, model: ModelSpec) -> None:
     """rcl (the first rcl layers of each model chunk recompute) needs full recompute, and fewer layers than a chunk
-    holds (as many is full recompute: the plan's text for it is rcl left out); FSDP's resharding, which regathers
-    the weights of the layers that do not recompute, is not modelled with it."""
+    holds (as many is full recompute: the plan's text for it is rcl left out). With reshard, the layers that do
+    not recompute gather their weights again for their backward (twin.builders.linears)."""
     if plan.recompute != "full":
         raise TwinError(f"--plan: rcl={plan.rcl} has only the first rcl layers of each model chunk recompute in "
                         f"full; it needs recompute=full (got recompute={plan.recompute}); add it or leave rcl out")
-    if plan.reshard:
-        raise TwinError("--plan: rcl with reshard=1 is not modelled (the layers that do not recompute would gather "
-                        "their weights again for the backward); use reshard=0 or leave rcl out")
     most = pipeline_split.most_chunk_layers(model.layers, plan)
     if plan.rcl >= most:
         raise TwinError(f"--plan: rcl={plan.rcl} recomputes every layer of each model chunk (at most {most} a chunk "

@@ -43,15 +43,17 @@ class LayerWriter(LinearWriter, AttentionWriter):
                                  lambda: self.write_block_forward(at, linears, gathered, after))
 
     def block_backward(self, at: Pass, linears: list[Linear], gathered: int | None = None,
-                       after: Linear | None = None) -> int | None:
+                       after: Linear | None = None, regather: bool | None = None) -> int | None:
         """One block's backward in the pass `at` (selective recompute adds recompute ops), in autograd's order.
-        With reshard (LinearWriter.regathers_backward) its weights are gathered again: `gathered` is the first
-        linear's, prefetched by the block before, and `after` the next linear of the backward, whose gather this
-        block prefetches and returns."""
+        Where it gathers its weights again (`regather`: LinearWriter.regathers for whether the block recomputed;
+        by default regathers_backward), `gathered` is the first linear's, prefetched by the block before. `after`
+        is the next linear of the backward that gathers again (None where there is none), whose gather this block
+        prefetches and returns."""
         layer = linears[0].layer
+        regather = self.regathers_backward if regather is None else regather
         prefetch = None if after is None else (after.block, None if after.layer is None else after.layer - layer)
-        return self.blocks.write(self.w, ("backward", prefetch), at, layer, gathered, self.deferred_waits,
-                                 lambda: self.write_block_backward(at, linears, gathered, after))
+        return self.blocks.write(self.w, ("backward", prefetch, regather), at, layer, gathered, self.deferred_waits,
+                                 lambda: self.write_block_backward(at, linears, gathered, after, regather))
 
     def write_block_forward(self, at: Pass, linears: list[Linear], gathered: int | None,
                             after: Linear | None) -> int | None:
@@ -90,19 +92,26 @@ class LayerWriter(LinearWriter, AttentionWriter):
             self.elementwise(*self.kernel(at, f"rope_{which}", role, layer), self.head_elements() * fraction,
                              ROPE_BYTES, ROPE_FLOPS)
 
-    def write_block_backward(self, at: Pass, linears: list[Linear], gathered: int | None = None,
-                             after: Linear | None = None) -> int | None:
-        """block_backward, op by op."""
+    def write_block_backward(self, at: Pass, linears: list[Linear], gathered: int | None, after: Linear | None,
+                             regather: bool) -> int | None:
+        """block_backward, op by op: each linear's gather prefetched by the one before where the block gathers
+        again."""
         res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
         m = self.tokens
         qkv, attn_out, up, down = linears
+        assert regather or gathered is None, "a block that does not gather its weights again has none prefetched"
+
+        def inside(lin: Linear) -> Linear | None:
+            """The block's next linear to prefetch: none where the block does not gather again."""
+            return lin if regather else None
+
         layer = qkv.layer
         biased = self.model.biased
         if self.model.dropout:
             self.elementwise(*self.kernel(at, "resid2", "bwd", layer), res, DROPOUT_BACKWARD_BYTES, 2)
         if biased:
             self.bias_backward(at, down)
-        gathered = self.linear_backward(at, down, gathered=gathered, prefetch=up)
+        gathered = self.linear_backward(at, down, gathered=gathered, prefetch=inside(up), regather=regather)
         if self.model.gated:
             self.elementwise(*self.kernel(at, "swiglu", "bwd", layer), m * f / gx, SWIGLU_BACKWARD_BYTES,
                              SWIGLU_FLOPS)
@@ -110,17 +119,18 @@ class LayerWriter(LinearWriter, AttentionWriter):
             self.elementwise(*self.kernel(at, "gelu", "bwd", layer), m * f / gx, GELU_BACKWARD_BYTES, 8)
         if biased:
             self.bias_backward(at, up)
-        gathered = self.linear_backward(at, up, gathered=gathered, prefetch=attn_out)
+        gathered = self.linear_backward(at, up, gathered=gathered, prefetch=inside(attn_out), regather=regather)
         self.layernorm_backward(at, layer, "ln2", grad_add=True)
         if self.model.dropout:
             self.elementwise(*self.kernel(at, "resid1", "bwd", layer), res, DROPOUT_BACKWARD_BYTES, 2)
         if biased:
             self.bias_backward(at, attn_out)
-        gathered = self.linear_backward(at, attn_out, gathered=gathered, prefetch=qkv)
+        gathered = self.linear_backward(at, attn_out, gathered=gathered, prefetch=inside(qkv), regather=regather)
         self.attention_backward(at, layer)
         if not biased:
             self.rotary(at, layer, backward=True)
-        gathered = self.linear_backward(at, qkv, bias=biased, gathered=gathered, prefetch=after)
+        gathered = self.linear_backward(at, qkv, bias=biased, gathered=gathered, prefetch=after,
+                                        regather=regather)
         self.layernorm_backward(at, layer, "ln1", grad_add=True)
         return gathered
 

@@ -2,11 +2,11 @@
 
 The convention is twin.builders.schedule's (its module docstring): W's (x, y)
 block sharded along Z (z+data under ZeRO-3), gathered before the forward
-GEMM (and, with reshard and no full recompute, again before the backward's
-dI GEMM) and its gradient reduce-scattered after dW; the forward output
-all-reduced over the linear's forward axis, dI over its backward axis;
-sequence parallelism (sp=1, over X) gathers and scatters the activations
-instead. The overlap switches decide only the waits (oar, ors) and when the
+GEMM (and, with reshard, again before the backward's dI GEMM in a layer
+that does not recompute) and its gradient reduce-scattered after dW; the
+forward output all-reduced over the linear's forward axis, dI over its
+backward axis; sequence parallelism (sp=1, over X) gathers and scatters the
+activations instead. The overlap switches decide only the waits (oar, ors) and when the
 next linear's weights are gathered (oag).
 
 With fp8 (ParallelPlan.fp8) a layer's linears quantise their input in the
@@ -124,34 +124,43 @@ class LinearWriter(StageBase):
         if gathered and self.plan.fp8recipe == "current":
             self.blocking(*self.named(at, lin, "amax_x"), "all_reduce", "x", FP8_AMAX_BYTES, "fp32")
 
+    def regathers(self, recomputed: bool) -> bool:
+        """Whether a backward gathers its sharded weights again: FSDP's reshard after forward freed them, and no
+        recompute of its block (`recomputed`) gathered them back (the recompute's forward does that itself)."""
+        return self.plan.reshard and not recomputed and self.sizes[self.shard_axis] > 1
+
     @property
     def regathers_backward(self) -> bool:
-        """Whether the backward gathers the sharded weights again: FSDP's reshard after forward freed them, and no
-        full recompute gathered them back (the recompute's forward does that itself)."""
-        return self.plan.reshard and self.plan.recompute != "full" and self.sizes[self.shard_axis] > 1
+        """regathers for the plan's recompute as a whole: what the LM head's backward does (no recompute reruns
+        it), and every block's where all of them recompute or none does."""
+        return self.regathers(self.plan.recompute == "full")
 
-    def backward_gather(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None) -> int | None:
-        """Under regathers_backward: wait for `lin`'s weights (`gathered`, prefetched by the linear before in the
-        backward's order, or gathered here) and, with oag, prefetch those of `prefetch`, the next linear of the
-        backward (FSDP's BACKWARD_PRE); returns that prefetched gather. Otherwise nothing."""
-        if not self.regathers_backward:
-            return None
-        if gathered is None:
-            gathered = self.gather_weight(at, lin)
-        self.w.wait(gathered)
+    def backward_gather(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None,
+                        regather: bool) -> int | None:
+        """Where the backward gathers `lin`'s weights again (`regather`): wait for them (`gathered`, prefetched by
+        the linear before in the backward's order, or gathered here). Then, with oag, prefetch those of
+        `prefetch`, the next linear of the backward that gathers again (FSDP's BACKWARD_PRE; None where there is
+        none); returns that prefetched gather."""
+        if regather:
+            if gathered is None:
+                gathered = self.gather_weight(at, lin)
+            self.w.wait(gathered)
         return self.gather_weight(at, prefetch) if (prefetch and self.plan.oag) else None
 
     def linear_backward(self, at: Pass, lin: Linear, bias: bool = False, accumulate: bool = True,
-                        gathered: int | None = None, prefetch: Linear | None = None) -> int | None:
+                        gathered: int | None = None, prefetch: Linear | None = None,
+                        regather: bool | None = None) -> int | None:
         """dI, dW (and, for a linear that adds its bias itself, dbias: LinearWithGradAccumulationAndAsyncCommunication
-        .backward), then the accumulation of its weight (and that bias) into main_grad. With reshard its weights
-        are gathered first (backward_gather: `gathered`, `prefetch`); returns the prefetched gather of `prefetch`.
+        .backward), then the accumulation of its weight (and that bias) into main_grad. Where the backward gathers
+        its weights again (`regather`, by default regathers_backward) they are gathered first (backward_gather:
+        `gathered`, `prefetch`); returns the prefetched gather of `prefetch`.
 
         A z-sharded weight accumulates its reduce-scattered shard, after the reduce-scatter's wait without ors;
         with ors the reduce-scatter is waited only at the end of the backward (AxoNN), and the add is issued in
         its place here all the same: its wait on the shard is not modelled."""
         w, plan = self.w, self.plan
-        next_gather = self.backward_gather(at, lin, gathered, prefetch)
+        next_gather = self.backward_gather(at, lin, gathered, prefetch,
+                                           self.regathers_backward if regather is None else regather)
         sp = plan.sp and self.sizes["x"] > 1
         rows, k_loc, n_loc = self.gemm_dims(lin)
         tune, dtype, gathered = plan.tune_gemm, self.gemm_dtype(lin), self.gathered_bytes(lin)

@@ -106,23 +106,26 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
     def backward_chunk(self, mb: int, chunk: int) -> None:
         at = self.pass_of("bwd", mb, chunk)
         blocks = self.chunks[chunk][::-1]
-        # with reshard, the backward's linears in their order, each block prefetching the first of the next
-        order = [lin for block in blocks for lin in block[::-1]] if self.regathers_backward else []
+        # Whether each block recomputes (its position in the chunk: plan.rcl), so whether, with reshard, its
+        # backward gathers its weights again; and the first linear of each block's backward that does, whose
+        # gather the one before prefetches (the LM head's for the first block).
+        recomputed = [self.plan.recomputes(len(blocks) - 1 - i) for i in range(len(blocks))]
+        regathers = [self.regathers(r) for r in recomputed]
+        firsts = [block[-1] if again else None for block, again in zip(blocks, regathers)] + [None]
         gathered = None
         if self.is_last(chunk):
             # Tied to the word table on one stage: its gradient is summed with the lookup's and accumulated there.
             gathered = self.linear_backward(at, self.lm_head, accumulate=self.plan.pp > 1 or not self.model.tied_head,
-                                            prefetch=order[0] if order else None)
+                                            prefetch=firsts[0])
             self.layernorm_backward(at, None, "ln_f", grad_add=False)
         else:
             self.receive(at, "grad", self.neighbour(chunk, +1))
         recompute = at.to("rc")
         last = mb == self.plan.ga - 1  # odp: each bucket reduced once its last gradient is in (no-op otherwise)
         for i, block in enumerate(blocks):
-            if self.plan.recomputes(len(blocks) - 1 - i):  # its position in the chunk (plan.rcl)
+            if recomputed[i]:
                 self.block_forward(recompute, block, None, None)
-            after = order[4 * i + 4] if 4 * i + 4 < len(order) else None
-            gathered = self.block_backward(at, block, gathered, after)
+            gathered = self.block_backward(at, block, gathered, firsts[i + 1], regathers[i])
             if last:
                 self.reduce_buckets_of(("layer",), block[0].layer)
         if self.is_first(chunk):
@@ -143,9 +146,10 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         for block in self.chunks[0]:
             self.block_forward(forward, block, None, None)
         for position, block in reversed(list(enumerate(self.chunks[0]))):
-            if self.plan.recomputes(position):
+            recomputed = self.plan.recomputes(position)
+            if recomputed:
                 self.block_forward(backward.to("rc"), block, None, None)
-            self.block_backward(backward, block)
+            self.block_backward(backward, block, regather=self.regathers(recomputed))
         return self.w.ops
 
     def run_pipeline(self) -> None:

@@ -141,8 +141,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reshard", default="0",
                    help="FSDP's resharding to try: 0 keeps sharded weights gathered for the backward (AxoNN, "
                    "SHARD_GRAD_OP), 1 gathers them again (FULL_SHARD: less memory, one more all-gather per linear), "
-                   "0,1 both; only plans with sharded weights (gz > 1 or ZeRO-3) and without full recompute differ "
-                   "(default 0)")
+                   "0,1 both; only plans with sharded weights (gz > 1 or ZeRO-3) and a layer that does not recompute "
+                   "(recompute none or selective, or an --rcl count) differ (default 0)")
     p.add_argument("--mbs", default="auto",
                    help="micro-batch sizes to try, e.g. 1,2,4; auto (default): the largest that "
                    "fits without a pipeline, every power of two that fits with one")

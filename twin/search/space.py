@@ -4,8 +4,8 @@ A plan is one factorisation of G into the degrees of the searched axes
 (twin.axes: by default gx gy gz gdata pp; cp when asked for; the others
 stay 1), a ZeRO stage, a recompute mode, whether sharded weights are
 gathered again for the backward (`reshard`, FSDP's FULL_SHARD; only where
-some are sharded and recompute is not full, elsewhere it changes nothing and
-the plan is kept once) and a micro-batch size, with AxoNN's overlap switches
+some are sharded and some layer does not recompute, elsewhere it changes
+nothing and the plan is kept once) and a micro-batch size, with AxoNN's overlap switches
 and GEMM tuning on. Plans are checked exactly
 as `twin simulate` checks them (twin.plan_checks.validate_plan: divisibility of
 heads, hidden, ffn, vocabulary, weight blocks and batch), then pruned by
@@ -207,7 +207,7 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
         except TwinError as e:
             rejected[_reason(str(e))] += 1
             continue
-        variants = [v for r in _reshard_variants(plan, space.reshard) for v in _schedule_variants(r, model, space)
+        variants = [v for r in _reshard_variants(plan, space) for v in _schedule_variants(r, model, space)
                     if (v.vpp, v.sp, v.tpo, v.odp, v.dpouter, v.cpcomm, v.fp8, v.rcl) == (1, False, False, False, False,
                                                                                           "p2p", False, 0)
                     or _valid(v, model, gpus)]
@@ -267,18 +267,21 @@ def _schedule_variants(plan: ParallelPlan, model: ModelSpec, space: SearchSpace)
 
 def _recomputed_layer_counts(plan: ParallelPlan, model: ModelSpec, space: SearchSpace) -> list[int]:
     """The asked-for rcl that apply to `plan`: with full recompute, 0 (every layer) and counts below a chunk's
-    layers; otherwise 0 alone."""
-    if plan.recompute != "full" or plan.reshard:
+    layers, but with reshard only the counts (where every layer recomputes, resharding changes nothing: that plan
+    is the one without it); otherwise 0 alone."""
+    if plan.recompute != "full":
         return [0]
     most = most_chunk_layers(model.layers, plan)
-    return list(dict.fromkeys(n if n < most else 0 for n in space.rcl))
+    counts = dict.fromkeys(n if n < most else 0 for n in space.rcl)
+    return [n for n in counts if n] if plan.reshard else list(counts)
 
 
-def _reshard_variants(plan: ParallelPlan, reshard: tuple[bool, ...]) -> list[ParallelPlan]:
-    """`plan` with each asked-for reshard that changes it: reshard=1 only where weights are sharded and recompute is
-    not full (elsewhere the step is the same), so each distinct plan once."""
-    applies = plan.gathered_shards > 1 and plan.recompute != "full"
-    return [replace(plan, reshard=r) for r in dict.fromkeys(r and applies for r in reshard)]
+def _reshard_variants(plan: ParallelPlan, space: SearchSpace) -> list[ParallelPlan]:
+    """`plan` with each asked-for reshard that can change it: reshard=1 only where weights are sharded and some
+    layer's backward does not follow its recompute (recompute is not full, or --rcl asks for full recompute of
+    only some layers: _recomputed_layer_counts keeps those), so each distinct plan once."""
+    applies = plan.gathered_shards > 1 and (plan.recompute != "full" or any(space.rcl))
+    return [replace(plan, reshard=r) for r in dict.fromkeys(r and applies for r in space.reshard)]
 
 
 _DIVISIBILITY = re.compile(r"^(?:--)?(?:model )?(.*?)(?: k\*n/\(gx\*gy\))? \((?:LM head )?(?:split|sharded) over ([^)]+)\): ")
