@@ -73,7 +73,7 @@ DEGREES = (1, 1, 1, 2, 2, 3, 4, 6, 8)
 SWITCHES = (("pemb", (0, 1)), ("ploss", (0, 1)), ("dpouter", (0, 1)), ("tpo", (0, 1)), ("odp", (0, 1)),
             ("reshard", (0, 1)), ("optimizer", ("megatron", "flat")), ("p2p", ("split", "full")),
             ("cpcomm", ("p2p", "allgather")), ("fp8", (0, 1)), ("fp8recipe", ("current", "delayed")),
-            ("rcl", (1, 2)), ("fp8pg", (0, 1)))
+            ("rcl", (1, 2)), ("fp8pg", (0, 1)), ("gradfp32", (0, 1)))
 # Model-spec options a case may add: grouped-query attention, Llama's layer, the LM head, dropout.
 MODEL_OPTIONS = (("kv_heads", (1, 2, 3)), ("arch", ("gpt", "llama")), ("tied", (0, 1)), ("dropout", (0, 1)))
 

@@ -1,6 +1,6 @@
 """Llama 3 405B as Meta trained it, on 8,192 and 16,384 H100s, predicted; never fitted.
 
-    .venv/bin/python benchmarks/llama3_405b.py [--json]     # about 4 minutes on 2 cores
+    .venv/bin/python benchmarks/llama3_405b.py [--gradfp32 0|1] [--json]     # about 4 minutes on 2 cores
 
 The runs are benchmarks/data/llama3-405b-meta-2024.csv (its README section
 says where they come from): the two 8K-token rows of the Llama 3 paper's
@@ -13,7 +13,8 @@ ploss=1); fully sharded data parallelism that shards the optimizer states
 and the gradients and gathers the weights without resharding them after the
 forward (zero=2 with the gradients reduce-scattered, and the weights
 gathered, once a step under the backward and the forward: odp=1; how often
-Meta's reduce-scatter ran is not said); an interleaved schedule whose
+Meta's reduce-scatter ran is not said), with the gradients accumulated and
+reduce-scattered in FP32 (sec. 3.3.2, "Numerical stability": gradfp32=1); an interleaved schedule whose
 micro-batches Meta tuned. What it leaves open, taken as the twin's fastest
 (as the AxoNN rows of `twin validate` are the fastest of AxoNN's
 candidates): the micro-batch (1 or 2 sequences), the interleaved chunks (1,
@@ -70,7 +71,7 @@ def machines() -> dict[str, object]:
             f"GEMM {gemm:.0f} TF/s carried": load_machine(MACHINE, carried)}
 
 
-def settings(run: MeasuredRun) -> list[str]:
+def settings(run: MeasuredRun, gradfp32: bool = True) -> list[str]:
     """Every setting the paper leaves open for `run` but the recompute, as plan texts (module docstring)."""
     plan, model = run.plan, run.model
     per_rank = plan.global_batch // plan.gdata
@@ -82,16 +83,20 @@ def settings(run: MeasuredRun) -> list[str]:
         for vpp in chunk_counts(per_stage, per_rank // mbs, plan.pp, MAX_CHUNKS):
             for tpo in (0, 1):
                 texts.append(f"tp={plan.gx},pp={plan.pp},dp={plan.gdata},vpp={vpp},pemb=1,ploss=1,zero=2,odp=1,"
-                             f"dpouter=1,sp=1,tpo={tpo},mbs={mbs}")
+                             f"dpouter=1,sp=1,tpo={tpo},gradfp32={int(gradfp32)},mbs={mbs}")
     return texts
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--gradfp32", type=int, choices=(0, 1), default=1,
+                        help="gradients accumulated and reduce-scattered in FP32 (1, as the paper says) or in bf16 "
+                        "(0: what the twin did before gradfp32)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
-    return predict_table(load_runs(str(RUNS)), machines(), settings, args.json,
-                         {"runs": str(RUNS.relative_to(REPO)), "cluster": list(META_CLUSTER)})
+    gradfp32 = bool(args.gradfp32)
+    return predict_table(load_runs(str(RUNS)), machines(), lambda run: settings(run, gradfp32), args.json,
+                         {"runs": str(RUNS.relative_to(REPO)), "cluster": list(META_CLUSTER), "gradfp32": gradfp32})
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Megatron-LM's published H100 weak scaling (1.7B-462B on 48-6,144 GPUs), predicted; never fitted.
 
-    .venv/bin/python benchmarks/megatron_h100.py [--tpo 0|1] [--odp 0|1] [--json]     # about 5 minutes on 2 cores
+    .venv/bin/python benchmarks/megatron_h100.py [--tpo 0|1] [--odp 0|1] [--gradfp32 0|1] [--json]
+                                                                                    # about 5 minutes on 2 cores
 
 The runs are benchmarks/data/megatron-h100-2024.csv (its README section says
 where they come from). What the table states: each model's shape, the
@@ -21,7 +22,10 @@ full), as the AxoNN rows are the fastest of
 AxoNN's candidates. Flash attention (Transformer Engine's), bf16, GPT-style
 layers with the LM head untied (`tied=0`: the table's parameter counts say
 so, tests/test_model.py), which adds one V x h table's gradient and
-optimizer traffic.
+optimizer traffic. Gradients accumulated and reduced in fp32 (gradfp32=1):
+Megatron-LM turns --accumulate-allreduce-grads-in-fp32 on under --bf16
+(megatron/training/arguments.py), which makes Megatron-Core's gradient
+buffers and their reduce-scatters fp32.
 
 Two machine columns, both the DGX H100 SuperPOD of topologies/mpt-h100-80g.toml
 (8 H100 per node, NVSwitch, 8 x 400 Gb/s NDR on a rail-optimised full-bisection
@@ -63,7 +67,7 @@ def machines() -> dict[str, object]:
             f"GEMM {gemm:.0f} TF/s carried": load_machine(MACHINE, carried)}
 
 
-def settings(run: MeasuredRun, tpo: bool, odp: bool) -> list[str]:
+def settings(run: MeasuredRun, tpo: bool, odp: bool, gradfp32: bool = True) -> list[str]:
     """Every setting the table leaves open for `run` but the recompute, as plan texts (module docstring)."""
     plan, model = run.plan, run.model
     per_rank = plan.global_batch // plan.gdata
@@ -74,7 +78,7 @@ def settings(run: MeasuredRun, tpo: bool, odp: bool) -> list[str]:
             continue
         for vpp in chunk_counts(model.layers // plan.pp, per_rank // mbs, plan.pp, MAX_CHUNKS):
             texts.append(f"tp={plan.gx},pp={plan.pp},dp={plan.gdata},vpp={vpp},zero=1,odp={int(odp)},{tp_flags},"
-                         f"mbs={mbs}")
+                         f"gradfp32={int(gradfp32)},mbs={mbs}")
     return texts
 
 
@@ -84,11 +88,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="model --tp-comm-overlap (1, as the runs did) or not (0: what the twin did before tpo)")
     parser.add_argument("--odp", type=int, choices=(0, 1), default=1,
                         help="model --overlap-grad-reduce and --overlap-param-gather (1, as the runs did) or not (0)")
+    parser.add_argument("--gradfp32", type=int, choices=(0, 1), default=1,
+                        help="gradients accumulated and reduced in fp32 (1, Megatron-LM's default under --bf16) or "
+                        "in bf16 (0: what the twin did before gradfp32)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = parser.parse_args(argv)
-    tpo, odp = bool(args.tpo), bool(args.odp)
-    return predict_table(load_runs(str(RUNS), assume="tied=0"), machines(), lambda run: settings(run, tpo, odp), args.json,
-                         {"runs": str(RUNS.relative_to(REPO)), "tpo": tpo, "odp": odp})
+    tpo, odp, gradfp32 = bool(args.tpo), bool(args.odp), bool(args.gradfp32)
+    return predict_table(load_runs(str(RUNS), assume="tied=0"), machines(),
+                         lambda run: settings(run, tpo, odp, gradfp32), args.json,
+                         {"runs": str(RUNS.relative_to(REPO)), "tpo": tpo, "odp": odp, "gradfp32": gradfp32})
 
 
 if __name__ == "__main__":

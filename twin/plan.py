@@ -101,6 +101,17 @@ are kept in FP8 only (no bf16 copy), each rank quantises its own ZeRO shard
 from the fp32 master weights after the optimizer, ZeRO-1/2's gather of the
 updated weights moves them in FP8, and the transposed copy is made after
 the gather.
+`gradfp32` accumulates the gradients in fp32 and reduces them in fp32 over
+the ranks that hold the same weights: the data-parallel all-reduce or
+reduce-scatter, the tied embedding's all-reduce and, with weights sharded
+over gz (or gdata under ZeRO-3), the weight gradients' reduce-scatter, each
+4 bytes an element where the model's dtype moves 2, and the gradient buffer
+4 bytes a parameter in memory. Megatron-LM with --bf16 does so by default
+(--accumulate-allreduce-grads-in-fp32, Megatron-Core's grad_reduce_in_fp32),
+as does PyTorch FSDP with MixedPrecision(reduce_dtype=torch.float32)
+(torchtitan's default) and Meta's Llama 3 training; the default (0) reduces
+them in the model's dtype, as Megatron-DeepSpeed in fp16,
+Megatron-Bridge's performance recipes and FSDP's "PURE" mixed precision do.
 
 `odp` overlaps the data-parallel synchronisation with the step: each
 gradient bucket (a layer's, the embedding's, the LM head's) is all-reduced or
@@ -174,6 +185,7 @@ class ParallelPlan:
     fp8: bool = False  # the layers' linears in FP8 (Transformer Engine)
     fp8recipe: str = "current"  # FP8_RECIPES: how fp8's tensors are quantised
     fp8pg: bool = False  # the linears' weights kept, and ZeRO-1/2's weights gathered, in FP8 (--fp8-param-gather)
+    gradfp32: bool = False  # gradients accumulated and reduced in fp32 (Megatron's bf16 default; FSDP reduce_dtype)
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -262,6 +274,8 @@ class ParallelPlan:
             parts.append("fp8=1")
         if self.fp8pg:
             parts.append("fp8pg=1")
+        if self.gradfp32:
+            parts.append("gradfp32=1")
         if self.mbs:
             parts.append(f"mbs={self.mbs}")
         if self.ga:
@@ -290,7 +304,8 @@ _INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero", "rcl"}
 # them positive or not at all (no 0 meaning "choose").
 _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
                "zero": limits.Range(0, 3, "(a ZeRO stage)"), "rcl": limits.RECOMPUTED_LAYERS}
-_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss", "dpouter", "fp8", "fp8pg"}
+_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss", "dpouter", "fp8", "fp8pg",
+              "gradfp32"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
 WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
@@ -300,7 +315,7 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(WORD_KEYS)
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
     """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,dpouter=..,
-    fp8=..,fp8recipe=..,fp8pg=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,recompute=..,rcl=..,oar=0,..,
+    fp8=..,fp8recipe=..,fp8pg=..,gradfp32=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,recompute=..,rcl=..,oar=0,..,
     tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so

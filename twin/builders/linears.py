@@ -196,7 +196,7 @@ class LinearWriter(StageBase):
             w.wait(reduce_dI)
         axis = self.shard_axis
         if self.sizes[axis] > 1:
-            work = Collective("reduce_scatter", axis, self.weight_block_bytes(lin), self.dtype)
+            work = Collective("reduce_scatter", axis, self.weight_grad_block_bytes(lin), self.grad_dtype)
             name, tag = self.named(at, lin, f"rs_{axis.replace('+', '')}")
             scatter = w.collective(name, axis, work, tag=tag)
             if plan.ors:

@@ -62,6 +62,8 @@ class StageBase:
         self.residual_split = plan.gy * (plan.gx if plan.sp else 1)  # of the residual stream's hidden/tokens
         self.dtype = model.dtype
         self.b = model.dtype_bytes
+        # the gradients' reductions: in fp32 under plan.gradfp32, else in the model's dtype
+        self.grad_dtype, self.grad_b = ("fp32", 4) if plan.gradfp32 else (model.dtype, model.dtype_bytes)
         self.acc_bytes = grad_accumulation_bytes(model.dtype)
         self.w = ProgramWriter()
         self.n_virtual = plan.pp * plan.vpp
@@ -107,6 +109,10 @@ class StageBase:
     def weight_block_bytes(self, lin: Linear) -> float:
         """The gathered (x, y) block of W: what the weight all-gather returns."""
         return self.b * lin.k * lin.n / (self.sizes["x"] * self.sizes["y"])
+
+    def weight_grad_block_bytes(self, lin: Linear) -> float:
+        """The (x, y) block of dW, in the gradients' dtype: what the weight gradient's reduce-scatter takes."""
+        return self.weight_block_bytes(lin) / self.b * self.grad_b
 
     def gemm_dims(self, lin: Linear) -> tuple[int, int, int]:
         """(rows, k_local, n_local) of this rank's forward GEMM."""
