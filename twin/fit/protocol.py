@@ -34,6 +34,8 @@ VALIDATION_FILES = {
     "llama3-405b-meta-2024.csv": "9e80559b7ba2169f128d2ebfd9c7a7792877ffc1267e4f3cdb2cb334100bd9d4",
     # NVIDIA Megatron-Bridge's FP8 runs of Llama 3 70B and 3.1 405B on 64 and 1,024 H100 (its performance archive)
     "megatron-bridge-h100-fp8.csv": "8d3d0302e24d3eeac48b5a2804a0973f9bf78be0a4133c17f02e9006ddc943dd",
+    # torchtitan's FSDP2 runs of Llama 2 and Llama 3 on 64 A100 80 GB (its performance page of 2024)
+    "torchtitan-a100-2024.csv": "f9c25c43232496617f29bd8309609ae646879437733f5c37e75bbb475fb414c4",
 }
 
 

@@ -1,0 +1,65 @@
+"""torchtitan's FSDP2 runs of Llama 2 and Llama 3 on 64 A100 80 GB, predicted; never fitted.
+
+    .venv/bin/python benchmarks/torchtitan_a100.py [--out out] [--json]     # about 30 seconds
+
+The runs are benchmarks/data/torchtitan-a100-2024.csv (its README section
+says where they come from and what is assumed): five of the seven rows of
+torchtitan's performance page of 2024, each a fixed plan (FSDP over the 64
+GPUs, gz=64, with FULL_SHARD's resharding, reshard=1, and FSDP2's gradients
+reduced in fp32, gradfp32=1), its activation checkpointing stated (none,
+full, or every second layer: rcl of half the layers). The two rows with
+"selective op" checkpointing (PyTorch's operator-level selective activation
+checkpointing) are left out: the twin does not model it.
+
+Two machine columns on topologies/dgx-a100.toml (the cluster is not
+described beyond "64 A100 (80GB)": a DGX A100 fabric, 8 x 200 Gb/s HDR a
+node, is assumed): first principles (the file as it is), and the A100 GEMM
+rate `make fit` learned from MosaicML's one-node A100 40 GB runs carried
+over (only that, as benchmarks/megatron_h100.py carries the H100's: their
+attention kernel was Triton's, these runs' PyTorch's SDPA). The carried file
+is written by `twin fit --from` to OUT/tt-a100-carried.toml;
+the table is `twin validate --runs`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from twin.cli import main as twin  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+RUNS = REPO / "benchmarks" / "data" / "torchtitan-a100-2024.csv"
+MACHINE = "dgx-a100"
+FITTED = REPO / "topologies" / "fitted" / "mpt-a100-40g.toml"
+CARRIED = ("device.empirical_gemm_bf16_tflop_per_s",)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="out", help="folder for the carried machine file (default out)")
+    parser.add_argument("--json", action="store_true", help="print twin validate's JSON instead of the table")
+    args = parser.parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    carried = str(Path(args.out) / "tt-a100-carried.toml")
+    # the fit's own report is not this table: kept off the screen
+    rc = _quietly(["fit", "--machine", MACHINE, "--from", str(FITTED), "--params", ",".join(CARRIED), "-o", carried])
+    if rc:
+        return rc
+    return twin(["validate", "--runs", str(RUNS), "--machine", MACHINE, "--machine", carried,
+                 *(["--json"] if args.json else [])])
+
+
+def _quietly(argv: list[str]) -> int:
+    """A twin command whose standard output is dropped (its errors still reach standard error)."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        return twin(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""benchmarks/torchtitan_a100.py: torchtitan's five A100 runs predicted on two columns, the second carried from
+MosaicML's one-node fit (GEMM rate only), and the validation file refused by `twin fit`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import torchtitan_a100  # noqa: E402
+from topologies import load_machine  # noqa: E402
+from twin.errors import TwinError  # noqa: E402
+from twin.fit.protocol import check_calibration_file  # noqa: E402
+
+
+def test_every_run_is_predicted_on_both_columns(tmp_path, capsys):
+    assert torchtitan_a100.main(["--out", str(tmp_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    carried = str(tmp_path / "tt-a100-carried.toml")
+    assert len(result["rows"]) == 5
+    for row in result["rows"]:
+        assert set(row["predicted_s"]) == {"dgx-a100", carried}
+        assert all(s > 0 for s in row["predicted_s"].values())
+    fitted = load_machine(str(torchtitan_a100.FITTED)).device
+    assert load_machine(carried).device.empirical_gemm_flop_per_s == pytest.approx(fitted.empirical_gemm_flop_per_s)
+    assert load_machine(carried).device.attention_efficiency == load_machine("dgx-a100").device.attention_efficiency
+
+
+def test_the_runs_are_validation_data():
+    with pytest.raises(TwinError, match="validation"):
+        check_calibration_file(str(torchtitan_a100.RUNS))
