@@ -135,6 +135,14 @@ def test_numerics_pass_with_only_the_first_layer_recomputed(tmp_path, plan):
     assert result["ok"], result["failures"]
 
 
+def test_numerics_pass_with_gradients_reduced_in_fp32(tmp_path):
+    """gradfp32=1: the weight gradients' reduce-scatters over z are fp32 collectives; the run's linears still check."""
+    schedule, path = export(tmp_path, "gz=2,mbs=1,gradfp32=1", 2)
+    assert {op.work.dtype for op in schedule.programs[0].ops if op.tag.role == "rs_z"} == {"fp32"}
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+
+
 def test_unfused_attention_with_selective_recompute_runs_and_its_numerics_pass(tmp_path):
     """The unfused core attention's batched GEMMs and element-wise kernels run as scratch kernels between the
     checked linears."""
