@@ -42,15 +42,13 @@ class LayerWriter(LinearWriter, AttentionWriter):
         return self.blocks.write(self.w, kind, at, layer, gathered, self.deferred_waits,
                                  lambda: self.write_block_forward(at, linears, gathered, after))
 
-    def block_backward(self, at: Pass, linears: list[Linear], gathered: int | None = None,
-                       after: Linear | None = None, regather: bool | None = None) -> int | None:
+    def block_backward(self, at: Pass, linears: list[Linear], gathered: int | None, after: Linear | None,
+                       regather: bool) -> int | None:
         """One block's backward in the pass `at` (selective recompute adds recompute ops), in autograd's order.
-        Where it gathers its weights again (`regather`: LinearWriter.regathers for whether the block recomputed;
-        by default regathers_backward), `gathered` is the first linear's, prefetched by the block before. `after`
-        is the next linear of the backward that gathers again (None where there is none), whose gather this block
-        prefetches and returns."""
+        Where it gathers its weights again (`regather`: LinearWriter.regathers for whether the block recomputed),
+        `gathered` is the first linear's, prefetched by the block before. `after` is the next linear of the
+        backward that gathers again (None where there is none), whose gather this block prefetches and returns."""
         layer = linears[0].layer
-        regather = self.regathers_backward if regather is None else regather
         prefetch = None if after is None else (after.block, None if after.layer is None else after.layer - layer)
         return self.blocks.write(self.w, ("backward", prefetch, regather), at, layer, gathered, self.deferred_waits,
                                  lambda: self.write_block_backward(at, linears, gathered, after, regather))

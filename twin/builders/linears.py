@@ -149,18 +149,17 @@ class LinearWriter(StageBase):
 
     def linear_backward(self, at: Pass, lin: Linear, bias: bool = False, accumulate: bool = True,
                         gathered: int | None = None, prefetch: Linear | None = None,
-                        regather: bool | None = None) -> int | None:
+                        regather: bool = False) -> int | None:
         """dI, dW (and, for a linear that adds its bias itself, dbias: LinearWithGradAccumulationAndAsyncCommunication
         .backward), then the accumulation of its weight (and that bias) into main_grad. Where the backward gathers
-        its weights again (`regather`, by default regathers_backward) they are gathered first (backward_gather:
-        `gathered`, `prefetch`); returns the prefetched gather of `prefetch`.
+        its weights again (`regather`: regathers for its block, regathers_backward for the LM head) they are
+        gathered first (backward_gather: `gathered`, `prefetch`); returns the prefetched gather of `prefetch`.
 
         A z-sharded weight accumulates its reduce-scattered shard, after the reduce-scatter's wait without ors;
         with ors the reduce-scatter is waited only at the end of the backward (AxoNN), and the add is issued in
         its place here all the same: its wait on the shard is not modelled."""
         w, plan = self.w, self.plan
-        next_gather = self.backward_gather(at, lin, gathered, prefetch,
-                                           self.regathers_backward if regather is None else regather)
+        next_gather = self.backward_gather(at, lin, gathered, prefetch, regather)
         sp = plan.sp and self.sizes["x"] > 1
         rows, k_loc, n_loc = self.gemm_dims(lin)
         tune, dtype, gathered = plan.tune_gemm, self.gemm_dtype(lin), self.gathered_bytes(lin)

@@ -116,7 +116,7 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         if self.is_last(chunk):
             # Tied to the word table on one stage: its gradient is summed with the lookup's and accumulated there.
             gathered = self.linear_backward(at, self.lm_head, accumulate=self.plan.pp > 1 or not self.model.tied_head,
-                                            prefetch=firsts[0])
+                                            prefetch=firsts[0], regather=self.regathers_backward)
             self.layernorm_backward(at, None, "ln_f", grad_add=False)
         else:
             self.receive(at, "grad", self.neighbour(chunk, +1))
@@ -149,7 +149,7 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
             recomputed = self.plan.recomputes(position)
             if recomputed:
                 self.block_forward(backward.to("rc"), block, None, None)
-            self.block_backward(backward, block, regather=self.regathers(recomputed))
+            self.block_backward(backward, block, None, None, self.regathers(recomputed))
         return self.w.ops
 
     def run_pipeline(self) -> None:
