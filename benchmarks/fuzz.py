@@ -97,7 +97,7 @@ def draw_case(draw: Draw) -> list[str]:
     if plan["pp"] > 1 and draw((False, True)):
         plan["vpp"] = draw((2, 3))
     for key, options in (("zero", (0, 1, 2, 3)), ("mbs", (1, 2, 3, 4)), ("ga", (1, 2, 4)),
-                         ("recompute", ("full", "selective", "none")), ("attention", ("flash", "unfused")),
+                         ("recompute", ("full", "selective", "op", "none")), ("attention", ("flash", "unfused")),
                          ("sp", (0, 1)), ("oar", (0, 1)), ("tune", (0, 1))):
         if draw((False, False, True)):
             plan[key] = draw(options)
@@ -120,7 +120,12 @@ def draw_case(draw: Draw) -> list[str]:
         spec += f",ffn={ffn}"
     if draw((False, False, True)):
         spec += f",dtype={draw(('fp16', 'fp32', 'bf16'))}"
+    op_block = fitted and plan.get("recompute") == "op"  # per-operator checkpointing: a Llama without dropout
+    if op_block:
+        spec += ",arch=llama,dropout=0"
     for key, options in MODEL_OPTIONS:
+        if op_block and key in ("arch", "dropout"):
+            continue
         if draw((False, False, False, True)):
             if fitted and key == "kv_heads":  # K/V heads that divide the heads and split over gx
                 options = (plan["gx"], heads)
@@ -151,8 +156,10 @@ def _drop_inapplicable(plan: dict) -> None:
             del plan[key]
     if not plan["sp"]:
         del plan["sp"]
-    if plan.get("cp", 1) > 1:
-        plan["attention"] = "flash"  # context parallelism runs ring attention on the fused kernel
+    if plan.get("recompute") == "op" and (plan["gx"] * plan["gy"] > 1 or plan.get("fp8")):
+        plan["recompute"] = "full"  # per-operator checkpointing is modelled without tensor parallelism or FP8
+    if plan.get("cp", 1) > 1 or plan.get("recompute") == "op":
+        plan["attention"] = "flash"  # ring attention runs on the fused kernel; op keeps its output
 
 
 # Small steps to mutate, exported once: tensor parallelism, and a pipeline (point-to-point transfers).

@@ -135,6 +135,22 @@ def test_numerics_pass_with_only_the_first_layer_recomputed(tmp_path, plan):
     assert result["ok"], result["failures"]
 
 
+@pytest.mark.parametrize("reshard", [0, 1])
+def test_numerics_pass_with_per_operator_checkpointing(tmp_path, reshard):
+    """recompute=op on a Llama block with its weights sharded over z: the rerun's partial GEMMs (k's columns of
+    QKV, the up half of the gate and up) run as scratch kernels and the attention output's GEMM is checked, on the
+    weights the rerun gathers back (reshard) or the forward's (without it); the backward gathers nothing again."""
+    llama = ModelSpec("tiny-llama", layers=2, hidden=256, heads=4, kv_heads=2, seq=128, vocab=1024, ffn=512,
+                      arch="llama", dropout=False)
+    schedule, path = export(tmp_path, f"gz=2,mbs=1,reshard={reshard},recompute=op", 2, model=llama)
+    roles = {(op.tag.phase, op.tag.block, op.tag.role) for op in schedule.programs[0].ops if op.tag.layer == 0}
+    assert {("rc", "qkv", "gemm_part"), ("rc", "attn_out", "gemm")} <= roles
+    assert (("rc", "mlp_down", "ag_z") in roles) == bool(reshard)
+    assert not any(phase == "bwd" and role == "ag_z" for phase, _, role in roles)
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+
+
 def test_numerics_pass_with_gradients_reduced_in_fp32(tmp_path):
     """gradfp32=1: the weight gradients' reduce-scatters over z are fp32 collectives; the run's linears still check."""
     schedule, path = export(tmp_path, "gz=2,mbs=1,gradfp32=1", 2)

@@ -291,7 +291,7 @@ def bad_groups(*axes: GroupAxis) -> Schedule:
         (with_op(0, tag=dataclasses.replace(TAG, block="")), r"op 0 'L0.qkv.fwd': tag.block is empty"),
         (with_plan(gx=0), r"schedule info.plan.gx=0 is out of range; give 1..10,000,000: re-export the schedule"),
         (with_plan(gx=2, gdata=4), r"info.plan.gx x gy x gz x cp x gdata x pp = 8 ranks, but the schedule's world_size is 4"),
-        (with_plan(recompute="most"), r"info.plan.recompute='most' is unknown; use one of full, selective, none"),
+        (with_plan(recompute="most"), r"info.plan.recompute='most' is unknown; use one of full, selective, op, none"),
         (with_plan(zero=4), r"info.plan.zero=4 is not a ZeRO stage"),
         (with_plan(global_batch=16, ga=4), r"info.plan.global_batch=16, but info.global_batch is 8"),
         (with_plan(ga=4), r"info.plan.mbs=2 x ga=4 x gz=1 x gdata=2 sequences is not the global batch of 8"),

@@ -94,7 +94,7 @@ def test_a_word_field_outside_its_values_is_a_one_line_error(field, value):
         parse_plan(f"{field}={value}")
     with pytest.raises(TwinError) as validated:  # a plan made in code, not parsed
         validate_plan(replace(_plan("gx=2,mbs=1", 4), **{field: value}), SMALL, 2)
-    allowed = {"attention": "flash, unfused", "recompute": "full, selective, none", "optimizer": "megatron, flat",
+    allowed = {"attention": "flash, unfused", "recompute": "full, selective, op, none", "optimizer": "megatron, flat",
                "p2p": "split, full"}[field]
     for err in (parsed, validated):
         assert str(err.value) == f"--plan: {field}={value!r} is unknown; use one of {allowed}"

@@ -6,7 +6,7 @@ program's ops, in order, with their ids, names, streams, works, dependencies
 and tags, and the groups. The plans cover every axis (4D, pipelines, 1F1B and
 interleaved, context parallelism, sequence parallelism, ZeRO 1-3), every
 overlap switch, each recompute and attention kind, recompute of some layers (rcl) and micro-batches of one and
-more sequences; each is checked to have copied blocks at all.
+more sequences, and a Llama block with recompute=op; each is checked to have copied blocks at all.
 """
 
 from __future__ import annotations
@@ -57,20 +57,30 @@ def _plan(text: str):
 
 @pytest.fixture
 def written(monkeypatch):
-    def build(plan):
+    def build(model, plan):
         monkeypatch.setattr(replay, "REPLAY", False)
         try:
-            return build_schedule(MODEL, plan)
+            return build_schedule(model, plan)
         finally:
             monkeypatch.setattr(replay, "REPLAY", True)
     return build
 
 
-@pytest.mark.parametrize("text", PLANS)
-def test_copied_blocks_equal_written_ones(text, written):
+# A Llama block (SwiGLU, rotary embedding, grouped-query attention) and what only it runs: recompute=op
+LLAMA = ModelSpec("replay-llama", layers=8, hidden=512, heads=8, kv_heads=2, seq=128, ffn=1024, arch="llama",
+                  dropout=False)
+LLAMA_PLANS = [
+    *(f"gz=2,gdata=2,mbs=1,ga=3,recompute=op,reshard={r},oag={g}" for r, g in itertools.product((0, 1), repeat=2)),
+    "gz=2,pp=2,vpp=2,mbs=1,ga=4,recompute=op,reshard=1",
+    "gx=2,gz=2,mbs=2,ga=2,recompute=none,reshard=1",
+]
+
+
+@pytest.mark.parametrize("model, text", [(MODEL, t) for t in PLANS] + [(LLAMA, t) for t in LLAMA_PLANS])
+def test_copied_blocks_equal_written_ones(model, text, written):
     plan = _plan(text)
-    copied = build_schedule(MODEL, plan)
-    reference = written(plan)
+    copied = build_schedule(model, plan)
+    reference = written(model, plan)
     assert copied.groups == reference.groups
     for a, b in zip(copied.programs, reference.programs, strict=True):
         assert a.ranks == b.ranks
@@ -78,7 +88,7 @@ def test_copied_blocks_equal_written_ones(text, written):
         for x, y in zip(a.ops, b.ops):
             assert x == y, f"{text}: op {y.id} {y.name}"
     assert copied == reference
-    stage = StageProgramWriter(MODEL, plan, 0)
+    stage = StageProgramWriter(model, plan, 0)
     stage.write()
     assert stage.blocks.copies > 0, "nothing was copied"
 
@@ -111,6 +121,6 @@ def test_a_block_that_cannot_be_relabelled_is_written_every_time(monkeypatch, wr
     recorder = BlockRecorder()
     monkeypatch.setattr("twin.builders.layer.BlockRecorder", lambda: recorder)
     copied = build_schedule(MODEL, plan)
-    assert copied == written(plan)
+    assert copied == written(MODEL, plan)
     forward = [r for k, r in recorder._recordings.items() if k[0][0] == "forward" and k[1] == "fwd"]
     assert forward and all(r is None for r in forward)

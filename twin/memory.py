@@ -36,7 +36,11 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
   keeps all but the scores and rebuilds one layer's scores at a time in its
   backward; full keeps only each layer's input (2 m h/(gy r) bytes) and
   rebuilds one layer's whole set at a time. With flash attention selective
-  has nothing to drop, so it counts as none. Full recompute of the first
+  has nothing to drop, so it counts as none. op (torchtitan's per-operator
+  checkpointing, twin.plan) keeps each layer's input and the outputs its
+  policy keeps, wq's, wv's, the attention's, w1's and w2's:
+  2m (h/(gy r) + ((3 + kv_heads/heads) h + f)/gx), and rebuilds the rest of
+  one layer's set at a time. Full recompute of the first
   rcl layers of each model chunk (plan.rcl) keeps those layers' inputs and
   the other layers' whole sets, and rebuilds one layer at a time; the
   gathered weights of the layers that do not recompute stay for their
@@ -155,10 +159,21 @@ def kept_and_rebuilt_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) ->
     """(what each in-flight layer that recomputes keeps, what each other in-flight layer keeps, what one layer's
     backward rebuilds at a time), by plan.recompute."""
     working = layer_activation_bytes(model, plan, tokens)
+    if plan.recompute == "op":
+        kept = op_kept_bytes(model, plan, tokens)
+        return 0.0, kept, max(working - kept, 0.0)
     if plan.recompute == "selective":
         scores = score_bytes(model, plan, tokens)
         return 0.0, working - scores, scores
     return layer_input_bytes(model, plan, tokens), working, working if plan.recompute == "full" else 0.0
+
+
+def op_kept_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) -> float:
+    """What recompute=op keeps of one layer for `tokens` tokens (module docstring): its input and the outputs of
+    wq, wv (narrower with grouped-query attention), the attention kernel, w1 and w2."""
+    h = model.hidden
+    kept_outputs = (3 + model.kv_fraction) * h + model.ffn
+    return layer_input_bytes(model, plan, tokens) + model.dtype_bytes * tokens * kept_outputs / plan.gx
 
 
 def stage_params(model: ModelSpec, plan: ParallelPlan, stage: int) -> float:

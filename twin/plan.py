@@ -10,7 +10,7 @@ tensor parallelism; gz only = FSDP; gz + gdata = HSDP.
 Megatron-DeepSpeed's knobs live in the same plan: `pp` pipeline stages (1F1B,
 or interleaved with `vpp` model chunks per rank), `zero` (ZeRO stage 0-3 over
 gdata), `sp` (sequence parallelism over gx), `recompute` (full, selective,
-none); `tp` and `dp` are accepted as Megatron's names for gx and gdata.
+op, none); `tp` and `dp` are accepted as Megatron's names for gx and gdata.
 `cp` is context parallelism (Megatron-Core's, torchtitan's): each sequence's
 tokens split over cp ranks, attention as a ring passing K/V blocks around
 them, gradients summed over cp and gdata together (and ZeRO sharded over
@@ -34,6 +34,17 @@ Megatron cannot fuse it, and a dropout, which also stores the s x s scores
 for backward). Selective recompute (Korthikanti
 et al., arXiv 2205.05198) recomputes exactly that core attention, so it only
 differs from `recompute=none` with unfused attention.
+
+`recompute=op` is torchtitan's operator-level selective activation
+checkpointing (`--activation_checkpoint.mode selective
+--activation_checkpoint.selective_ac_option op`, 2024): each block keeps the
+outputs of its attention kernel and of every other matrix multiply in
+execution order (Llama's wq, wv, w1 and w2 of wq, wk, wv, wo, w1, w3, w2) and
+recomputes the rest in its backward: the norms, the rotary embedding, wk,
+wo, w3 and SwiGLU (where reshard freed the block's weights, gathering them
+back first). Modelled for what torchtitan ran it on: a Llama block
+with flash attention, no tensor parallelism inside it (gx = gy = 1) and no
+FP8 (twin.plan_checks says so where a plan asks for more).
 
 `optimizer` is the optimizer step's implementation: "megatron" (Megatron's
 mixed-precision optimizer with apex's FusedAdam, several multi-tensor passes
@@ -137,7 +148,7 @@ from dataclasses import dataclass, replace
 from twin import axes, limits
 from twin.errors import TwinError
 
-RECOMPUTE_MODES = ("full", "selective", "none")
+RECOMPUTE_MODES = ("full", "selective", "op", "none")
 ATTENTION_KINDS = ("flash", "unfused")
 OPTIMIZER_KINDS = ("megatron", "flat")
 # How a pipeline transfer crosses a stage boundary where every tensor-parallel rank holds the whole tensor (no

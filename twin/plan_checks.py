@@ -68,6 +68,8 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
         raise TwinError("--plan: vpp > 1 (interleaved 1F1B) needs pipeline parallelism; set pp > 1 or vpp=1")
     if plan.rcl:
         _check_recomputed_layers(plan, model)
+    if plan.recompute == "op":
+        _check_op_recompute(plan, model)
     for dimension in axes.DIMENSIONS:  # heads, kv_heads, hidden, ffn, vocab, seq: each split by the axes that say so
         for axis in axes.AXES:
             for rule in axis.divides:
@@ -118,6 +120,24 @@ def _check_recomputed_layers(plan: ParallelPlan, model: ModelSpec) -> None:
     if plan.rcl >= most:
         raise TwinError(f"--plan: rcl={plan.rcl} recomputes every layer of each model chunk (at most {most} a chunk "
                         f"here), which is recompute=full alone; leave rcl out, or give fewer than {most}")
+
+
+def _check_op_recompute(plan: ParallelPlan, model: ModelSpec) -> None:
+    """recompute=op is torchtitan's per-operator checkpointing of a Llama block (twin.plan): the matrix multiplies it
+    keeps and reruns are counted in a Llama block's order (without dropout, as torchtitan's Llama), with flash
+    attention (whose output it keeps), without tensor parallelism (whose collectives torchtitan's policy keeps or
+    reruns by kind) and without FP8 (whose quantisations it would rerun); a plan outside that is refused rather
+    than guessed."""
+    problems = [(model.arch != "llama", f"a Llama model (got arch={model.arch})", "use a Llama model"),
+                (model.dropout, "a model trained without dropout (got dropout=1)", "use dropout=0"),
+                (plan.attention != "flash", f"flash attention (got attention={plan.attention})", "use attention=flash"),
+                (plan.gx * plan.gy > 1, f"no tensor parallelism inside the block (got gx={plan.gx}, gy={plan.gy})",
+                 "use gx=gy=1 (FSDP: gz)"),
+                (plan.fp8, "bf16 linears (got fp8=1)", "leave fp8 out")]
+    for wrong, needs, fix in problems:
+        if wrong:
+            raise TwinError(f"--plan: recompute=op (torchtitan's per-operator checkpointing) is modelled for {needs}; "
+                            f"{fix}, or choose recompute=full, selective or none")
 
 
 def validate_pipeline_micro_batches(plan: ParallelPlan, micro_batches: int) -> None:

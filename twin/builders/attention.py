@@ -35,9 +35,7 @@ class AttentionWriter(RingAttentionWriter, GatheredAttentionWriter):
         """The attention core's forward, in the forward pass and in either recompute."""
         heads = self.head_elements()
         if self.plan.attention == "flash":
-            for which in FLASH_COPIED:
-                self.elementwise(*self.kernel(at, "attn", f"{which}_copy", layer), self.qkv_part_elements(which),
-                                 COPY_BYTES, 0)
+            self.flash_input_copies(at, layer)
             self.elementwise(*self.kernel(at, "attn", "seqlens", layer), self.plan.mbs + 1, SEQLENS_BYTES, 1)
             if self.plan.cp > 1 and self.plan.cpcomm == "allgather":
                 self.gathered_forward(at, layer)
@@ -59,6 +57,13 @@ class AttentionWriter(RingAttentionWriter, GatheredAttentionWriter):
             self.score_elementwise(*self.kernel(at, "attn", "dropout", layer), ATTENTION_DROPOUT_BYTES, DROPOUT_FLOPS)
         self.batched_gemm(*self.kernel(at, "attn", "context", layer), s, d, s, "NN")  # probs V
         self.elementwise(*self.kernel(at, "attn", "context_copy", layer), heads, COPY_BYTES, 0)
+
+    def flash_input_copies(self, at: Pass, layer: int) -> None:
+        """The copies that lay q, k and v out for the flash kernel (FLASH_COPIED), in the forward and in what
+        recompute=op reruns: the kernel's inputs, which its backward reads."""
+        for which in FLASH_COPIED:
+            self.elementwise(*self.kernel(at, "attn", f"{which}_copy", layer), self.qkv_part_elements(which),
+                             COPY_BYTES, 0)
 
     def attention_backward(self, at: Pass, layer: int) -> None:
         """The attention core's backward (pass `at`); selective recompute first reruns the unfused forward."""

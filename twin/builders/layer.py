@@ -53,6 +53,37 @@ class LayerWriter(LinearWriter, AttentionWriter):
         return self.blocks.write(self.w, ("backward", prefetch, regather), at, layer, gathered, self.deferred_waits,
                                  lambda: self.write_block_backward(at, linears, gathered, after, regather))
 
+    def block_op_recompute(self, at: Pass, linears: list[Linear]) -> None:
+        """What recompute=op (twin.plan: torchtitan's per-operator checkpointing) reruns of one block before its
+        backward, in the recompute pass `at`. Where FSDP freed the block's sharded weights after its forward
+        (reshard) it gathers them back, all four (FSDP gathers a block's parameters before the backward that reruns
+        these ops), so the backward that follows gathers none again; without reshard they are still held."""
+        self.blocks.write(self.w, ("op_recompute",), at, linears[0].layer, None, self.deferred_waits,
+                          lambda: self.write_block_op_recompute(at, linears))
+
+    def write_block_op_recompute(self, at: Pass, linears: list[Linear]) -> None:
+        """block_op_recompute, op by op. Of a Llama block's matrix multiplies in execution order (wq, wk, wv, wo,
+        w1, w3, w2) the policy keeps the odd ones' outputs and reruns the even ones: wk (the k columns of the fused
+        QKV), wo and w3 (the up half of the fused gate and up); and it reruns the element-wise work between what
+        it keeps and what the backward reads: ln1, the rotary embedding of q and k and the flash kernel's input
+        copies (the kernel's output is kept), the residual add, ln2, and SwiGLU (the down projection's input).
+        w2's output is kept and the second residual add's backward reads nothing, so the rerun ends there."""
+        res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
+        qkv, attn_out, up, down = linears
+        layer = qkv.layer
+        held = not self.regathers(recomputed=False)  # the forward's gathered weights, unless resharded
+        self.elementwise(*self.kernel(at, "ln1", "fwd", layer), res, LAYERNORM_BYTES, 5)
+        gathered = self.partial_forward(at, qkv, None, attn_out, self.model.hidden * self.model.kv_fraction, held)
+        self.rotary(at, layer, backward=False)
+        self.flash_input_copies(at, layer)
+        gathered = self.linear_forward(at, attn_out, gathered, up, held)
+        self.elementwise(*self.kernel(at, "resid1", "fwd", layer), res, RESIDUAL_ADD_BYTES, 1)
+        self.elementwise(*self.kernel(at, "ln2", "fwd", layer), res, LAYERNORM_BYTES, 5)
+        gathered = self.partial_forward(at, up, gathered, down, f, held)
+        self.elementwise(*self.kernel(at, "swiglu", "fwd", layer), self.tokens * f / gx, SWIGLU_BYTES, SWIGLU_FLOPS)
+        if not held:  # the backward's first linear: its weights gathered back too
+            self.forward_gather(at, down, gathered, None)
+
     def write_block_forward(self, at: Pass, linears: list[Linear], gathered: int | None,
                             after: Linear | None) -> int | None:
         """block_forward, op by op."""

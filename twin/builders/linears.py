@@ -53,14 +53,12 @@ class LinearWriter(StageBase):
         name, tag = self.named(at, lin, f"ag_{axis.replace('+', '')}")
         return self.w.collective(name, axis, work, tag=tag)
 
-    def linear_forward(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None) -> int | None:
-        """Forward of one linear; returns the prefetched all-gather of `prefetch`, if issued."""
+    def linear_forward(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None,
+                       held: bool = False) -> int | None:
+        """Forward of one linear; returns the prefetched all-gather of `prefetch`, if issued. `held`: its weights are
+        still gathered from the forward (recompute=op's rerun without reshard), so nothing is gathered."""
         w, sp = self.w, self.plan.sp and self.sizes["x"] > 1
-        if self.sizes[self.shard_axis] > 1 and gathered is None:
-            gathered = self.gather_weight(at, lin)
-        if gathered is not None:
-            w.wait(gathered)
-        next_gather = self.gather_weight(at, prefetch) if (prefetch and self.plan.oag) else None
+        next_gather = None if held else self.forward_gather(at, lin, gathered, prefetch)
         rows, k_loc, n_loc = self.gemm_dims(lin)
         tune, tpo, dtype = self.plan.tune_gemm, self.overlaps_tp(lin), self.gemm_dtype(lin)
         gathered_input = sp and not lin.transposed  # sequence-parallel input gathered before a column-parallel linear
@@ -90,6 +88,29 @@ class LinearWriter(StageBase):
                 self.blocking(*self.named(at, lin, "rs_x"), "reduce_scatter", "x", self.b * rows * n_loc)
             else:
                 self.blocking(*self.named(at, lin, f"ar_{axis}"), "all_reduce", axis, self.b * rows * n_loc)
+        return next_gather
+
+    def forward_gather(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None) -> int | None:
+        """Before a forward's GEMM: wait for `lin`'s sharded weights (`gathered`, prefetched by the linear before, or
+        gathered here) and, with oag, prefetch those of `prefetch`, the next linear; returns that prefetched gather."""
+        if self.sizes[self.shard_axis] > 1 and gathered is None:
+            gathered = self.gather_weight(at, lin)
+        if gathered is not None:
+            self.w.wait(gathered)
+        return self.gather_weight(at, prefetch) if (prefetch and self.plan.oag) else None
+
+    def partial_forward(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None,
+                        columns: float, held: bool) -> int | None:
+        """The forward GEMM of `lin` for only `columns` of its output features (role "gemm_part"): what per-operator
+        checkpointing reruns of a fused linear whose separate matrix multiplies it keeps in part (twin.plan's
+        recompute=op: the k of QKV, the up half of SwiGLU's gate and up), after the weights' gather as in
+        linear_forward (none where they are `held`). Only for plans without tensor parallelism in the block, which
+        recompute=op requires."""
+        next_gather = None if held else self.forward_gather(at, lin, gathered, prefetch)
+        rows, k_loc, _ = self.gemm_dims(lin)
+        name, tag = self.named(at, lin, "gemm_part")
+        self.w.compute(name, Gemm(rows, round(columns), k_loc, "NT", self.gemm_dtype(lin),
+                                  tunable=self.plan.tune_gemm), tag=tag)
         return next_gather
 
     def overlaps_tp(self, lin: Linear) -> bool:
@@ -132,8 +153,9 @@ class LinearWriter(StageBase):
     @property
     def regathers_backward(self) -> bool:
         """regathers for the plan's recompute as a whole: what the LM head's backward does (no recompute reruns
-        it), and every block's where all of them recompute or none does."""
-        return self.regathers(self.plan.recompute == "full")
+        it), and every block's where all of them recompute or none does (recompute=op's gathers its block's weights
+        as full recompute's does: twin.builders.layer)."""
+        return self.regathers(self.plan.recompute in ("full", "op"))
 
     def backward_gather(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None,
                         regather: bool) -> int | None:

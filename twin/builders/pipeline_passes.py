@@ -5,7 +5,8 @@ them in twin.builders.pipeline's 1F1B or interleaved order, each forward
 from the embedding (first virtual stage) or a received activation through
 the chunk's blocks to the loss (last virtual stage) or a send, each backward
 the other way, with the recompute of full recompute before each block's
-backward (only the chunk's first plan.rcl blocks', where rcl is given).
+backward (only the chunk's first plan.rcl blocks', where rcl is given), or
+with recompute=op the part of the block per-operator checkpointing reruns.
 Pipeline transfers carry the residual stream's share on this rank (tokens x
 hidden / (gy [x gx with sp])); sends never block compute, receives do.
 Without sequence parallelism every tensor-parallel rank holds the whole
@@ -77,6 +78,12 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         return target - self.stage
 
     # ---- passes --------------------------------------------------------------
+    @property
+    def op_recompute(self) -> bool:
+        """recompute=op: each block's backward starts with what per-operator checkpointing reruns
+        (LayerWriter.block_op_recompute), which gathers the block's weights as a full recompute does."""
+        return self.plan.recompute == "op"
+
     def pass_of(self, phase: str, mb: int, chunk: int) -> Pass:
         """The pass `phase` of micro-batch `mb` on model chunk `chunk` (chunks tagged with interleaving only)."""
         return Pass(phase, mb, chunk if self.plan.vpp > 1 else None)
@@ -110,7 +117,7 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         # backward gathers its weights again; and the first linear of each block's backward that does, whose
         # gather the one before prefetches (the LM head's for the first block).
         recomputed = [self.plan.recomputes(len(blocks) - 1 - i) for i in range(len(blocks))]
-        regathers = [self.regathers(r) for r in recomputed]
+        regathers = [self.regathers(r or self.op_recompute) for r in recomputed]
         firsts = [block[-1] if again else None for block, again in zip(blocks, regathers)] + [None]
         gathered = None
         if self.is_last(chunk):
@@ -125,6 +132,8 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         for i, block in enumerate(blocks):
             if recomputed[i]:
                 self.block_forward(recompute, block, None, None)
+            elif self.op_recompute:
+                self.block_op_recompute(recompute, block)
             gathered = self.block_backward(at, block, gathered, firsts[i + 1], regathers[i])
             if last:
                 self.reduce_buckets_of(("layer",), block[0].layer)
@@ -149,7 +158,9 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
             recomputed = self.plan.recomputes(position)
             if recomputed:
                 self.block_forward(backward.to("rc"), block, None, None)
-            self.block_backward(backward, block, None, None, self.regathers(recomputed))
+            elif self.op_recompute:
+                self.block_op_recompute(backward.to("rc"), block)
+            self.block_backward(backward, block, None, None, self.regathers(recomputed or self.op_recompute))
         return self.w.ops
 
     def run_pipeline(self) -> None:

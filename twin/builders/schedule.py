@@ -93,7 +93,12 @@ arXiv 2205.05198, as Megatron's checkpointed core attention) reruns only the
 unfused core attention's forward, under the recompute tag, right before
 that layer's attention backward. Flash attention keeps nothing of size s^2 and already
 recomputes its scores inside its backward kernel, so with flash selective
-recomputes nothing: the schedule is the one without recompute.
+recomputes nothing: the schedule is the one without recompute. op
+(torchtitan's per-operator checkpointing of a Llama block) reruns, under the
+recompute tag before each block's backward, ln1, the k columns of the QKV
+GEMM ("gemm_part"), the rotary embedding and flash's q/k/v copies, the
+attention output GEMM, the residual add, ln2, the up half of the gate-and-up
+GEMM ("gemm_part") and SwiGLU: 12 kernels (twin.builders.layer).
 
 Everything that is not a GEMM, attention or communication: one op per kernel
 that Megatron-DeepSpeed launches for it (the simulator issues ops one host

@@ -12,7 +12,8 @@ real tensors by (block, role). The words:
   step around the micro-batches "main_grad", "layer" (a layer's gradient
   bucket), "optimizer".
 - a linear's roles: "gemm" (forward; with tpo its chunks under a collective
-  also "gemm_tail" or "gemm_rest", and "dI_tail"), "dI", "dW", "bias" and "dbias" (when
+  also "gemm_tail" or "gemm_rest", and "dI_tail"; recompute=op's rerun of some
+  of its output columns "gemm_part"), "dI", "dW", "bias" and "dbias" (when
   its bias is added outside the GEMM), its weight's all-gather "ag_z" or
   "ag_zdata" (ZeRO-3) and the gradient's reduce-scatter "rs_z" or
   "rs_zdata", the output's or dI's all-reduce "ar_x" / "ar_y", sequence

@@ -133,7 +133,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tp", type=count_flag(limits.DEGREE), help="largest gx*gy*gz (default: no limit)")
     p.add_argument("--zero", default="0", help="ZeRO stages to try over gdata, e.g. 0,1 (default 0)")
     p.add_argument("--recompute", default="full",
-                   help="recompute modes to try, from full,selective,none (default full)")
+                   help="recompute modes to try, from full,selective,op,none (default full; op: torchtitan's per-operator "
+                   "checkpointing, tried on Llama models where the block has no tensor parallelism)")
     p.add_argument("--rcl", default="0",
                    help="with full recompute, how many layers of each model chunk recompute, to try: e.g. 0,1,2 "
                    "(Megatron-Core's --recompute-method block --recompute-num-layers; 0, the default: every layer; "
