@@ -1,15 +1,14 @@
 """torchtitan's FSDP2 runs of Llama 2 and Llama 3 on 64 A100 80 GB, predicted; never fitted.
 
-    .venv/bin/python benchmarks/torchtitan_a100.py [--out out] [--json]     # about 30 seconds
+    .venv/bin/python benchmarks/torchtitan_a100.py [--out out] [--json]     # a few seconds
 
 The runs are benchmarks/data/torchtitan-a100-2024.csv (its README section
-says where they come from and what is assumed): five of the seven rows of
+says where they come from and what is assumed): the eight rows of
 torchtitan's performance page of 2024, each a fixed plan (FSDP over the 64
 GPUs, gz=64, with FULL_SHARD's resharding, reshard=1, and FSDP2's gradients
 reduced in fp32, gradfp32=1), its activation checkpointing stated (none,
-full, or every second layer: rcl of half the layers). The two rows with
-"selective op" checkpointing (PyTorch's operator-level selective activation
-checkpointing) are left out: the twin does not model it.
+full, every second layer: rcl of half the layers, or "selective op",
+torchtitan's per-operator checkpointing: recompute=op).
 
 Two machine columns on topologies/dgx-a100.toml (the cluster is not
 described beyond "64 A100 (80GB)": a DGX A100 fabric, 8 x 200 Gb/s HDR a

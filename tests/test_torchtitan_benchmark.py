@@ -1,4 +1,4 @@
-"""benchmarks/torchtitan_a100.py: torchtitan's five A100 runs predicted on two columns, the second carried from
+"""benchmarks/torchtitan_a100.py: torchtitan's eight A100 runs predicted on two columns, the second carried from
 MosaicML's one-node fit (GEMM rate only), and the validation file refused by `twin fit`."""
 
 from __future__ import annotations
@@ -21,13 +21,31 @@ def test_every_run_is_predicted_on_both_columns(tmp_path, capsys):
     assert torchtitan_a100.main(["--out", str(tmp_path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     carried = str(tmp_path / "tt-a100-carried.toml")
-    assert len(result["rows"]) == 5
+    assert len(result["rows"]) == 8
     for row in result["rows"]:
         assert set(row["predicted_s"]) == {"dgx-a100", carried}
         assert all(s > 0 for s in row["predicted_s"].values())
     fitted = load_machine(str(torchtitan_a100.FITTED)).device
     assert load_machine(carried).device.empirical_gemm_flop_per_s == pytest.approx(fitted.empirical_gemm_flop_per_s)
     assert load_machine(carried).device.attention_efficiency == load_machine("dgx-a100").device.attention_efficiency
+
+
+def test_the_70b_run_with_per_operator_checkpointing_fits_at_the_batch_it_ran_and_not_at_two():
+    """The page ran Llama 2 70B with selective op checkpointing at local batch 1 because batch 2 ran out of memory
+    (its footnote): the memory model, counted from the policy and the model (twin.memory), agrees on both."""
+    from dataclasses import replace
+
+    from twin.memory import check_fit
+    from twin.plan import with_micro_batch
+    from twin.runs import load_runs
+
+    hbm = load_machine("dgx-a100").device.hbm_bytes
+    [run] = [r for r in load_runs(str(torchtitan_a100.RUNS), "") if r.label == "Llama-2-70B" and r.plan.recompute == "op"]
+    assert run.plan.mbs == 1
+    check_fit(run.model, run.plan, hbm)
+    doubled = with_micro_batch(replace(run.plan, ga=0, global_batch=2 * run.plan.global_batch), 2)
+    with pytest.raises(TwinError, match="plan does not fit"):
+        check_fit(run.model, doubled, hbm, reserve=False)
 
 
 def test_the_runs_are_validation_data():
