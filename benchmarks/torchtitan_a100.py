@@ -8,7 +8,8 @@ torchtitan's performance page of 2024, each a fixed plan (FSDP over the 64
 GPUs, gz=64, with FULL_SHARD's resharding, reshard=1, and FSDP2's gradients
 reduced in fp32, gradfp32=1), its activation checkpointing stated (none,
 full, every second layer: rcl of half the layers, or "selective op",
-torchtitan's per-operator checkpointing: recompute=op).
+torchtitan's per-operator checkpointing: recompute=op), and its Llama's
+element-wise work op by op as eager PyTorch launches it (kernels=eager).
 
 Two machine columns on topologies/dgx-a100.toml (the cluster is not
 described beyond "64 A100 (80GB)": a DGX A100 fabric, 8 x 200 Gb/s HDR a

@@ -151,6 +151,16 @@ link_efficiency = {{ nic = {{ value = 1, estimate = "t" }}, attach = {{ value = 
 # ---- schedule helpers ----------------------------------------------------------
 
 
+def valid_plan(text: str, model, global_batch: int):
+    """The plan `text` over a step of `global_batch` sequences, validated for `model` on its own GPU count."""
+    from twin.plan import ParallelPlan, parse_plan
+    from twin.plan_checks import validate_plan
+
+    plan = parse_plan(text, ParallelPlan(global_batch=global_batch))
+    validate_plan(plan, model, plan.world_size)
+    return plan
+
+
 def op_by_name(program: Program) -> dict[str, Op]:
     out: dict[str, Op] = {}
     for op in program.ops:

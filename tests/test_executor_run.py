@@ -135,6 +135,19 @@ def test_numerics_pass_with_only_the_first_layer_recomputed(tmp_path, plan):
     assert result["ok"], result["failures"]
 
 
+def test_numerics_pass_with_eager_kernels(tmp_path):
+    """kernels=eager: a Llama layer's element-wise work op by op (the rotary embedding's casts and complex
+    multiply, SwiGLU's silu and multiply, grouped-query attention's k and v copied out to every head) runs as
+    scratch kernels between the checked linears."""
+    llama = ModelSpec("tiny-llama", layers=2, hidden=256, heads=4, kv_heads=2, seq=128, vocab=1024, ffn=512,
+                      arch="llama", dropout=False)
+    schedule, path = export(tmp_path, "gz=2,mbs=1,recompute=full,kernels=eager", 2, model=llama)
+    roles = {(op.tag.block, op.tag.role) for op in schedule.programs[0].ops if op.tag.layer == 0}
+    assert {("rope_q", "up"), ("swiglu", "silu"), ("attn", "k_repeat"), ("attn", "v_repeat_bwd")} <= roles
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+
+
 @pytest.mark.parametrize("reshard", [0, 1])
 def test_numerics_pass_with_per_operator_checkpointing(tmp_path, reshard):
     """recompute=op on a Llama block with its weights sharded over z: the rerun's partial GEMMs (k's columns of

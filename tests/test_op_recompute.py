@@ -16,7 +16,8 @@ from twin.memory import layer_activation_bytes, layer_input_bytes, op_kept_bytes
 from twin.micro_batches import simulate_step
 from twin.model import parse_model_spec
 from twin.plan import ParallelPlan, parse_plan
-from twin.plan_checks import validate_plan
+
+from helpers import valid_plan
 
 # Llama-shaped: grouped-query attention (k and v a quarter of q), a SwiGLU MLP of 1,536
 LLAMA = parse_model_spec("layers=4,hidden=512,heads=8,kv_heads=2,seq=256,vocab=1024,ffn=1536,arch=llama")
@@ -25,9 +26,7 @@ FSDP = "gz=4,mbs=1,ga=2"
 
 
 def plan(text: str, model=LLAMA) -> ParallelPlan:
-    p = parse_plan(text, ParallelPlan(global_batch=8))
-    validate_plan(p, model, p.world_size)
-    return p
+    return valid_plan(text, model, 8)
 
 
 def rerun(p: ParallelPlan, layer: int = 1) -> list:

@@ -6,7 +6,7 @@ program's ops, in order, with their ids, names, streams, works, dependencies
 and tags, and the groups. The plans cover every axis (4D, pipelines, 1F1B and
 interleaved, context parallelism, sequence parallelism, ZeRO 1-3), every
 overlap switch, each recompute and attention kind, recompute of some layers (rcl) and micro-batches of one and
-more sequences, and a Llama block with recompute=op; each is checked to have copied blocks at all.
+more sequences, and a Llama block with recompute=op and eager kernels; each is checked to have copied blocks at all.
 """
 
 from __future__ import annotations
@@ -73,6 +73,8 @@ LLAMA_PLANS = [
     *(f"gz=2,gdata=2,mbs=1,ga=3,recompute=op,reshard={r},oag={g}" for r, g in itertools.product((0, 1), repeat=2)),
     "gz=2,pp=2,vpp=2,mbs=1,ga=4,recompute=op,reshard=1",
     "gx=2,gz=2,mbs=2,ga=2,recompute=none,reshard=1",
+    "gz=2,gdata=2,mbs=2,ga=3,recompute=op,reshard=1,kernels=eager",  # torchtitan's element-wise work, op by op
+    "gx=2,gz=2,pp=2,mbs=1,ga=4,recompute=full,kernels=eager",
 ]
 
 

@@ -23,8 +23,8 @@ from twin.ir import (
     StepInfo, Work,
 )
 from twin.model import DTYPE_BYTES
-from twin.plan import (ATTENTION_KINDS, CP_COMM_KINDS, FP8_RECIPES, OPTIMIZER_KINDS, RECOMPUTE_MODES, ZERO_STAGES,
-                       ParallelPlan)
+from twin.plan import (ATTENTION_KINDS, CP_COMM_KINDS, FP8_RECIPES, KERNEL_KINDS, OPTIMIZER_KINDS, RECOMPUTE_MODES,
+                       ZERO_STAGES, ParallelPlan)
 from twin.plan import P2P_KINDS as PIPELINE_TRANSFER_KINDS
 
 IR_DTYPES = (*DTYPE_BYTES, FP8)  # a model's dtypes, and fp8 (ParallelPlan.fp8's linears)
@@ -35,7 +35,8 @@ MAX_AMOUNT = 1e30  # FLOPs or bytes of one op or step: a zettascale step is 1e21
 _PLAN_COUNTS = {**{key: limits.DEGREE for key in axes.KEYS}, "vpp": limits.DEGREE, "global_batch": limits.SEQUENCES,
                 "mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "rcl": limits.RECOMPUTED_LAYERS}
 _PLAN_WORDS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
-               "p2p": PIPELINE_TRANSFER_KINDS, "cpcomm": CP_COMM_KINDS, "fp8recipe": FP8_RECIPES}
+               "p2p": PIPELINE_TRANSFER_KINDS, "cpcomm": CP_COMM_KINDS, "fp8recipe": FP8_RECIPES,
+               "kernels": KERNEL_KINDS}
 
 
 def check_info(info: StepInfo, world_size: int) -> None:

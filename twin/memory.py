@@ -26,7 +26,9 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
   has no masks, nor the dropped scores below. With grouped-query attention
   k and v are kv_heads/heads of q (4h/gx becomes (2 + 2 kv_heads/heads) h/gx),
   and a SwiGLU MLP (Llama) keeps its first linear's 2f outputs and the down
-  projection's f inputs (3f/gx in place of 2f/gx). Unfused attention
+  projection's f inputs (3f/gx in place of 2f/gx); in eager PyTorch
+  (plan.kernels) SwiGLU's multiply also keeps silu's output (4f/gx) and SDPA
+  its k and v copied out to every head (4h/gx). Unfused attention
   (plan.attention) also keeps, per score element (mbs x heads/gx x seq x seq of them), the softmax output and
   the dropout output (bf16) and the dropout mask (1 byte): 5 m a s/gx bytes,
   Korthikanti's 5as/(ht) term (the same with or without sp: sp splits only
@@ -121,8 +123,9 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) ->
     h, f, b = model.hidden, model.ffn, model.dtype_bytes
     residual = residual_split(plan)
     masks = 2 * tokens * h / residual if model.dropout else 0.0  # the two residual dropouts' 1-byte masks
-    heads = (2 + 2 * model.kv_fraction) * h  # q, k, v and the attention's output (k, v narrower with GQA)
-    mlp = (3 if model.gated else 2) * f  # the first linear's output (SwiGLU's gate and up) and the down's input
+    eager = plan.kernels == "eager"  # SDPA keeps k and v copied out to every head; the multiply keeps silu's output
+    heads = (4 if eager else 2 + 2 * model.kv_fraction) * h  # q, k, v and the attention's output (GQA: k, v narrower)
+    mlp = (3 + eager if model.gated else 2) * f  # the first linear's output (SwiGLU's gate and up) and the down's input
     linears = b * tokens * (4 * h / residual + heads / plan.gx + mlp / plan.gx) + masks
     if plan.fp8:  # the FP8 linears' inputs kept for dW as 1-byte copies (module docstring)
         linears -= (b - FP8_SAVED_INPUT_BYTES) * tokens * (2 * h / residual + f / plan.gx)

@@ -59,6 +59,14 @@ global_batch / (gdata gz) sequences per step, in `ga` micro-batches of `mbs`
 sequences (with a pipeline, `ga` is the number of micro-batches m per step).
 When neither mbs nor ga is given, twin.memory.resolve_micro_batch picks one.
 
+`kernels` is how a Llama layer's element-wise work is launched: "fused"
+(the default: one kernel per module, as Megatron-Core's fused SwiGLU and
+rotary embedding, twin.builders.megatron_kernels) or "eager" (op by op in
+eager PyTorch, as torchtitan's Llama of 2024 runs without torch.compile: the
+rotary embedding in fp32 complex arithmetic, SwiGLU as silu and a multiply,
+grouped-query attention's keys and values copied out to every head;
+twin.builders.eager_kernels).
+
 `reshard` is what the weights sharded over gz (or gdata under ZeRO-3) do
 between a layer's forward and its backward: 0 keeps the gathered weights for
 the backward (AxoNN's Algorithm 1, FSDP's SHARD_GRAD_OP: the default); 1
@@ -163,6 +171,9 @@ CP_COMM_KINDS = ("p2p", "allgather")
 # How an FP8 linear's tensors are quantised (ParallelPlan.fp8): current scaling (an amax pass, then the cast) or
 # delayed scaling (the scale from an amax history, the cast alone). twin.builders.megatron_kernels.
 FP8_RECIPES = ("current", "delayed")
+# How a Llama layer's element-wise work is launched (ParallelPlan.kernels): Megatron-Core's fused kernels, or op by
+# op in eager PyTorch as torchtitan's Llama of 2024 runs it. twin.builders.eager_kernels.
+KERNEL_KINDS = ("fused", "eager")
 ZERO_STAGES = (0, 1, 2, 3)
 _BOOL_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
 
@@ -197,6 +208,7 @@ class ParallelPlan:
     fp8recipe: str = "current"  # FP8_RECIPES: how fp8's tensors are quantised
     fp8pg: bool = False  # the linears' weights kept, and ZeRO-1/2's weights gathered, in FP8 (--fp8-param-gather)
     gradfp32: bool = False  # gradients accumulated and reduced in fp32 (Megatron's bf16 default; FSDP reduce_dtype)
+    kernels: str = "fused"  # KERNEL_KINDS: a Llama layer's element-wise work fused (Megatron-Core) or eager (torchtitan)
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -301,6 +313,8 @@ class ParallelPlan:
             parts.append(f"cpcomm={self.cpcomm}")
         if self.fp8recipe != "current":  # as attention
             parts.append(f"fp8recipe={self.fp8recipe}")
+        if self.kernels != "fused":  # as attention
+            parts.append(f"kernels={self.kernels}")
         parts.append(f"recompute={self.recompute}")
         if self.rcl:
             parts.append(f"rcl={self.rcl}")
@@ -320,7 +334,7 @@ _BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb"
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values
 WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
-              "p2p": P2P_KINDS, "cpcomm": CP_COMM_KINDS, "fp8recipe": FP8_RECIPES}
+              "p2p": P2P_KINDS, "cpcomm": CP_COMM_KINDS, "fp8recipe": FP8_RECIPES, "kernels": KERNEL_KINDS}
 _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(WORD_KEYS)
 
 

@@ -70,6 +70,8 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
         _check_recomputed_layers(plan, model)
     if plan.recompute == "op":
         _check_op_recompute(plan, model)
+    if plan.kernels == "eager":
+        _check_eager_kernels(plan, model)
     for dimension in axes.DIMENSIONS:  # heads, kv_heads, hidden, ffn, vocab, seq: each split by the axes that say so
         for axis in axes.AXES:
             for rule in axis.divides:
@@ -138,6 +140,18 @@ def _check_op_recompute(plan: ParallelPlan, model: ModelSpec) -> None:
         if wrong:
             raise TwinError(f"--plan: recompute=op (torchtitan's per-operator checkpointing) is modelled for {needs}; "
                             f"{fix}, or choose recompute=full, selective or none")
+
+
+def _check_eager_kernels(plan: ParallelPlan, model: ModelSpec) -> None:
+    """kernels=eager counts torchtitan's Llama op by op (twin.builders.eager_kernels): a Llama layer, its attention
+    through SDPA's flash kernel on whole sequences; anything else is refused rather than guessed."""
+    problems = [(model.arch != "llama", f"a Llama model (got arch={model.arch})", "use a Llama model"),
+                (plan.attention != "flash", f"flash attention (got attention={plan.attention})", "use attention=flash"),
+                (plan.cp > 1, f"whole sequences on a rank (got cp={plan.cp})", "use cp=1")]
+    for wrong, needs, fix in problems:
+        if wrong:
+            raise TwinError(f"--plan: kernels=eager (torchtitan's Llama in eager PyTorch) is modelled for {needs}; "
+                            f"{fix}, or leave kernels out (fused)")
 
 
 def validate_pipeline_micro_batches(plan: ParallelPlan, micro_batches: int) -> None:

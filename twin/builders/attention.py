@@ -22,6 +22,7 @@ from twin.builders.megatron_kernels import (
     ATTENTION_DROPOUT_BACKWARD_BYTES, ATTENTION_DROPOUT_BYTES, COPY_BYTES, DROPOUT_FLOPS, FLASH_COPIED,
     SEQLENS_BYTES, SOFTMAX_BACKWARD_BYTES, SOFTMAX_BYTES, SOFTMAX_FLOPS, fused_softmax_available, torch_softmax_kernels,
 )
+from twin.builders.eager_kernels import REPEAT_KV_BYTES
 from twin.builders.gathered_attention import GatheredAttentionWriter
 from twin.builders.ring_attention import RingAttentionWriter
 from twin.builders.tags import Pass
@@ -35,8 +36,10 @@ class AttentionWriter(RingAttentionWriter, GatheredAttentionWriter):
         """The attention core's forward, in the forward pass and in either recompute."""
         heads = self.head_elements()
         if self.plan.attention == "flash":
+            eager = self.plan.kernels == "eager"  # torchtitan's SDPA call: no cu_seqlens, the output always copied
             self.flash_input_copies(at, layer)
-            self.elementwise(*self.kernel(at, "attn", "seqlens", layer), self.plan.mbs + 1, SEQLENS_BYTES, 1)
+            if not eager:
+                self.elementwise(*self.kernel(at, "attn", "seqlens", layer), self.plan.mbs + 1, SEQLENS_BYTES, 1)
             if self.plan.cp > 1 and self.plan.cpcomm == "allgather":
                 self.gathered_forward(at, layer)
             elif self.plan.cp > 1:
@@ -44,7 +47,7 @@ class AttentionWriter(RingAttentionWriter, GatheredAttentionWriter):
             else:
                 name, tag = self.kernel(at, "attn", "fwd", layer)
                 self.w.compute(name, self.flash_attention(backward=False), tag=tag)
-            if self.plan.mbs > 1:
+            if self.plan.mbs > 1 or eager:
                 self.elementwise(*self.kernel(at, "attn", "context_copy", layer), heads, COPY_BYTES, 0)
             return
         s, d = self.model.seq, self.model.head_dim
@@ -59,15 +62,35 @@ class AttentionWriter(RingAttentionWriter, GatheredAttentionWriter):
         self.elementwise(*self.kernel(at, "attn", "context_copy", layer), heads, COPY_BYTES, 0)
 
     def flash_input_copies(self, at: Pass, layer: int) -> None:
-        """The copies that lay q, k and v out for the flash kernel (FLASH_COPIED), in the forward and in what
-        recompute=op reruns: the kernel's inputs, which its backward reads."""
+        """The copies that lay q, k and v out for the flash kernel (FLASH_COPIED; eager, grouped-query attention's
+        k and v copied out to every head, twin.builders.eager_kernels), in the forward and in what recompute=op
+        reruns: the kernel's inputs, which its backward reads."""
+        if self.plan.kernels == "eager":
+            if self.model.kv_heads < self.model.heads:
+                for which in ("k", "v"):
+                    self.elementwise(*self.kernel(at, "attn", f"{which}_repeat", layer), self.head_elements(),
+                                     REPEAT_KV_BYTES, 0)
+            return
         for which in FLASH_COPIED:
             self.elementwise(*self.kernel(at, "attn", f"{which}_copy", layer), self.qkv_part_elements(which),
                              COPY_BYTES, 0)
 
+    def eager_flash_backward(self, at: Pass, layer: int) -> None:
+        """torchtitan's SDPA backward (kernels=eager, one rank a sequence): the kernel, then grouped-query
+        attention's expanded k and v gradients summed back to their heads (twin.builders.eager_kernels)."""
+        name, tag = self.kernel(at, "attn", "bwd", layer)
+        self.w.compute(name, self.flash_attention(backward=True), tag=tag)
+        if self.model.kv_heads < self.model.heads:
+            for which in ("k", "v"):
+                self.elementwise(*self.kernel(at, "attn", f"{which}_repeat_bwd", layer), self.head_elements(),
+                                 2 + 2 * self.model.kv_fraction, 1)
+
     def attention_backward(self, at: Pass, layer: int) -> None:
         """The attention core's backward (pass `at`); selective recompute first reruns the unfused forward."""
         heads = self.head_elements()
+        if self.plan.attention == "flash" and self.plan.kernels == "eager":
+            self.eager_flash_backward(at, layer)
+            return
         if self.plan.attention == "flash":  # nothing to recompute: the kernel rebuilds its scores itself
             if self.plan.mbs > 1:
                 self.elementwise(*self.kernel(at, "attn", "bwd_copy", layer), heads, COPY_BYTES, 0)

@@ -11,6 +11,7 @@ the QKV linear, and SwiGLU where GPT has GeLU.
 from __future__ import annotations
 
 from twin.builders.attention import AttentionWriter
+from twin.builders.eager_kernels import ROPE_BACKWARD, ROPE_FORWARD, SWIGLU_BACKWARD, SWIGLU_FORWARD
 from twin.builders.linears import LinearWriter
 from twin.builders.megatron_kernels import (
     BIAS_ADD_BYTES, DROPOUT_BACKWARD_BYTES, GELU_BACKWARD_BYTES, GELU_BYTES, GRAD_ADD_BYTES, LAYERNORM_BACKWARD_BYTES,
@@ -68,7 +69,7 @@ class LayerWriter(LinearWriter, AttentionWriter):
         it keeps and what the backward reads: ln1, the rotary embedding of q and k and the flash kernel's input
         copies (the kernel's output is kept), the residual add, ln2, and SwiGLU (the down projection's input).
         w2's output is kept and the second residual add's backward reads nothing, so the rerun ends there."""
-        res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
+        res, f = self.residual_elements(), self.model.ffn
         qkv, attn_out, up, down = linears
         layer = qkv.layer
         held = not self.regathers(recomputed=False)  # the forward's gathered weights, unless resharded
@@ -80,7 +81,7 @@ class LayerWriter(LinearWriter, AttentionWriter):
         self.elementwise(*self.kernel(at, "resid1", "fwd", layer), res, RESIDUAL_ADD_BYTES, 1)
         self.elementwise(*self.kernel(at, "ln2", "fwd", layer), res, LAYERNORM_BYTES, 5)
         gathered = self.partial_forward(at, up, gathered, down, f, held)
-        self.elementwise(*self.kernel(at, "swiglu", "fwd", layer), self.tokens * f / gx, SWIGLU_BYTES, SWIGLU_FLOPS)
+        self.swiglu(at, layer, backward=False)
         if not held:  # the backward's first linear: its weights gathered back too
             self.forward_gather(at, down, gathered, None)
 
@@ -105,7 +106,7 @@ class LayerWriter(LinearWriter, AttentionWriter):
         self.elementwise(*self.kernel(at, "ln2", "fwd", layer), res, LAYERNORM_BYTES, 5)
         gathered = self.linear_forward(at, up, gathered, down)
         if self.model.gated:
-            self.elementwise(*self.kernel(at, "swiglu", "fwd", layer), m * f / gx, SWIGLU_BYTES, SWIGLU_FLOPS)
+            self.swiglu(at, layer, backward=False)
         else:
             self.elementwise(*self.kernel(at, "gelu", "fwd", layer), m * f / gx, GELU_BYTES, 8)
         gathered = self.linear_forward(at, down, gathered, after)
@@ -115,11 +116,27 @@ class LayerWriter(LinearWriter, AttentionWriter):
         return gathered
 
     def rotary(self, at: Pass, layer: int, backward: bool) -> None:
-        """Rotary position embedding (Llama): one kernel on q and one on k (kv_heads of them), each direction."""
-        role = "bwd" if backward else "fwd"
+        """Rotary position embedding (Llama): one kernel on q and one on k (kv_heads of them), each direction; three
+        each in eager PyTorch (twin.builders.eager_kernels)."""
+        if self.plan.kernels == "eager":
+            kernels = ROPE_BACKWARD if backward else ROPE_FORWARD
+        else:
+            kernels = (("bwd" if backward else "fwd", ROPE_BYTES, ROPE_FLOPS),)
         for which, fraction in (("q", 1.0), ("k", self.model.kv_fraction)):
-            self.elementwise(*self.kernel(at, f"rope_{which}", role, layer), self.head_elements() * fraction,
-                             ROPE_BYTES, ROPE_FLOPS)
+            for role, nbytes, flops in kernels:
+                self.elementwise(*self.kernel(at, f"rope_{which}", role, layer), self.head_elements() * fraction,
+                                 nbytes, flops)
+
+    def swiglu(self, at: Pass, layer: int, backward: bool) -> None:
+        """SwiGLU's element-wise work on the ffn/gx products of each token: Megatron-Core's fused kernel each way, or
+        eager PyTorch's silu and multiply (twin.builders.eager_kernels)."""
+        if self.plan.kernels == "eager":
+            kernels = SWIGLU_BACKWARD if backward else SWIGLU_FORWARD
+        else:
+            kernels = (("bwd", SWIGLU_BACKWARD_BYTES, SWIGLU_FLOPS) if backward else ("fwd", SWIGLU_BYTES, SWIGLU_FLOPS),)
+        for role, nbytes, flops in kernels:
+            self.elementwise(*self.kernel(at, "swiglu", role, layer), self.tokens * self.model.ffn / self.sizes["x"],
+                             nbytes, flops)
 
     def write_block_backward(self, at: Pass, linears: list[Linear], gathered: int | None, after: Linear | None,
                              regather: bool) -> int | None:
@@ -142,8 +159,7 @@ class LayerWriter(LinearWriter, AttentionWriter):
             self.bias_backward(at, down)
         gathered = self.linear_backward(at, down, gathered=gathered, prefetch=inside(up), regather=regather)
         if self.model.gated:
-            self.elementwise(*self.kernel(at, "swiglu", "bwd", layer), m * f / gx, SWIGLU_BACKWARD_BYTES,
-                             SWIGLU_FLOPS)
+            self.swiglu(at, layer, backward=True)
         else:
             self.elementwise(*self.kernel(at, "gelu", "bwd", layer), m * f / gx, GELU_BACKWARD_BYTES, 8)
         if biased:

@@ -100,6 +100,12 @@ GEMM ("gemm_part"), the rotary embedding and flash's q/k/v copies, the
 attention output GEMM, the residual add, ln2, the up half of the gate-and-up
 GEMM ("gemm_part") and SwiGLU: 12 kernels (twin.builders.layer).
 
+A Llama layer's element-wise work is counted as Megatron-Core fuses it
+below; with plan.kernels = "eager", as torchtitan's Llama launches it op by
+op in eager PyTorch (twin.builders.eager_kernels: the rotary embedding in
+three kernels each way on q and on k, SwiGLU in two forward and three
+backward, grouped-query attention's k and v copied out to every head).
+
 Everything that is not a GEMM, attention or communication: one op per kernel
 that Megatron-DeepSpeed launches for it (the simulator issues ops one host
 launch apart, so their number matters as well as their bytes), each counted

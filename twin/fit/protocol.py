@@ -35,7 +35,7 @@ VALIDATION_FILES = {
     # NVIDIA Megatron-Bridge's FP8 runs of Llama 3 70B and 3.1 405B on 64 and 1,024 H100 (its performance archive)
     "megatron-bridge-h100-fp8.csv": "8d3d0302e24d3eeac48b5a2804a0973f9bf78be0a4133c17f02e9006ddc943dd",
     # torchtitan's FSDP2 runs of Llama 2 and Llama 3 on 64 A100 80 GB (its performance page of 2024)
-    "torchtitan-a100-2024.csv": "54629874844285c3ce3e46fa30cfdf0edbd803771dac2afc8cc53bacfcaff8d0",
+    "torchtitan-a100-2024.csv": "c120b710e3e29fcffcce61e0599778845a9292afc3bb67e230b8b793c3bf4847",
 }
 
 
