@@ -136,10 +136,8 @@ def _check_op_recompute(plan: ParallelPlan, model: ModelSpec) -> None:
                 (plan.gx * plan.gy > 1, f"no tensor parallelism inside the block (got gx={plan.gx}, gy={plan.gy})",
                  "use gx=gy=1 (FSDP: gz)"),
                 (plan.fp8, "bf16 linears (got fp8=1)", "leave fp8 out")]
-    for wrong, needs, fix in problems:
-        if wrong:
-            raise TwinError(f"--plan: recompute=op (torchtitan's per-operator checkpointing) is modelled for {needs}; "
-                            f"{fix}, or choose recompute=full, selective or none")
+    _refuse_outside("recompute=op (torchtitan's per-operator checkpointing)", problems,
+                    "choose recompute=full, selective or none")
 
 
 def _check_eager_kernels(plan: ParallelPlan, model: ModelSpec) -> None:
@@ -148,10 +146,14 @@ def _check_eager_kernels(plan: ParallelPlan, model: ModelSpec) -> None:
     problems = [(model.arch != "llama", f"a Llama model (got arch={model.arch})", "use a Llama model"),
                 (plan.attention != "flash", f"flash attention (got attention={plan.attention})", "use attention=flash"),
                 (plan.cp > 1, f"whole sequences on a rank (got cp={plan.cp})", "use cp=1")]
+    _refuse_outside("kernels=eager (torchtitan's Llama in eager PyTorch)", problems, "leave kernels out (fused)")
+
+
+def _refuse_outside(what: str, problems: list[tuple[bool, str, str]], otherwise: str) -> None:
+    """The first of `problems` (wrong, what the model needs, the fix) that holds, as a one-line TwinError."""
     for wrong, needs, fix in problems:
         if wrong:
-            raise TwinError(f"--plan: kernels=eager (torchtitan's Llama in eager PyTorch) is modelled for {needs}; "
-                            f"{fix}, or leave kernels out (fused)")
+            raise TwinError(f"--plan: {what} is modelled for {needs}; {fix}, or {otherwise}")
 
 
 def validate_pipeline_micro_batches(plan: ParallelPlan, micro_batches: int) -> None:
