@@ -1,6 +1,6 @@
 """NCCL and RCCL all-gathers and reduce-scatters over 8-1,024 GPUs, measured, beside the twin's time for each.
 
-    .venv/bin/python benchmarks/collectives_at_scale.py [--json]     # seconds
+    .venv/bin/python benchmarks/collectives_at_scale.py [--json] [--figure figures/collectives-at-scale.png]
 
 The table (benchmarks/data/pccl-collectives.csv, twin.collectives_at_scale)
 times one group spanning the whole job on Perlmutter (NCCL) and Frontier
@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from topologies.machine import load_machine  # noqa: E402
 from twin.collectives_at_scale import (TABLE, collective_models, fit_latency_bandwidth, load_table,  # noqa: E402
                                        twin_alone_s)
+from twin.figures import collectives_figure  # noqa: E402
 
 MIB = 1 << 20
 
@@ -47,6 +48,8 @@ def machine_numbers(name: str) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print the comparison and the fits as JSON")
+    ap.add_argument("--figure", help="also draw measured and predicted times against the buffer, for the narrowest, "
+                    "a middle and the widest group of each set, to this PNG")
     args = ap.parse_args(argv)
     entries = load_table()
     models = collective_models(entries)
@@ -74,7 +77,23 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(result, indent=1))
     else:
         _print(result)
+    if args.figure:
+        _figure(args.figure, result)
     return result
+
+
+def _figure(path: str, result: dict) -> None:
+    """The figure --figure asks for: three group widths a set (the narrowest, the middle one, the widest)."""
+    panels = []
+    for s in result["sets"]:
+        widths = sorted({r["gpus"] for r in s["rows"]})
+        shown = sorted({widths[0], widths[len(widths) // 2], widths[-1]})
+        lines = {g: [(r["bytes"], r["measured_s"], r["twin_s"], r["fitted"]) for r in s["rows"] if r["gpus"] == g]
+                 for g in shown}
+        panels.append((f"{s['machine']} {s['collective']}", lines))
+    collectives_figure(path, panels, "collectives alone: measured (solid; hollow: a stall the fit left out) "
+                                     "and the twin (dashed)")
+    print(f"figure written to {path}")
 
 
 def _summary(rows: list[dict]) -> dict:

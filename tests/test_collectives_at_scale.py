@@ -86,3 +86,9 @@ def test_the_benchmark_prints_every_set_with_its_fit_and_the_machine_files_numbe
     collectives_at_scale.main([])
     out = capsys.readouterr().out
     assert "perlmutter all_gather" in out and "geometric mean" in out and "a node spanned" in out
+
+
+def test_the_figure_is_written(tmp_path, capsys):
+    path = tmp_path / "collectives.png"
+    collectives_at_scale.main(["--figure", str(path)])
+    assert path.stat().st_size > 10_000 and f"figure written to {path}" in capsys.readouterr().out

@@ -190,6 +190,33 @@ def measured_vs_predicted_figure(path: str, panels: list[tuple[str, list[float],
     _save(fig, path)
 
 
+def collectives_figure(path: str, panels: list[tuple[str, dict[int, list[tuple[float, float, float, bool]]]]],
+                       title: str) -> None:
+    """Measured (markers on solid lines; hollow where the fit left a stall out) and the twin's (dashed) time of a
+    collective alone against its buffer, one line pair per group width, one panel per machine and collective:
+    panels are (name, {gpus: [(bytes, measured_s, twin_s, kept), ...]})."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
+    for ax, (name, widths) in zip(axes.flat, panels):
+        for gpus, points in sorted(widths.items()):
+            points = sorted(points)
+            sizes = [p[0] / 2**20 for p in points]
+            line, = ax.plot(sizes, [p[1] * 1e3 for p in points], "-", lw=1, label=f"{gpus} GPUs, measured")
+            ax.plot(sizes, [p[2] * 1e3 for p in points], "--", lw=1, color=line.get_color(), label=f"{gpus}, twin")
+            for size, p in zip(sizes, points):
+                ax.plot(size, p[1] * 1e3, "o", ms=4, color=line.get_color(),
+                        markerfacecolor=line.get_color() if p[3] else "none")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("buffer (MB)")
+        ax.set_ylabel("time (ms)")
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6, ncol=2)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+
 def sensitivity_figure(path: str, result, title: str, top: int = 12, notable: float = 0.005) -> None:
     """Tornado chart of a twin.sensitivity.Sensitivity: the step's change when each number moves down and up,
     the numbers with the largest elasticity on top; estimates and sourced figures marked apart."""
