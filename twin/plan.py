@@ -35,16 +35,10 @@ for backward). Selective recompute (Korthikanti
 et al., arXiv 2205.05198) recomputes exactly that core attention, so it only
 differs from `recompute=none` with unfused attention.
 
-`recompute=op` is torchtitan's operator-level selective activation
-checkpointing (`--activation_checkpoint.mode selective
---activation_checkpoint.selective_ac_option op`, 2024): each block keeps the
-outputs of its attention kernel and of every other matrix multiply in
-execution order (Llama's wq, wv, w1 and w2 of wq, wk, wv, wo, w1, w3, w2) and
-recomputes the rest in its backward: the norms, the rotary embedding, wk,
-wo, w3 and SwiGLU (where reshard freed the block's weights, gathering them
-back first). Modelled for what torchtitan ran it on: a Llama block
-with flash attention, no tensor parallelism inside it (gx = gy = 1) and no
-FP8 (twin.plan_checks says so where a plan asks for more).
+`recompute=op` is torchtitan's per-operator selective checkpointing of a
+Llama block (its "selective op", 2024): the attention's and every other
+matrix multiply's outputs kept, the rest rerun before the block's backward
+(twin.builders.layer; its limits: twin.plan_checks).
 
 `optimizer` is the optimizer step's implementation: "megatron" (Megatron's
 mixed-precision optimizer with apex's FusedAdam, several multi-tensor passes
@@ -60,11 +54,8 @@ sequences (with a pipeline, `ga` is the number of micro-batches m per step).
 When neither mbs nor ga is given, twin.memory.resolve_micro_batch picks one.
 
 `kernels` is how a Llama layer's element-wise work is launched: "fused"
-(the default: one kernel per module, as Megatron-Core's fused SwiGLU and
-rotary embedding, twin.builders.megatron_kernels) or "eager" (op by op in
-eager PyTorch, as torchtitan's Llama of 2024 runs without torch.compile: the
-rotary embedding in fp32 complex arithmetic, SwiGLU as silu and a multiply,
-grouped-query attention's keys and values copied out to every head;
+(Megatron-Core's one kernel per module, the default) or "eager" (op by op,
+as torchtitan's Llama of 2024 runs without torch.compile;
 twin.builders.eager_kernels).
 
 `reshard` is what the weights sharded over gz (or gdata under ZeRO-3) do
