@@ -73,7 +73,8 @@ DEGREES = (1, 1, 1, 2, 2, 3, 4, 6, 8)
 SWITCHES = (("pemb", (0, 1)), ("ploss", (0, 1)), ("dpouter", (0, 1)), ("tpo", (0, 1)), ("odp", (0, 1)),
             ("reshard", (0, 1)), ("optimizer", ("megatron", "flat")), ("p2p", ("split", "full")),
             ("cpcomm", ("p2p", "allgather")), ("fp8", (0, 1)), ("fp8recipe", ("current", "delayed")),
-            ("rcl", (1, 2)), ("fp8pg", (0, 1)), ("gradfp32", (0, 1)), ("kernels", ("fused", "eager")))
+            ("rcl", (1, 2)), ("fp8pg", (0, 1)), ("gradfp32", (0, 1)), ("kernels", ("fused", "eager")),
+            ("norm", ("fused", "eager")))
 # Model-spec options a case may add: grouped-query attention, Llama's layer, the LM head, dropout.
 MODEL_OPTIONS = (("kv_heads", (1, 2, 3)), ("arch", ("gpt", "llama")), ("tied", (0, 1)), ("dropout", (0, 1)))
 
@@ -120,8 +121,8 @@ def draw_case(draw: Draw) -> list[str]:
         spec += f",ffn={ffn}"
     if draw((False, False, True)):
         spec += f",dtype={draw(('fp16', 'fp32', 'bf16'))}"
-    # per-operator checkpointing and eager kernels count a Llama layer's ops (op: one without dropout)
-    op_block = fitted and (plan.get("recompute") == "op" or plan.get("kernels") == "eager")
+    # per-operator checkpointing and eager kernels and norms count a Llama layer's ops (op: one without dropout)
+    op_block = fitted and (plan.get("recompute") == "op" or "eager" in (plan.get("kernels"), plan.get("norm")))
     if op_block:
         spec += ",arch=llama,dropout=0"
     for key, options in MODEL_OPTIONS:
@@ -161,6 +162,8 @@ def _drop_inapplicable(plan: dict) -> None:
         plan["recompute"] = "full"  # per-operator checkpointing is modelled without tensor parallelism or FP8
     if plan.get("kernels") == "eager" and plan.get("cp", 1) > 1:
         del plan["kernels"]  # eager kernels are counted for whole sequences on a rank
+    if plan.get("norm") == "eager" and plan["gy"] > 1:
+        del plan["norm"]  # torch's RMSNorm is counted over a hidden whole on each rank
     if plan.get("cp", 1) > 1 or plan.get("recompute") == "op" or plan.get("kernels") == "eager":
         plan["attention"] = "flash"  # ring attention runs on the fused kernel; op keeps its output; eager is SDPA's
 

@@ -41,17 +41,26 @@ CARRIED = ("device.empirical_gemm_bf16_tflop_per_s",)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    return predict_runs(argv, __doc__, RUNS, MACHINE, FITTED, "tt-a100-carried.toml")
+
+
+def predict_runs(argv: list[str] | None, doc: str, runs: Path, machine: str, fitted: Path, carried_name: str,
+                 sets: tuple[str, ...] = ()) -> int:
+    """A torchtitan benchmark's command line: `runs` predicted by `twin validate --runs` on `machine` as it is and
+    with the GEMM rate fitted in `fitted` carried over (written to OUT/`carried_name`), each with the `sets`
+    (FIELD=VALUE: what the runs' machine states beside the file's)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--out", default="out", help="folder for the carried machine file (default out)")
     parser.add_argument("--json", action="store_true", help="print twin validate's JSON instead of the table")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    carried = str(Path(args.out) / "tt-a100-carried.toml")
+    carried = str(Path(args.out) / carried_name)
     # the fit's own report is not this table: kept off the screen
-    rc = _quietly(["fit", "--machine", MACHINE, "--from", str(FITTED), "--params", ",".join(CARRIED), "-o", carried])
+    rc = _quietly(["fit", "--machine", machine, "--from", str(fitted), "--params", ",".join(CARRIED), "-o", carried])
     if rc:
         return rc
-    return twin(["validate", "--runs", str(RUNS), "--machine", MACHINE, "--machine", carried,
+    set_args = [arg for field in sets for arg in ("--set", field)]
+    return twin(["validate", "--runs", str(runs), "--machine", machine, "--machine", carried, *set_args,
                  *(["--json"] if args.json else [])])
 
 

@@ -109,8 +109,11 @@ def test_memory_keeps_silus_output_and_every_heads_k_and_v():
 
 
 @pytest.mark.parametrize("recompute", ["none", "op", "full"])
-def test_the_step_takes_longer_op_by_op(recompute):
+@pytest.mark.parametrize("fused_words, eager_words", [("", ",kernels=eager"),
+                                                      (",kernels=eager", ",kernels=eager,norm=eager")])
+def test_the_step_takes_longer_op_by_op(recompute, fused_words, eager_words):
+    """The element-wise work op by op (kernels=eager), and the RMSNorms too (norm=eager: tests/test_eager_norm.py)."""
     machine = load_machine("dgx-a100")
     fused, eager = (simulate_step(GQA, plan(f"gz=2,mbs=1,ga=1,recompute={recompute}{k}"), machine, 2).step_time_s
-                    for k in ("", ",kernels=eager"))
+                    for k in (fused_words, eager_words))
     assert eager > fused

@@ -51,3 +51,26 @@ def test_the_70b_run_with_per_operator_checkpointing_fits_at_the_batch_it_ran_an
 def test_the_runs_are_validation_data():
     with pytest.raises(TwinError, match="validation"):
         check_calibration_file(str(torchtitan_a100.RUNS))
+
+
+def test_the_h100_runs_are_predicted_on_both_columns_with_the_pages_hbm(tmp_path, capsys):
+    """benchmarks/torchtitan_h100.py: the four runs of torchtitan's 2025 page, eager and compiled, on the DGX H100
+    file with the page's HBM set in both columns, the second carrying MosaicML's fitted GEMM rate only; eager
+    predicted slower than compiled at each GPU count, as measured."""
+    import torchtitan_h100
+
+    assert torchtitan_h100.main(["--out", str(tmp_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    carried = str(tmp_path / "tt-h100-carried.toml")
+    rows = result["rows"]
+    assert len(rows) == 4
+    for eager, compiled in (rows[0:2], rows[2:4]):
+        assert "norm=eager" in eager["run"] and "eager" not in compiled["run"]
+        assert eager["measured_s"] > compiled["measured_s"]
+        assert all(eager["predicted_s"][m] > compiled["predicted_s"][m] for m in ("mpt-h100-80g", carried))
+    machine = load_machine(carried)
+    assert machine.device.empirical_gemm_flop_per_s == pytest.approx(
+        load_machine(str(torchtitan_h100.FITTED)).device.empirical_gemm_flop_per_s)
+    assert machine.device.attention_efficiency == load_machine("mpt-h100-80g").device.attention_efficiency
+    with pytest.raises(TwinError, match="validation"):
+        check_calibration_file(str(torchtitan_h100.RUNS))

@@ -28,7 +28,9 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
   and a SwiGLU MLP (Llama) keeps its first linear's 2f outputs and the down
   projection's f inputs (3f/gx in place of 2f/gx); in eager PyTorch
   (plan.kernels) SwiGLU's multiply also keeps silu's output (4f/gx) and SDPA
-  its k and v copied out to every head (4h/gx). Unfused attention
+  its k and v copied out to every head (4h/gx); torch's RMSNorm module
+  (plan.norm) keeps an fp32 copy of its input and its cast-down output
+  (4 bytes more an element than a fused norm, for each of the two). Unfused attention
   (plan.attention) also keeps, per score element (mbs x heads/gx x seq x seq of them), the softmax output and
   the dropout output (bf16) and the dropout mask (1 byte): 5 m a s/gx bytes,
   Korthikanti's 5as/(ht) term (the same with or without sp: sp splits only
@@ -75,6 +77,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from twin.builders.eager_kernels import RMSNORM_SAVED_EXTRA_BYTES
 from twin.builders.megatron_kernels import FP8_SAVED_INPUT_BYTES, FP8_WEIGHT_COPY_BYTES, fused_softmax_available
 from twin.errors import TwinError
 from twin.model import ModelSpec
@@ -127,6 +130,8 @@ def layer_activation_bytes(model: ModelSpec, plan: ParallelPlan, tokens: int) ->
     heads = (4 if eager else 2 + 2 * model.kv_fraction) * h  # q, k, v and the attention's output (GQA: k, v narrower)
     mlp = (3 + eager if model.gated else 2) * f  # the first linear's output (SwiGLU's gate and up) and the down's input
     linears = b * tokens * (4 * h / residual + heads / plan.gx + mlp / plan.gx) + masks
+    if plan.norm == "eager":  # each of the two RMSNorms keeps an fp32 copy of its input and its cast-down output
+        linears += 2 * RMSNORM_SAVED_EXTRA_BYTES * tokens * h / residual
     if plan.fp8:  # the FP8 linears' inputs kept for dW as 1-byte copies (module docstring)
         linears -= (b - FP8_SAVED_INPUT_BYTES) * tokens * (2 * h / residual + f / plan.gx)
         linears += FP8_SAVED_INPUT_BYTES * tokens * h / plan.gx  # the context's copy, beside the one attention keeps

@@ -56,7 +56,9 @@ When neither mbs nor ga is given, twin.memory.resolve_micro_batch picks one.
 `kernels` is how a Llama layer's element-wise work is launched: "fused"
 (Megatron-Core's one kernel per module, the default) or "eager" (op by op,
 as torchtitan's Llama of 2024 runs without torch.compile;
-twin.builders.eager_kernels).
+twin.builders.eager_kernels); `norm` the same for its RMSNorms, which
+torchtitan's configs choose apart ("fused" its Triton kernel, "eager"
+torch's RMSNorm module).
 
 `reshard` is what the weights sharded over gz (or gdata under ZeRO-3) do
 between a layer's forward and its backward: 0 keeps the gathered weights for
@@ -165,6 +167,9 @@ FP8_RECIPES = ("current", "delayed")
 # How a Llama layer's element-wise work is launched (ParallelPlan.kernels): Megatron-Core's fused kernels, or op by
 # op in eager PyTorch as torchtitan's Llama of 2024 runs it. twin.builders.eager_kernels.
 KERNEL_KINDS = ("fused", "eager")
+# How a Llama layer's RMSNorms are launched (ParallelPlan.norm): one fused kernel each way, or torch's RMSNorm module
+# op by op (torchtitan's norm_type "rmsnorm"). twin.builders.eager_kernels.
+NORM_KINDS = ("fused", "eager")
 ZERO_STAGES = (0, 1, 2, 3)
 _BOOL_WORDS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
 
@@ -200,6 +205,7 @@ class ParallelPlan:
     fp8pg: bool = False  # the linears' weights kept, and ZeRO-1/2's weights gathered, in FP8 (--fp8-param-gather)
     gradfp32: bool = False  # gradients accumulated and reduced in fp32 (Megatron's bf16 default; FSDP reduce_dtype)
     kernels: str = "fused"  # KERNEL_KINDS: a Llama layer's element-wise work fused (Megatron-Core) or eager (torchtitan)
+    norm: str = "fused"  # NORM_KINDS: a Llama layer's RMSNorms fused, or torch's RMSNorm module op by op (torchtitan)
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -294,18 +300,9 @@ class ParallelPlan:
             parts.append(f"mbs={self.mbs}")
         if self.ga:
             parts.append(f"ga={self.ga}")
-        if self.attention != "flash":  # flash plans keep the text (and the cache keys) they always had
-            parts.append(f"attention={self.attention}")
-        if self.optimizer != "megatron":  # as attention: the default keeps the text it always had
-            parts.append(f"optimizer={self.optimizer}")
-        if self.p2p != "split":  # as attention
-            parts.append(f"p2p={self.p2p}")
-        if self.cpcomm != "p2p":  # as attention
-            parts.append(f"cpcomm={self.cpcomm}")
-        if self.fp8recipe != "current":  # as attention
-            parts.append(f"fp8recipe={self.fp8recipe}")
-        if self.kernels != "fused":  # as attention
-            parts.append(f"kernels={self.kernels}")
+        for key in WORD_KEYS:  # a word at its default is left out: plans keep the text (and cache keys) they had
+            if key != "recompute" and getattr(self, key) != WORD_KEYS[key][0]:
+                parts.append(f"{key}={getattr(self, key)}")
         parts.append(f"recompute={self.recompute}")
         if self.rcl:
             parts.append(f"rcl={self.rcl}")
@@ -323,15 +320,17 @@ _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": 
 _BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss", "dpouter", "fp8", "fp8pg",
               "gradfp32"}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
-# key -> its allowed values
+# key -> its allowed values, the default first (in the order describe() writes them)
 WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
-              "p2p": P2P_KINDS, "cpcomm": CP_COMM_KINDS, "fp8recipe": FP8_RECIPES, "kernels": KERNEL_KINDS}
+             "p2p": P2P_KINDS, "cpcomm": CP_COMM_KINDS, "fp8recipe": FP8_RECIPES, "kernels": KERNEL_KINDS,
+             "norm": NORM_KINDS}
 _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(WORD_KEYS)
 
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
     """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,dpouter=..,
-    fp8=..,fp8recipe=..,fp8pg=..,gradfp32=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,recompute=..,rcl=..,oar=0,..,
+    fp8=..,fp8recipe=..,fp8pg=..,gradfp32=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,kernels=..,norm=..,
+    recompute=..,rcl=..,oar=0,..,
     tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so

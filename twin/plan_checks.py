@@ -72,6 +72,8 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
         _check_op_recompute(plan, model)
     if plan.kernels == "eager":
         _check_eager_kernels(plan, model)
+    if plan.norm == "eager":
+        _check_eager_norm(plan, model)
     for dimension in axes.DIMENSIONS:  # heads, kv_heads, hidden, ffn, vocab, seq: each split by the axes that say so
         for axis in axes.AXES:
             for rule in axis.divides:
@@ -147,6 +149,14 @@ def _check_eager_kernels(plan: ParallelPlan, model: ModelSpec) -> None:
                 (plan.attention != "flash", f"flash attention (got attention={plan.attention})", "use attention=flash"),
                 (plan.cp > 1, f"whole sequences on a rank (got cp={plan.cp})", "use cp=1")]
     _refuse_outside("kernels=eager (torchtitan's Llama in eager PyTorch)", problems, "leave kernels out (fused)")
+
+
+def _check_eager_norm(plan: ParallelPlan, model: ModelSpec) -> None:
+    """norm=eager counts torch's RMSNorm module op by op (twin.builders.eager_kernels): a Llama's RMSNorm, over a
+    hidden that is whole on each rank (its mean is taken without a collective)."""
+    problems = [(model.arch != "llama", f"a Llama model's RMSNorm (got arch={model.arch})", "use a Llama model"),
+                (plan.gy > 1, f"the whole hidden on each rank (got gy={plan.gy})", "use gy=1")]
+    _refuse_outside("norm=eager (torch's RMSNorm module)", problems, "leave norm out (fused)")
 
 
 def _refuse_outside(what: str, problems: list[tuple[bool, str, str]], otherwise: str) -> None:

@@ -11,7 +11,9 @@ the QKV linear, and SwiGLU where GPT has GeLU.
 from __future__ import annotations
 
 from twin.builders.attention import AttentionWriter
-from twin.builders.eager_kernels import ROPE_BACKWARD, ROPE_FORWARD, SWIGLU_BACKWARD, SWIGLU_FORWARD
+from twin.builders.eager_kernels import (
+    RMSNORM_BACKWARD, RMSNORM_FORWARD, ROPE_BACKWARD, ROPE_FORWARD, ROW, SWIGLU_BACKWARD, SWIGLU_FORWARD,
+)
 from twin.builders.linears import LinearWriter
 from twin.builders.megatron_kernels import (
     BIAS_ADD_BYTES, DROPOUT_BACKWARD_BYTES, GELU_BACKWARD_BYTES, GELU_BYTES, GRAD_ADD_BYTES, LAYERNORM_BACKWARD_BYTES,
@@ -73,13 +75,13 @@ class LayerWriter(LinearWriter, AttentionWriter):
         qkv, attn_out, up, down = linears
         layer = qkv.layer
         held = not self.regathers(recomputed=False)  # the forward's gathered weights, unless resharded
-        self.elementwise(*self.kernel(at, "ln1", "fwd", layer), res, LAYERNORM_BYTES, 5)
+        self.norm_forward(at, "ln1", layer)
         gathered = self.partial_forward(at, qkv, None, attn_out, self.model.hidden * self.model.kv_fraction, held)
         self.rotary(at, layer, backward=False)
         self.flash_input_copies(at, layer)
         gathered = self.linear_forward(at, attn_out, gathered, up, held)
         self.elementwise(*self.kernel(at, "resid1", "fwd", layer), res, RESIDUAL_ADD_BYTES, 1)
-        self.elementwise(*self.kernel(at, "ln2", "fwd", layer), res, LAYERNORM_BYTES, 5)
+        self.norm_forward(at, "ln2", layer)
         gathered = self.partial_forward(at, up, gathered, down, f, held)
         self.swiglu(at, layer, backward=False)
         if not held:  # the backward's first linear: its weights gathered back too
@@ -93,7 +95,7 @@ class LayerWriter(LinearWriter, AttentionWriter):
         qkv, attn_out, up, down = linears
         layer = qkv.layer
         biased = self.model.biased
-        self.elementwise(*self.kernel(at, "ln1", "fwd", layer), res, LAYERNORM_BYTES, 5)
+        self.norm_forward(at, "ln1", layer)
         gathered = self.linear_forward(at, qkv, gathered, attn_out)
         if biased:
             self.elementwise(*self.named(at, qkv, "bias"), self.output_elements(qkv), BIAS_ADD_BYTES, 1)
@@ -103,7 +105,7 @@ class LayerWriter(LinearWriter, AttentionWriter):
         gathered = self.linear_forward(at, attn_out, gathered, up)
         residual_bytes, dropped = (RESIDUAL_DROPOUT_BYTES, 1) if self.model.dropout else (RESIDUAL_ADD_BYTES, 0)
         self.elementwise(*self.kernel(at, "resid1", "fwd", layer), res, residual_bytes, 1 + biased + dropped)
-        self.elementwise(*self.kernel(at, "ln2", "fwd", layer), res, LAYERNORM_BYTES, 5)
+        self.norm_forward(at, "ln2", layer)
         gathered = self.linear_forward(at, up, gathered, down)
         if self.model.gated:
             self.swiglu(at, layer, backward=False)
@@ -179,13 +181,32 @@ class LayerWriter(LinearWriter, AttentionWriter):
         self.layernorm_backward(at, layer, "ln1", grad_add=True)
         return gathered
 
+    def norm_forward(self, at: Pass, block: str, layer: int | None) -> None:
+        """A layer norm's forward (ln1, ln2, the final ln_f) in the pass `at`: one fused kernel, or under norm=eager
+        torch's RMSNorm module op by op (twin.builders.eager_kernels)."""
+        if self.plan.norm == "eager":
+            self.eager_norm(at, block, layer, RMSNORM_FORWARD)
+        else:
+            self.elementwise(*self.kernel(at, block, "fwd", layer), self.residual_elements(), LAYERNORM_BYTES, 5)
+
+    def eager_norm(self, at: Pass, block: str, layer: int | None, kernels: tuple) -> None:
+        """torch's RMSNorm kernels `kernels` (RMSNORM_FORWARD or _BACKWARD), each over the residual stream's
+        elements or over its tokens (the hidden is whole on a rank: plan_checks refuses gy > 1)."""
+        res = self.residual_elements()
+        for role, nbytes, flops, per in kernels:
+            self.elementwise(*self.kernel(at, block, role, layer), res / self.model.hidden if per == ROW else res,
+                             nbytes, flops)
+
     def layernorm_backward(self, at: Pass, layer: int | None, block: str, grad_add: bool) -> None:
-        """A layer norm's backward kernels (LAYERNORM_* constants) in the pass `at`, autograd's sum of the residual
-        stream's two gradients when it has two consumers (`grad_add`), then the accumulation of gamma and beta."""
+        """A layer norm's backward kernels (LAYERNORM_* constants, or torch's RMSNorm's under norm=eager) in the pass
+        `at`, autograd's sum of the residual stream's two gradients when it has two consumers (`grad_add`), then
+        the accumulation of gamma and beta."""
         res, hidden = self.residual_elements(), self.norm_params()
         partial_flops = 2 * LAYERNORM_PARTIAL_ROWS
         sum_bytes = LAYERNORM_PARTIAL_SUM_BYTES if self.model.biased else RMSNORM_PARTIAL_SUM_BYTES
-        if self.model.hidden in PERSISTENT_LAYERNORM_HIDDEN:
+        if self.plan.norm == "eager":
+            self.eager_norm(at, block, layer, RMSNORM_BACKWARD)
+        elif self.model.hidden in PERSISTENT_LAYERNORM_HIDDEN:
             self.elementwise(*self.kernel(at, block, "bwd", layer), res, LAYERNORM_BACKWARD_BYTES, 8)
             self.elementwise(*self.kernel(at, block, "bwd_params_sum", layer), hidden, sum_bytes, partial_flops)
         else:

@@ -28,7 +28,6 @@ from __future__ import annotations
 from twin.builders.data_parallel import DataParallelWriter
 from twin.builders.ends import EndsWriter
 from twin.builders.layer import LayerWriter
-from twin.builders.megatron_kernels import LAYERNORM_BYTES
 from twin.builders.pipeline import pipeline_order
 from twin.builders.tags import Pass
 from twin.ir import P2P, Op
@@ -104,7 +103,7 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
             gathered = self.block_forward(at, block, gathered, after)
         if self.is_last(chunk):
             self.wait_for_weights("lm_head")
-            self.elementwise(*self.kernel(at, "ln_f", "fwd"), self.residual_elements(), LAYERNORM_BYTES, 5)
+            self.norm_forward(at, "ln_f", None)
             self.linear_forward(at, self.lm_head, gathered, None)
             self.loss(at)
         else:

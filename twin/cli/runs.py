@@ -51,6 +51,7 @@ def what_ran(run: MeasuredRun) -> str:
     extras += ["fp8pg=1"] if p.fp8pg else []  # and their weights' (--fp8-param-gather)
     extras += ["gradfp32=1"] if p.gradfp32 else []  # gradients reduced in fp32
     extras += [f"kernels={p.kernels}"] if p.kernels != "fused" else []  # element-wise work op by op (torchtitan)
+    extras += [f"norm={p.norm}"] if p.norm != "fused" else []  # the RMSNorms too
     plan = ",".join([f"tp={p.gx},pp={p.pp},dp={p.gdata},mbs={p.mbs}", *extras])
     return (f"{run.label + ' ' if run.label else ''}h={run.model.hidden} L={run.model.layers} "
             f"on {run.gpus} GPUs {plan} gb={p.global_batch}")

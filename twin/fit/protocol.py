@@ -35,7 +35,9 @@ VALIDATION_FILES = {
     # NVIDIA Megatron-Bridge's FP8 runs of Llama 3 70B and 3.1 405B on 64 and 1,024 H100 (its performance archive)
     "megatron-bridge-h100-fp8.csv": "8d3d0302e24d3eeac48b5a2804a0973f9bf78be0a4133c17f02e9006ddc943dd",
     # torchtitan's FSDP2 runs of Llama 2 and Llama 3 on 64 A100 80 GB (its performance page of 2024)
-    "torchtitan-a100-2024.csv": "c120b710e3e29fcffcce61e0599778845a9292afc3bb67e230b8b793c3bf4847",
+    "torchtitan-a100-2024.csv": "c2ae79782422191afa5d6944840c92d92338edf135dfbcdad18a5094ef0dc55f",
+    # torchtitan's FSDP2 runs of Llama 3.1 8B on 8 and 128 H100, eager and compiled (its performance page of 2025)
+    "torchtitan-h100-2025.csv": "4511f9adcc26f9e15ae89ad703b3a87596811b9742a33e02a5dd085e5079e24f",
 }
 
 
