@@ -5,11 +5,13 @@
 The runs are benchmarks/data/torchtitan-a100-2024.csv (its README section
 says where they come from and what is assumed): the eight rows of
 torchtitan's performance page of 2024, each a fixed plan (FSDP over the 64
-GPUs, gz=64, with FULL_SHARD's resharding, reshard=1, and FSDP2's gradients
-reduced in fp32, gradfp32=1), its activation checkpointing stated (none,
-full, every second layer: rcl of half the layers, or "selective op",
-torchtitan's per-operator checkpointing: recompute=op), and its Llama's
-element-wise work op by op as eager PyTorch launches it (kernels=eager).
+GPUs, gz=64, with FULL_SHARD's resharding, reshard=1, FSDP2's copies out of
+its gather buffers, fsdp2=1, and its gradients reduced in fp32,
+gradfp32=1), its activation checkpointing stated (none, full, every second
+layer: rcl of half the layers, or "selective op", torchtitan's per-operator
+checkpointing: recompute=op), and its Llama's element-wise work op by op as
+eager PyTorch launches it (kernels=eager; the 70B runs' RMSNorm too,
+norm=eager, as their configs set it).
 
 Two machine columns on topologies/dgx-a100.toml (the cluster is not
 described beyond "64 A100 (80GB)": a DGX A100 fabric, 8 x 200 Gb/s HDR a

@@ -5,7 +5,8 @@
 The runs are benchmarks/data/torchtitan-h100-2025.csv (its README section
 says where they come from and what is assumed): the four bf16 rows of
 torchtitan's performance page of January 2025, Llama 3.1 8B with FSDP alone
-(gz = the GPUs, reshard=1, gradients reduced in fp32, gradfp32=1), local
+(gz = the GPUs, reshard=1, its copies out of the gather buffers, fsdp2=1,
+gradients reduced in fp32, gradfp32=1), local
 batch 2, its 8B config's per-operator checkpointing (recompute=op), once in
 eager PyTorch, the Llama layer's element-wise work and its RMSNorms op by op
 (kernels=eager, norm=eager: that config's norm_type is torch's "rmsnorm"),

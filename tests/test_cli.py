@@ -412,3 +412,15 @@ def test_a_full_pipeline_trace_has_every_rank_with_its_own_programs_ops(capsys, 
     # the embedding is on stage 0 (virtual stage 0), the loss on stage 1 (virtual stage 3)
     assert any(".embed.word" in name for name in names[0]) and not any(".embed.word" in name for name in names[2])
     assert any(".loss." in name for name in names[2]) and not any(".loss." in name for name in names[0])
+
+
+@pytest.mark.parametrize("recompute, noted", [("full", False), ("none", True), ("selective", True)])
+def test_the_hardware_formula_line_says_when_it_counts_a_recompute_the_plan_does_not_run(capsys, recompute, noted):
+    """The hardware formula counts a full recompute whatever the plan reruns, so its % of peak can pass the GPU's
+    on a plan that recomputes less: the text line says so there (the executed line is the GPU's)."""
+    rc, out, _ = run(capsys, "simulate", "--machine", "frontier", "--model-spec",
+                     "layers=2,hidden=512,heads=8,seq=128,vocab=1024", "--gpus", "2",
+                     "--plan", f"gx=2,recompute={recompute}", "--global-batch", "2")
+    assert rc == 0
+    [line] = [line for line in out.splitlines() if "by hardware formula" in line]
+    assert ("counts a full recompute this plan does not run" in line) == noted

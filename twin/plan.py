@@ -60,6 +60,11 @@ twin.builders.eager_kernels); `norm` the same for its RMSNorms, which
 torchtitan's configs choose apart ("fused" its Triton kernel, "eager"
 torch's RMSNorm module).
 
+`fsdp2` counts what PyTorch's FSDP2 (per-parameter sharding, torchtitan's)
+does beside the gathers: after each all-gather of sharded weights, a copy out
+of the gather's buffer into each parameter on the compute stream
+(twin.builders.fsdp_kernels).
+
 `reshard` is what the weights sharded over gz (or gdata under ZeRO-3) do
 between a layer's forward and its backward: 0 keeps the gathered weights for
 the backward (AxoNN's Algorithm 1, FSDP's SHARD_GRAD_OP: the default); 1
@@ -206,6 +211,7 @@ class ParallelPlan:
     gradfp32: bool = False  # gradients accumulated and reduced in fp32 (Megatron's bf16 default; FSDP reduce_dtype)
     kernels: str = "fused"  # KERNEL_KINDS: a Llama layer's element-wise work fused (Megatron-Core) or eager (torchtitan)
     norm: str = "fused"  # NORM_KINDS: a Llama layer's RMSNorms fused, or torch's RMSNorm module op by op (torchtitan)
+    fsdp2: bool = False  # the gathered weights copied out of FSDP2's all-gather buffer into each parameter
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -274,28 +280,10 @@ class ParallelPlan:
         parts = [axes.degrees_text(self.degrees)]
         if self.vpp > 1:
             parts.append(f"vpp={self.vpp}")
-        if self.pemb:
-            parts.append("pemb=1")
-        if self.ploss:
-            parts.append("ploss=1")
+        parts += [f"{key}=1" for key in ("pemb", "ploss") if getattr(self, key)]
         if self.zero:
             parts.append(f"zero={self.zero}")
-        if self.sp:
-            parts.append("sp=1")
-        if self.reshard:
-            parts.append("reshard=1")
-        if self.tpo:
-            parts.append("tpo=1")
-        if self.odp:
-            parts.append("odp=1")
-        if self.dpouter:
-            parts.append("dpouter=1")
-        if self.fp8:
-            parts.append("fp8=1")
-        if self.fp8pg:
-            parts.append("fp8pg=1")
-        if self.gradfp32:
-            parts.append("gradfp32=1")
+        parts += [f"{key}=1" for key in _SWITCHES_SHOWN if getattr(self, key)]
         if self.mbs:
             parts.append(f"mbs={self.mbs}")
         if self.ga:
@@ -312,13 +300,14 @@ class ParallelPlan:
         return ",".join(parts)
 
 
+# The switches describe() writes after zero, in its order (pemb and ploss come before), when they are on.
+_SWITCHES_SHOWN = ("sp", "reshard", "tpo", "odp", "dpouter", "fp8", "fp8pg", "gradfp32", "fsdp2")
 _INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero", "rcl"}
 # What each integer key counts (twin.limits). mbs and ga, when left out, are chosen by the twin: a user gives
 # them positive or not at all (no 0 meaning "choose").
 _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
                "zero": limits.Range(0, 3, "(a ZeRO stage)"), "rcl": limits.RECOMPUTED_LAYERS}
-_BOOL_KEYS = {"oar", "ors", "oag", "tune", "sp", "reshard", "tpo", "odp", "pemb", "ploss", "dpouter", "fp8", "fp8pg",
-              "gradfp32"}
+_BOOL_KEYS = {"oar", "ors", "oag", "tune", "pemb", "ploss", *_SWITCHES_SHOWN}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values, the default first (in the order describe() writes them)
 WORD_KEYS = {"recompute": RECOMPUTE_MODES, "attention": ATTENTION_KINDS, "optimizer": OPTIMIZER_KINDS,
@@ -329,7 +318,7 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(WORD_KEYS)
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
     """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,dpouter=..,
-    fp8=..,fp8recipe=..,fp8pg=..,gradfp32=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,kernels=..,norm=..,
+    fp8=..,fp8recipe=..,fp8pg=..,gradfp32=..,fsdp2=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,kernels=..,norm=..,
     recompute=..,rcl=..,oar=0,..,
     tune=0]'.
 

@@ -173,7 +173,7 @@ def format_summary(s: Summary) -> str:
         f"{'  by ' + s.flops_formula + ' formula':<25}{s.formula_pflops_total:10.1f} PF/s total, "
         f"{s.formula_tflops_per_gpu:.1f} TF/s per GPU"
         + (f", {s.formula_pct_peak_advertised:.1f} % advertised" if peaks else "")
-        + f" ({_FORMULA_NOTE.get(s.flops_formula, 'Narayanan et al.')})",
+        + f" ({formula_note(s)})",
         f"  exposed communication  {s.exposed_comm_s:10.3f} s ({100 * s.exposed_comm_s / s.step_time_s:.1f} % of step)"
         if s.step_time_s > 0 else "  exposed communication  0",
         f"  memory per GPU         {s.memory_per_gpu_gb:10.1f} GB",
@@ -189,6 +189,17 @@ def format_summary(s: Summary) -> str:
 
 # What the formula figure means, on its line of the text summary.
 _FORMULA_NOTE = {"hardware": "as papers report", "model": "MFU"}
+
+
+def formula_note(s: Summary) -> str:
+    """What the formula figure means; for the hardware formula on a plan that does not recompute every layer in
+    full, that the formula still counts it (so its % of peak is the formula's, not the GPU's: the executed line
+    is)."""
+    note = _FORMULA_NOTE.get(s.flops_formula, "Narayanan et al.")
+    words = s.plan.split(",")
+    if s.flops_formula == "hardware" and ("recompute=full" not in words or any(w.startswith("rcl=") for w in words)):
+        note += "; it counts a full recompute this plan does not run"
+    return note
 
 
 def executed_flops_by_class(schedule: Schedule) -> dict[str, float]:

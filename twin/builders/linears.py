@@ -31,6 +31,7 @@ device's compute (comm_compute_slowdown) applies while both run.
 
 from __future__ import annotations
 
+from twin.builders.fsdp_kernels import COPY_OUT_PASSES
 from twin.builders.megatron_kernels import BIAS_GRAD_BYTES, FP8_AMAX_BYTES, FP8_QUANTIZE_BYTES
 from twin.builders.stage import Linear, StageBase
 from twin.builders.tags import Pass
@@ -97,7 +98,15 @@ class LinearWriter(StageBase):
             gathered = self.gather_weight(at, lin)
         if gathered is not None:
             self.w.wait(gathered)
+            self.copy_out(at, lin)
         return self.gather_weight(at, prefetch) if (prefetch and self.plan.oag) else None
+
+    def copy_out(self, at: Pass, lin: Linear) -> None:
+        """Under fsdp2, FSDP2's copy of `lin`'s gathered weights out of the all-gather's buffer into the parameter,
+        once the gather is waited (twin.builders.fsdp_kernels)."""
+        if self.plan.fsdp2:
+            self.elementwise(*self.named(at, lin, "copy_out"), self.weight_block_bytes(lin) / self.b,
+                             COPY_OUT_PASSES * self.b, 0)
 
     def partial_forward(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None,
                         columns: float, held: bool) -> int | None:
@@ -167,6 +176,7 @@ class LinearWriter(StageBase):
             if gathered is None:
                 gathered = self.gather_weight(at, lin)
             self.w.wait(gathered)
+            self.copy_out(at, lin)
         return self.gather_weight(at, prefetch) if (prefetch and self.plan.oag) else None
 
     def linear_backward(self, at: Pass, lin: Linear, bias: bool = False, accumulate: bool = True,

@@ -29,6 +29,7 @@ from twin.builders.data_parallel import DataParallelWriter
 from twin.builders.ends import EndsWriter
 from twin.builders.layer import LayerWriter
 from twin.builders.pipeline import pipeline_order
+from twin.builders.stage import Linear
 from twin.builders.tags import Pass
 from twin.ir import P2P, Op
 
@@ -115,8 +116,8 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         # Whether each block recomputes (its position in the chunk: plan.rcl), so whether, with reshard, its
         # backward gathers its weights again; and the first linear of each block's backward that does, whose
         # gather the one before prefetches (the LM head's for the first block).
-        recomputed = [self.plan.recomputes(len(blocks) - 1 - i) for i in range(len(blocks))]
-        regathers = [self.regathers(r or self.op_recompute) for r in recomputed]
+        positions = [len(blocks) - 1 - i for i in range(len(blocks))]
+        regathers = [self.regathers_block(position) for position in positions]
         firsts = [block[-1] if again else None for block, again in zip(blocks, regathers)] + [None]
         gathered = None
         if self.is_last(chunk):
@@ -129,10 +130,7 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         recompute = at.to("rc")
         last = mb == self.plan.ga - 1  # odp: each bucket reduced once its last gradient is in (no-op otherwise)
         for i, block in enumerate(blocks):
-            if recomputed[i]:
-                self.block_forward(recompute, block, None, None)
-            elif self.op_recompute:
-                self.block_op_recompute(recompute, block)
+            self.rerun_block(recompute, block, positions[i])
             gathered = self.block_backward(at, block, gathered, firsts[i + 1], regathers[i])
             if last:
                 self.reduce_buckets_of(("layer",), block[0].layer)
@@ -154,13 +152,24 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         for block in self.chunks[0]:
             self.block_forward(forward, block, None, None)
         for position, block in reversed(list(enumerate(self.chunks[0]))):
-            recomputed = self.plan.recomputes(position)
-            if recomputed:
-                self.block_forward(backward.to("rc"), block, None, None)
-            elif self.op_recompute:
-                self.block_op_recompute(backward.to("rc"), block)
-            self.block_backward(backward, block, None, None, self.regathers(recomputed or self.op_recompute))
+            self.rerun_block(backward.to("rc"), block, position)
+            self.block_backward(backward, block, None, None, self.regathers_block(position))
         return self.w.ops
+
+    def rerun_block(self, at: Pass, block: list[Linear], position: int) -> None:
+        """What the block at `position` of its model chunk reruns before its backward, in the recompute pass `at`:
+        its whole forward where that position recomputes in full (plan.recomputes), recompute=op's part of it
+        (LayerWriter.block_op_recompute), or nothing."""
+        if self.plan.recomputes(position):
+            self.block_forward(at, block, None, None)
+        elif self.op_recompute:
+            self.block_op_recompute(at, block)
+
+    def regathers_block(self, position: int) -> bool:
+        """Whether the block at `position` gathers its weights again for its backward (LinearWriter.regathers):
+        where what it reruns first (rerun_block: a full recompute, or recompute=op's, which gathers the block's
+        weights as the full one does) has not gathered them back."""
+        return self.regathers(self.plan.recomputes(position) or self.op_recompute)
 
     def run_pipeline(self) -> None:
         """Every micro-batch's forward and backward on this stage, in the pipeline's order."""

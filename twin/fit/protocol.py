@@ -35,9 +35,9 @@ VALIDATION_FILES = {
     # NVIDIA Megatron-Bridge's FP8 runs of Llama 3 70B and 3.1 405B on 64 and 1,024 H100 (its performance archive)
     "megatron-bridge-h100-fp8.csv": "8d3d0302e24d3eeac48b5a2804a0973f9bf78be0a4133c17f02e9006ddc943dd",
     # torchtitan's FSDP2 runs of Llama 2 and Llama 3 on 64 A100 80 GB (its performance page of 2024)
-    "torchtitan-a100-2024.csv": "c2ae79782422191afa5d6944840c92d92338edf135dfbcdad18a5094ef0dc55f",
+    "torchtitan-a100-2024.csv": "30fea0e3bf034a7763e359c243b1097f459387d3d330553368a9aaffe95f31f6",
     # torchtitan's FSDP2 runs of Llama 3.1 8B on 8 and 128 H100, eager and compiled (its performance page of 2025)
-    "torchtitan-h100-2025.csv": "4511f9adcc26f9e15ae89ad703b3a87596811b9742a33e02a5dd085e5079e24f",
+    "torchtitan-h100-2025.csv": "2c8e63eb3ccf9287f108073e371885ff1fe90b64f7498898302a7ee096e378e3",
 }
 
 
