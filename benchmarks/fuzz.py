@@ -149,7 +149,7 @@ def _drop_inapplicable(plan: dict) -> None:
     rules = {"tpo": sp and plan["gx"] > 1, "pemb": plan["pp"] > 1, "ploss": plan["pp"] > 1,
              "dpouter": plan["pp"] > 1 and plan["gdata"] > 1,
              "reshard": plan["gz"] > 1 or (plan.get("zero") == 3 and plan["gdata"] > 1),
-             "fsdp2": (plan["gz"] > 1 or (plan.get("zero") == 3 and plan["gdata"] > 1)) and not plan.get("fp8"),
+             "fsdp2": plan["gz"] > 1 or (plan.get("zero") == 3 and plan["gdata"] > 1),
              "odp": plan.get("zero", 0) != 3, "optimizer": plan.get("zero", 0) == 0 or plan.get("optimizer") != "flat",
              "cpcomm": plan.get("cp", 1) > 1, "fp8recipe": plan.get("fp8") == 1,
              "rcl": plan.get("recompute", "full") == "full",

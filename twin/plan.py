@@ -318,9 +318,8 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(WORD_KEYS)
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
     """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,dpouter=..,
-    fp8=..,fp8recipe=..,fp8pg=..,gradfp32=..,fsdp2=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,cpcomm=..,kernels=..,norm=..,
-    recompute=..,rcl=..,oar=0,..,
-    tune=0]'.
+    fp8=..,fp8recipe=..,fp8pg=..,gradfp32=..,fsdp2=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,
+    cpcomm=..,kernels=..,norm=..,recompute=..,rcl=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
     'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and

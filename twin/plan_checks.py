@@ -40,10 +40,9 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
     if plan.reshard and plan.gathered_shards == 1:
         raise TwinError("--plan: reshard=1 frees sharded weights after the forward, but this plan shards none; "
                         "shard them (gz > 1, or zero=3 over gdata) or leave reshard out")
-    if plan.fsdp2 and (plan.gathered_shards == 1 or plan.fp8):
-        why = "this plan shards none" if plan.gathered_shards == 1 else "it is modelled for bf16 weights (got fp8=1)"
-        raise TwinError(f"--plan: fsdp2=1 copies gathered weights out of FSDP2's all-gather buffer, but {why}; "
-                        "shard them (gz > 1, or zero=3 over gdata) without fp8, or leave fsdp2 out")
+    if plan.fsdp2 and plan.gathered_shards == 1:
+        raise TwinError("--plan: fsdp2=1 copies gathered weights out of FSDP2's all-gather buffer, but this plan "
+                        "shards none; shard them (gz > 1, or zero=3 over gdata) or leave fsdp2 out")
     if plan.sp and plan.gy > 1:
         raise TwinError(f"--plan: sp=1 is Megatron sequence parallelism over gx and needs gy=1 (got gy={plan.gy})")
     if plan.odp and plan.zero == 3:
