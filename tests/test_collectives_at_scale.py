@@ -71,9 +71,30 @@ def test_too_few_timings_and_a_table_without_a_column_are_one_line_errors(tmp_pa
     with pytest.raises(TwinError, match="needs at least 4 timings"):
         fit_latency_bandwidth(synthetic(1e-4, 3e-5, 6e10)[:3])
     bad = tmp_path / "t.csv"
-    bad.write_text("machine,collective,gpus,nodes,bytes,time_ms\nperlmutter,all_gather,16,4,1048576,0.2\n")
-    with pytest.raises(TwinError, match="no column 'gpus_per_node'"):
+    bad.write_text("machine,collective,gpus,nodes,time_ms\nperlmutter,all_gather,16,4,0.2\n")
+    with pytest.raises(TwinError, match="no column 'bytes'"):
         load_table(bad)
+
+
+@pytest.mark.parametrize("row, message", [
+    ("perlmutter,all_gather,16,4,,1048576,0.2", None),  # gpus_per_node left out: derived
+    ("perlmutter,all_gather,16,4,4,1048576,0.2", None),
+    ("perlmutter,all_gather,16,4,8,1048576,0.2", r"line 2: 16 GPUs on 4 nodes with gpus_per_node=8 is not whole"),
+    ("perlmutter,all_gather,10,4,,1048576,0.2", r"line 2: 10 GPUs on 4 nodes is not whole nodes"),
+    ("perlmutter,all_gather,16,0,,1048576,0.2", r"line 2: nodes='0' must be a positive integer"),
+    ("perlmutter,all_gather,16,4,,1MB,0.2", r"line 2: bytes='1MB' must be a positive integer"),
+    ("perlmutter,all_gather,16,4,,1048576,-1", r"line 2: time_ms='-1' must be a positive number"),
+    ("perlmutter,all_gather,16,4,,1048576,nan", r"line 2: time_ms='nan' must be a positive number"),
+])
+def test_a_bad_row_is_a_one_line_error_naming_its_line_and_field(tmp_path, row, message):
+    table = tmp_path / "t.csv"
+    table.write_text("machine,collective,gpus,nodes,gpus_per_node,bytes,time_ms\n" + row + "\n")
+    if message is None:
+        [entry] = load_table(table)
+        assert (entry.gpus, entry.nodes, entry.gpus_per_node) == (16, 4, 4)
+    else:
+        with pytest.raises(TwinError, match=message):
+            load_table(table)
 
 
 def test_the_twin_times_each_collective_alone_longer_for_a_larger_buffer():

@@ -41,7 +41,7 @@ from twin.sim.collectives import CollectiveModel
 
 TABLE = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "pccl-collectives.csv"
 FIT_OUTLIER = 3.0  # a median this many times the fit of the others is a stall, left out of the fit
-_COLUMNS = ("machine", "collective", "gpus", "nodes", "gpus_per_node", "bytes", "time_ms")
+_COLUMNS = ("machine", "collective", "gpus", "nodes", "bytes", "time_ms")  # gpus_per_node, if given, must agree
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,37 @@ def load_table(path: Path = TABLE) -> list[MeasuredCollective]:
         missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
         if missing:
             raise TwinError(f"{path}: no column {missing[0]!r}; the table needs {', '.join(_COLUMNS)}")
-        for row in reader:
-            key = (row["machine"], row["collective"], int(row["gpus"]), int(row["nodes"]), int(row["bytes"]))
-            runs[key].append(float(row["time_ms"]) / 1e3)
+        for line, row in enumerate(reader, start=2):
+            key, seconds = _parsed_row(row, f"{path} line {line}")
+            runs[key].append(seconds)
     return [MeasuredCollective(*key, tuple(times)) for key, times in sorted(runs.items())]
+
+
+def _parsed_row(row: dict, where: str) -> tuple[tuple, float]:
+    """One row's (machine, collective, gpus, nodes, bytes) and time in seconds, or a one-line TwinError naming the
+    row and the field: counts positive integers, the nodes dividing the GPUs (as gpus_per_node, where the table
+    gives it), the time positive."""
+    counts = {}
+    for field in ("gpus", "nodes", "bytes"):
+        try:
+            counts[field] = int(row[field])
+        except (TypeError, ValueError):
+            counts[field] = 0
+        if counts[field] <= 0:
+            raise TwinError(f"{where}: {field}={row[field]!r} must be a positive integer")
+    gpus, nodes = counts["gpus"], counts["nodes"]
+    per_node = row.get("gpus_per_node")
+    if gpus % nodes or (per_node not in (None, "") and per_node != str(gpus // nodes)):
+        given = f" with gpus_per_node={per_node}" if per_node else ""
+        raise TwinError(f"{where}: {gpus} GPUs on {nodes} nodes{given} is not whole nodes; give gpus = nodes x GPUs a "
+                        "node")
+    try:
+        seconds = float(row["time_ms"]) / 1e3
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise TwinError(f"{where}: time_ms={row['time_ms']!r} must be a positive number of milliseconds")
+    return (row["machine"], row["collective"], gpus, nodes, counts["bytes"]), seconds
 
 
 def collective_models(entries: list[MeasuredCollective]) -> dict[str, CollectiveModel]:
