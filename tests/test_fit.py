@@ -442,6 +442,16 @@ def test_carrying_a_fit_to_another_machine_says_where_it_came_from(synthetic, tm
     rc, text, err = run(capsys, "fit", "--machine", "perlmutter", "--from", str(donor), "-o", str(out), "--params",
                         "device.hbm_efficiency")
     assert_user_error(rc, text, err, "was not fitted there")
+    # --set with --from: the what-if is written too, marked as set (it was once dropped without a word), and a
+    # number both set and carried is refused
+    rc, text, err = run(capsys, "fit", "--machine", "perlmutter", "--from", str(donor), "-o", str(out), "--params",
+                        "device.empirical_gemm_bf16_tflop_per_s", "--set", "device.hbm_bw_gb_per_s=1234")
+    assert rc == 0, err
+    s = load_machine(str(out)).sources["device.hbm_bw_gb_per_s"]
+    assert s.value == 1234 and "set with --set for twin fit --from donor.toml" in s.provenance
+    rc, text, err = run(capsys, "fit", "--machine", "perlmutter", "--from", str(donor), "-o", str(out), "--params",
+                        "device.empirical_gemm_bf16_tflop_per_s", "--set", "device.empirical_gemm_bf16_tflop_per_s=9")
+    assert_user_error(rc, text, err, "--set device.empirical_gemm_bf16_tflop_per_s and --params carries it")
 
 
 def test_validate_runs_needs_a_machine_and_the_published_rows_take_none(synthetic, capsys):

@@ -53,24 +53,31 @@ def test_the_runs_are_validation_data():
         check_calibration_file(str(torchtitan_a100.RUNS))
 
 
-def test_the_h100_runs_are_predicted_on_both_columns_with_the_pages_hbm(tmp_path, capsys):
-    """benchmarks/torchtitan_h100.py: the four runs of torchtitan's 2025 page, eager and compiled, on the DGX H100
-    file with the page's HBM set in both columns, the second carrying MosaicML's fitted GEMM rate only; eager
-    predicted slower than compiled at each GPU count, as measured."""
+def test_the_h100_runs_are_fitted_on_one_node_and_predicted_on_sixteen(tmp_path, capsys):
+    """benchmarks/torchtitan_h100.py: the page's HBM in every file, the GEMM rate carried from MosaicML's one-node
+    fit, the attention efficiency fitted on the two one-node runs alone (the fitted file says so and names no
+    validation file), the two 128-GPU runs predicted on all three columns; eager slower than compiled in every
+    column, as measured."""
     import torchtitan_h100
 
     assert torchtitan_h100.main(["--out", str(tmp_path), "--json"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    carried = str(tmp_path / "tt-h100-carried.toml")
-    rows = result["rows"]
-    assert len(rows) == 4
-    for eager, compiled in (rows[0:2], rows[2:4]):
+    doc = json.loads(capsys.readouterr().out)
+    carried, fitted = (str(tmp_path / name) for name in ("tt-h100-carried.toml", "tt-h100-fitted.toml"))
+    assert [p["path"] for p in doc["fit"]["parameters"]] == ["device.attention_efficiency"]
+    assert doc["fit"]["runs"] == 2 and doc["fit"]["runs_file"] == str(torchtitan_h100.ONE_NODE)
+    for part, machines in (("one_node", ("mpt-h100-80g", carried)), ("multi_node", ("mpt-h100-80g", carried, fitted))):
+        eager, compiled = doc[part]["rows"]
         assert "norm=eager" in eager["run"] and "eager" not in compiled["run"]
         assert eager["measured_s"] > compiled["measured_s"]
-        assert all(eager["predicted_s"][m] > compiled["predicted_s"][m] for m in ("mpt-h100-80g", carried))
-    machine = load_machine(carried)
-    assert machine.device.empirical_gemm_flop_per_s == pytest.approx(
-        load_machine(str(torchtitan_h100.FITTED)).device.empirical_gemm_flop_per_s)
-    assert machine.device.attention_efficiency == load_machine("mpt-h100-80g").device.attention_efficiency
+        assert all(eager["predicted_s"][m] > compiled["predicted_s"][m] for m in machines)
+    for path in (carried, fitted):
+        device = load_machine(path).device
+        assert device.hbm_bytes == pytest.approx(96e9) and device.hbm_bw_bytes_per_s == pytest.approx(2.4e12)
+        assert device.empirical_gemm_flop_per_s == pytest.approx(
+            load_machine(str(torchtitan_h100.FITTED)).device.empirical_gemm_flop_per_s)
+    assert load_machine(carried).device.attention_efficiency == load_machine("mpt-h100-80g").device.attention_efficiency
+    source = load_machine(fitted).sources["device.attention_efficiency"]
+    assert "torchtitan-h100-2025-one-node.csv" in source.fitted and "multi-node" not in source.fitted
+    check_calibration_file(str(torchtitan_h100.ONE_NODE))
     with pytest.raises(TwinError, match="validation"):
-        check_calibration_file(str(torchtitan_h100.RUNS))
+        check_calibration_file(str(torchtitan_h100.MULTI_NODE))

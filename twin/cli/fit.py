@@ -38,7 +38,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     names = tuple(n.strip() for n in args.params.split(",") if n.strip()) if args.params else ()
     named = fit_parameters(machine, names) if names else None  # checked before any run is read
     if args.carry_from:
-        return _carry(args, machine, named or fit_parameters(machine, DEFAULT_PARAMETERS))
+        return _carry(args, machine, named or fit_parameters(machine, DEFAULT_PARAMETERS), base)
     check_calibration_file(args.runs)
     runs = load_runs(args.runs, args.assume or "")
     params = named or fit_parameters(machine, default_parameters(machine, [r.gpus for r in runs]))
@@ -68,12 +68,16 @@ def cmd_fit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _carry(args: argparse.Namespace, machine, params) -> int:
-    """Write --machine with the --params numbers taken from another machine's fitted file, saying so."""
+def _carry(args: argparse.Namespace, machine, params, base) -> int:
+    """Write --machine with the --params numbers taken from another machine's fitted file, saying so, and the --set
+    numbers (`base`) marked as set."""
     from topologies.machine import load_machine
     from twin.fit.machinefile import write_fitted
 
     donor = load_machine(args.carry_from)
+    both = sorted({p.path for p in params} & {path for path, _ in base})
+    if both:
+        raise TwinError(f"--set {both[0]} and --params carries it from {args.carry_from}: give it in one of them")
     values = {}
     for p in params:
         s = donor.sources.get(p.path)
@@ -84,6 +88,9 @@ def _carry(args: argparse.Namespace, machine, params) -> int:
         was = f"{here.value:.4g}" if here is not None else "absent"
         values[p.path] = (s.value, f"carried from {Path(args.carry_from).name} ({donor.name}), where it was fitted: "
                                    f"{s.fitted}; was {was} here")
+    today = datetime.date.today().isoformat()
+    for path, value in base:  # what-ifs of the base file become part of the written one, marked as such
+        values[path] = (value, f"set with --set for twin fit --from {Path(args.carry_from).name}, {today}")
     write_fitted(machine.path, values, args.output)
     doc = {"machine": machine.name, "from": args.carry_from, "output": args.output,
            "carried": {path: value for path, (value, _) in values.items()}}

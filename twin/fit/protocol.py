@@ -36,8 +36,9 @@ VALIDATION_FILES = {
     "megatron-bridge-h100-fp8.csv": "8d3d0302e24d3eeac48b5a2804a0973f9bf78be0a4133c17f02e9006ddc943dd",
     # torchtitan's FSDP2 runs of Llama 2 and Llama 3 on 64 A100 80 GB (its performance page of 2024)
     "torchtitan-a100-2024.csv": "30fea0e3bf034a7763e359c243b1097f459387d3d330553368a9aaffe95f31f6",
-    # torchtitan's FSDP2 runs of Llama 3.1 8B on 8 and 128 H100, eager and compiled (its performance page of 2025)
-    "torchtitan-h100-2025.csv": "2c8e63eb3ccf9287f108073e371885ff1fe90b64f7498898302a7ee096e378e3",
+    # torchtitan's FSDP2 runs of Llama 3.1 8B on 128 H100, eager and compiled (its performance page of 2025; its 8-GPU
+    # runs, torchtitan-h100-2025-one-node.csv, are calibration data)
+    "torchtitan-h100-2025-multi-node.csv": "651e8863f054d60f4b2b04043515c10d448941c772be1206210d12b25f6f2e63",
 }
 
 
