@@ -88,17 +88,19 @@ def _carry(args: argparse.Namespace, machine, params, base) -> int:
         was = f"{here.value:.4g}" if here is not None else "absent"
         values[p.path] = (s.value, f"carried from {Path(args.carry_from).name} ({donor.name}), where it was fitted: "
                                    f"{s.fitted}; was {was} here")
+    carried = {path: value for path, (value, _) in values.items()}
     today = datetime.date.today().isoformat()
     for path, value in base:  # what-ifs of the base file become part of the written one, marked as such
         values[path] = (value, f"set with --set for twin fit --from {Path(args.carry_from).name}, {today}")
     write_fitted(machine.path, values, args.output)
-    doc = {"machine": machine.name, "from": args.carry_from, "output": args.output,
-           "carried": {path: value for path, (value, _) in values.items()}}
+    doc = {"machine": machine.name, "from": args.carry_from, "output": args.output, "carried": carried,
+           "set": dict(base)}
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
-        print(f"twin fit: carried {len(values)} fitted number(s) from {args.carry_from} to {machine.name}: "
-              + ", ".join(f"{path}={value:.4g}" for path, (value, _) in values.items()) + f"; wrote {args.output}")
+        also = "; set " + ", ".join(f"{path}={value:.4g}" for path, value in base) if base else ""
+        print(f"twin fit: carried {len(carried)} fitted number(s) from {args.carry_from} to {machine.name}: "
+              + ", ".join(f"{path}={value:.4g}" for path, value in carried.items()) + f"{also}; wrote {args.output}")
     return 0
 
 
