@@ -14,7 +14,7 @@ from twin.build import build_stages, build_step
 from twin.errors import TwinError
 from twin.memory import memory_per_gpu, usable_bytes
 from twin.model import get_model, parse_model_spec
-from twin.plan import parse_plan
+from twin.plan import ParallelPlan, parse_plan
 from twin.plan_checks import validate_plan
 from twin.search import rank
 from twin.search.batch import sequences_for_tokens
@@ -104,6 +104,45 @@ def test_fsdp_resharding_is_searched_where_it_changes_the_plan():
     none_fit = enumerate_space(model, 16, 64, tiny, space).rejected["does not fit in memory"]
     assert none_fit == enumerate_space(model, 16, 64, tiny, replace(space, reshard=(False,))).rejected[
         "does not fit in memory"] > 0
+
+
+def test_plan_words_given_with_every_candidate_are_held_by_every_plan_and_ranked_exactly():
+    """--with: the words every candidate holds (torchtitan's FSDP2 in eager PyTorch here): each plan of the space is
+    the plan without them but for those fields, bounded from below, and branch and bound ranks them as simulating
+    every plan; the space says so, and its cache entry is not the plain search's."""
+    machine = load_machine("frontier")
+    model = parse_model_spec(LLAMA_SEARCH_SPEC)
+    words = (("gradfp32", True), ("kernels", "eager"), ("norm", "eager"), ("fsdp2", True))
+    space = SearchSpace(axes=("gz", "gdata"), recompute=("none", "op", "full"), reshard=(False, True), fixed=words)
+    plain = replace(space, fixed=())
+    found = enumerate_space(model, 16, 64, machine.device.hbm_bytes, space).candidates
+    expected = enumerate_space(model, 16, 64, machine.device.hbm_bytes, plain).candidates
+    assert found and all(all(getattr(c.plan, f) == v for f, v in words) for c in found)
+    assert {replace(c.plan, **{f: getattr(ParallelPlan(), f) for f, _ in words}) for c in found} <= \
+        {c.plan for c in expected}
+    bounds = BoundModel(machine, 16)
+    for cand in found[:6]:
+        built = build_step(model, cand.plan, machine, 16)
+        assert bounds.bound_s(built.schedule) <= simulate(built.schedule, machine).step_time_s * (1 + 1e-9)
+    pruned = search(model, 16, 64, machine, space, top=6, jobs=1)
+    every = search(model, 16, 64, machine, space, top=6, exhaustive=True, use_cache=False, jobs=1)
+    assert [(r.plan, r.step_time_s) for r in pruned.ranked] == [(r.plan, r.step_time_s) for r in every.ranked]
+    assert all("kernels=eager" in r.plan and "fsdp2=1" in r.plan for r in pruned.ranked)
+    assert "with gradfp32=1,kernels=eager,norm=eager,fsdp2=1" in pruned.space
+    assert not search(model, 16, 64, machine, plain, top=6, jobs=1).cached
+
+
+@pytest.mark.parametrize("words, mentions", [
+    ("zero=1", ["--with: zero is what the search varies (--zero)"]),
+    ("tp=2", ["--with: gx is what the search varies (--axes)"]),
+    ("mbs=2", ["--with: mbs is what the search varies (--mbs)"]),
+    ("kernels=slow", ["--with: kernels='slow' is unknown"]),
+    ("gradfp32", ["--with: 'gradfp32' is not key=value"]),
+])
+def test_with_refuses_what_the_search_varies_and_bad_words(capsys, words, mentions):
+    rc, out, err = run(capsys, "search", "--machine", "perlmutter", "--model-spec", SMALL_SPEC, "--gpus", "8",
+                       "--jobs", "1", "--with", words)
+    assert_user_error(rc, out, err, *mentions)
 
 
 @pytest.mark.parametrize("spec", [SEARCH_SPEC, LLAMA_SEARCH_SPEC])

@@ -26,6 +26,35 @@ def _switches(text: str, flag: str) -> tuple[bool, ...]:
     return tuple(bool(v) for v in values)
 
 
+# The plan keys a search varies itself (its flags), which --with may not fix; pemb and ploss follow the split.
+_SEARCHED = {*axis_registry.KEYS, *axis_registry.ALIASES, "mbs", "ga", "global_batch", "zero", "recompute", "rcl",
+             "reshard", "vpp", "sp", "tpo", "odp", "dpouter", "cpcomm", "fp8", "pemb", "ploss"}
+
+
+def _fixed_words(text: str | None) -> tuple[tuple[str, object], ...]:
+    """--with's plan words as (field, value) pairs for every candidate; a key the search varies is a one-line
+    error naming its flag."""
+    from dataclasses import fields
+
+    from twin.plan import ParallelPlan, parse_plan, plan_keys
+
+    if not text:
+        return ()
+    searched = sorted(plan_keys(text) & _SEARCHED)
+    if searched:
+        key = searched[0]
+        flag = "--axes" if key in axis_registry.KEYS else "--mbs" if key in ("mbs", "ga") else \
+            "--global-batch" if key == "global_batch" else "the pipeline split" if key in ("pemb", "ploss") \
+            else f"--{key}"
+        raise TwinError(f"--with: {key} is what the search varies ({flag}); give it there, not in --with")
+    try:
+        plan, default = parse_plan(text), ParallelPlan()
+    except TwinError as e:
+        raise TwinError(str(e).replace("--plan", "--with", 1)) from None
+    return tuple((f.name, getattr(plan, f.name)) for f in fields(ParallelPlan)
+                 if getattr(plan, f.name) != getattr(default, f.name))
+
+
 def cmd_search(args: argparse.Namespace) -> int:
     from topologies.overrides import describe_overrides
     from twin.build import check_fp8_rate
@@ -53,7 +82,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                         sp=_switches(args.sp, "--sp"), tpo=_switches(args.tpo, "--tpo"),
                         odp=_switches(args.odp, "--odp"), dpouter=_switches(args.dpouter, "--dpouter"),
                         cpcomm=comma_words(args.cpcomm), fp8=_switches(args.fp8, "--fp8"),
-                        rcl=_ints(args.rcl, "--rcl"))
+                        rcl=_ints(args.rcl, "--rcl"), fixed=_fixed_words(args.with_words))
     if True in space.fp8:
         check_fp8_rate(machine, "--fp8 1", "use --fp8 0")
     bar = ProgressBar(shows_progress(args))
@@ -166,6 +195,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    "with cp)")
     p.add_argument("--fp8", default="0", help="the layers' linears in FP8 (Transformer Engine's current scaling) to "
                    "try: 0, 1 or 0,1 (default 0; 1 needs a machine file with an FP8 GEMM rate)")
+    p.add_argument("--with", dest="with_words", metavar="WORDS",
+                   help="plan words every candidate holds, not searched, e.g. gradfp32=1,kernels=eager,norm=eager,"
+                   "fsdp2=1 (torchtitan's FSDP2 in eager PyTorch) or attention=unfused,optimizer=flat (Megatron-"
+                   "DeepSpeed before flash attention); what the search varies (axes, mbs, zero, recompute, ...) "
+                   "goes to its own flag")
     p.add_argument("--exhaustive", action="store_true",
                    help="simulate every valid plan (slow; the ranking is the same)")
     p.add_argument("--robustness", type=count_flag(limits.Range(2, 1000, "plans")), metavar="N",

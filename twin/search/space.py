@@ -78,6 +78,9 @@ class SearchSpace:
     cpcomm: tuple[str, ...] = ("p2p",)  # context parallelism's K/V: a ring, or all-gathered (twin.plan.CP_COMM_KINDS)
     fp8: tuple[bool, ...] = (False,)  # the layers' linears in FP8 (twin.plan's fp8)
     rcl: tuple[int, ...] = (0,)  # with full recompute, the layers of each chunk that recompute (0: all; twin.plan)
+    # Plan fields every candidate holds, not searched (--with: e.g. the gradients' dtype, eager kernels, FSDP2's
+    # copies), as (field, value) pairs
+    fixed: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         for axis in self.axes:
@@ -119,8 +122,18 @@ class SearchSpace:
                           if getattr(self, flag) != default)
         if self.cpcomm != ("p2p",):
             options += f"; cpcomm {','.join(self.cpcomm)}"
+        if self.fixed:
+            options += "; with " + fixed_words(self.fixed)
         return (f"axes {','.join(self.axes)}; {tp}; zero {','.join(map(str, self.zero))}; "
                 f"recompute {','.join(self.recompute)}{options}; mbs {mbs}")
+
+
+def fixed_words(fixed: tuple[tuple[str, object], ...]) -> str:
+    """SearchSpace.fixed as the plan text that gives it (tune_gemm is the plan's `tune`)."""
+    def word(value: object) -> str:
+        return str(int(value)) if isinstance(value, bool) else str(value)
+
+    return ",".join(f"{'tune' if field == 'tune_gemm' else field}={word(value)}" for field, value in fixed)
 
 
 @dataclass(frozen=True)
@@ -200,8 +213,8 @@ def enumerate_space(model: ModelSpec, gpus: int, global_batch: int, hbm_bytes: f
         if zero and deg.get("gdata", 1) == 1:
             rejected["ZeRO needs gdata > 1"] += 1
             continue
-        plan = _split_variant(replace(ParallelPlan(), global_batch=global_batch, zero=zero, recompute=recompute, **deg),
-                              model)
+        plan = _split_variant(replace(ParallelPlan(**dict(space.fixed)), global_batch=global_batch, zero=zero,
+                                      recompute=recompute, **deg), model)
         try:
             validate_plan(plan, model, gpus)
         except TwinError as e:
