@@ -13,14 +13,18 @@ checkpointing: recompute=op), and its Llama's element-wise work op by op as
 eager PyTorch launches it (kernels=eager; the 70B runs' RMSNorm too,
 norm=eager, as their configs set it).
 
-Two machine columns on topologies/dgx-a100.toml (the cluster is not
+Three machine columns on topologies/dgx-a100.toml (the cluster is not
 described beyond "64 A100 (80GB)": a DGX A100 fabric, 8 x 200 Gb/s HDR a
-node, is assumed): first principles (the file as it is), and the A100 GEMM
-rate `make fit` learned from MosaicML's one-node A100 40 GB runs carried
-over (only that, as benchmarks/megatron_h100.py carries the H100's: their
-attention kernel was Triton's, these runs' PyTorch's SDPA). The carried file
-is written by `twin fit --from` to OUT/tt-a100-carried.toml;
-the table is `twin validate --runs`'s.
+node, is assumed): first principles (the file as it is); the A100 GEMM rate
+`make fit` learned from MosaicML's one-node A100 40 GB runs carried over
+(only that, as benchmarks/megatron_h100.py carries the H100's: their
+attention kernel was Triton's, these runs' PyTorch's SDPA); and that rate
+with MosaicML's attention efficiency carried too, which the page has no
+one-node run to fit, but which torchtitan's one-node H100 runs say carries
+(fitted there, PyTorch's SDPA asks 0.300 of the GEMM rate where MosaicML's
+Triton kernel asked 0.302: benchmarks/torchtitan_h100.py). The carried files
+are written by `twin fit --from` to OUT/tt-a100-carried.toml and
+OUT/tt-a100-carried-attention.toml; the table is `twin validate --runs`'s.
 """
 
 from __future__ import annotations
@@ -40,30 +44,25 @@ RUNS = REPO / "benchmarks" / "data" / "torchtitan-a100-2024.csv"
 MACHINE = "dgx-a100"
 FITTED = REPO / "topologies" / "fitted" / "mpt-a100-40g.toml"
 CARRIED = ("device.empirical_gemm_bf16_tflop_per_s",)
+ATTENTION = "device.attention_efficiency"  # carried in the third column (module docstring)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return predict_runs(argv, __doc__, RUNS, MACHINE, FITTED, "tt-a100-carried.toml")
-
-
-def predict_runs(argv: list[str] | None, doc: str, runs: Path, machine: str, fitted: Path, carried_name: str,
-                 sets: tuple[str, ...] = ()) -> int:
-    """A torchtitan benchmark's command line: `runs` predicted by `twin validate --runs` on `machine` as it is and
-    with the GEMM rate fitted in `fitted` carried over (written to OUT/`carried_name`), each with the `sets`
-    (FIELD=VALUE: what the runs' machine states beside the file's)."""
-    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
-    parser.add_argument("--out", default="out", help="folder for the carried machine file (default out)")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="out", help="folder for the carried machine files (default out)")
     parser.add_argument("--json", action="store_true", help="print twin validate's JSON instead of the table")
     args = parser.parse_args(argv)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    carried = str(Path(args.out) / carried_name)
-    # the fit's own report is not this table: kept off the screen
-    rc = _quietly(["fit", "--machine", machine, "--from", str(fitted), "--params", ",".join(CARRIED), "-o", carried])
-    if rc:
-        return rc
-    set_args = [arg for field in sets for arg in ("--set", field)]
-    return twin(["validate", "--runs", str(runs), "--machine", machine, "--machine", carried, *set_args,
-                 *(["--json"] if args.json else [])])
+    columns = []
+    for name, params in (("tt-a100-carried.toml", CARRIED), ("tt-a100-carried-attention.toml", (*CARRIED, ATTENTION))):
+        columns.append(str(Path(args.out) / name))
+        # the fit's own report is not this table: kept off the screen
+        rc = _quietly(["fit", "--machine", MACHINE, "--from", str(FITTED), "--params", ",".join(params),
+                       "-o", columns[-1]])
+        if rc:
+            return rc
+    return twin(["validate", "--runs", str(RUNS), "--machine", MACHINE,
+                 *[arg for path in columns for arg in ("--machine", path)], *(["--json"] if args.json else [])])
 
 
 def _quietly(argv: list[str]) -> int:

@@ -17,17 +17,21 @@ from twin.errors import TwinError  # noqa: E402
 from twin.fit.protocol import check_calibration_file  # noqa: E402
 
 
-def test_every_run_is_predicted_on_both_columns(tmp_path, capsys):
+def test_every_run_is_predicted_on_the_three_columns(tmp_path, capsys):
+    """First principles, MosaicML's one-node GEMM rate carried, and that with its attention efficiency carried too:
+    each file differs from dgx-a100 in what it carries only."""
     assert torchtitan_a100.main(["--out", str(tmp_path), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    carried = str(tmp_path / "tt-a100-carried.toml")
+    carried, both = (str(tmp_path / name) for name in ("tt-a100-carried.toml", "tt-a100-carried-attention.toml"))
     assert len(result["rows"]) == 8
     for row in result["rows"]:
-        assert set(row["predicted_s"]) == {"dgx-a100", carried}
+        assert set(row["predicted_s"]) == {"dgx-a100", carried, both}
         assert all(s > 0 for s in row["predicted_s"].values())
-    fitted = load_machine(str(torchtitan_a100.FITTED)).device
-    assert load_machine(carried).device.empirical_gemm_flop_per_s == pytest.approx(fitted.empirical_gemm_flop_per_s)
-    assert load_machine(carried).device.attention_efficiency == load_machine("dgx-a100").device.attention_efficiency
+    fitted, plain = load_machine(str(torchtitan_a100.FITTED)).device, load_machine("dgx-a100").device
+    for path in (carried, both):
+        assert load_machine(path).device.empirical_gemm_flop_per_s == pytest.approx(fitted.empirical_gemm_flop_per_s)
+    assert load_machine(carried).device.attention_efficiency == plain.attention_efficiency
+    assert load_machine(both).device.attention_efficiency == pytest.approx(fitted.attention_efficiency)
 
 
 def test_the_70b_run_with_per_operator_checkpointing_fits_at_the_batch_it_ran_and_not_at_two():
