@@ -29,6 +29,7 @@ def _switches(text: str, flag: str) -> tuple[bool, ...]:
 # The plan keys a search varies itself (its flags), which --with may not fix; pemb and ploss follow the split.
 _SEARCHED = {*axis_registry.KEYS, *axis_registry.ALIASES, "mbs", "ga", "global_batch", "zero", "recompute", "rcl",
              "reshard", "vpp", "sp", "tpo", "odp", "dpouter", "cpcomm", "fp8", "pemb", "ploss"}
+_ON_FP8 = {"fp8pg", "fp8recipe"}  # valid only with fp8=1, which a candidate takes after its base plan is checked
 
 
 def _fixed_words(text: str | None) -> tuple[tuple[str, object], ...]:
@@ -40,6 +41,10 @@ def _fixed_words(text: str | None) -> tuple[tuple[str, object], ...]:
 
     if not text:
         return ()
+    dependent = sorted(plan_keys(text) & _ON_FP8)
+    if dependent:
+        raise TwinError(f"--with: {dependent[0]} applies to FP8 linears, which the search varies (--fp8) and tries "
+                        f"in its default form only; leave {dependent[0]} out")
     searched = sorted(plan_keys(text) & _SEARCHED)
     if searched:
         key = searched[0]
