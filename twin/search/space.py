@@ -308,7 +308,13 @@ def _reason(message: str) -> str:
     if "do not split into pp x vpp" in message:
         return "layers do not split into pp x vpp equal stages"
     head = message.split(":")[0] if not message.startswith("--plan") else message.split(":")[1]
-    return re.sub(r"\d+", "N", head.strip().split(" is not")[0].split(";")[0])[:60]
+    cause = head.strip().split(" is not")[0].split(";")[0]
+    # numbers become N so that plans refused alike count together; names with digits in them (fp8pg, FP8) stay
+    cause = re.sub(r"(?<![A-Za-z0-9_])\d+(?![A-Za-z0-9_])", "N", cause)
+    return cause if len(cause) <= _REASON_CHARS else cause[:_REASON_CHARS].rsplit(" ", 1)[0] + " ..."
+
+
+_REASON_CHARS = 80  # the longest cause a "no valid plan" line quotes
 
 
 def explain_empty(space_result: Space, model: ModelSpec, gpus: int, global_batch: int, hbm_gb: float) -> str:
