@@ -48,11 +48,7 @@ ATTENTION = "device.attention_efficiency"  # carried in the third column (module
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="out", help="folder for the carried machine files (default out)")
-    parser.add_argument("--json", action="store_true", help="print twin validate's JSON instead of the table")
-    args = parser.parse_args(argv)
-    Path(args.out).mkdir(parents=True, exist_ok=True)
+    args = parse_out_args(argv, __doc__, "the carried machine files", "twin validate's JSON instead of the table")
     columns = []
     for name, params in (("tt-a100-carried.toml", CARRIED), ("tt-a100-carried-attention.toml", (*CARRIED, ATTENTION))):
         columns.append(str(Path(args.out) / name))
@@ -63,6 +59,16 @@ def main(argv: list[str] | None = None) -> int:
             return rc
     return twin(["validate", "--runs", str(RUNS), "--machine", MACHINE,
                  *[arg for path in columns for arg in ("--machine", path)], *(["--json"] if args.json else [])])
+
+
+def parse_out_args(argv: list[str] | None, doc: str, written: str, json_output: str) -> argparse.Namespace:
+    """A torchtitan benchmark's command line (--out, where `written` go, created; --json, printing `json_output`)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--out", default="out", help=f"folder for {written} (default out)")
+    parser.add_argument("--json", action="store_true", help=f"print {json_output}")
+    args = parser.parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    return args
 
 
 def _quietly(argv: list[str]) -> int:
