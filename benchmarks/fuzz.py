@@ -74,7 +74,7 @@ SWITCHES = (("pemb", (0, 1)), ("ploss", (0, 1)), ("dpouter", (0, 1)), ("tpo", (0
             ("reshard", (0, 1)), ("optimizer", ("megatron", "flat")), ("p2p", ("split", "full")),
             ("cpcomm", ("p2p", "allgather")), ("fp8", (0, 1)), ("fp8recipe", ("current", "delayed")),
             ("rcl", (1, 2)), ("fp8pg", (0, 1)), ("gradfp32", (0, 1)), ("kernels", ("fused", "eager")),
-            ("norm", ("fused", "eager")), ("fsdp2", (0, 1)))
+            ("norm", ("fused", "eager")), ("fsdp2", (0, 1)), ("axonn", (0, 1)))
 # Model-spec options a case may add: grouped-query attention, Llama's layer, the LM head, dropout.
 MODEL_OPTIONS = (("kv_heads", (1, 2, 3)), ("arch", ("gpt", "llama")), ("tied", (0, 1)), ("dropout", (0, 1)))
 
@@ -150,6 +150,7 @@ def _drop_inapplicable(plan: dict) -> None:
              "dpouter": plan["pp"] > 1 and plan["gdata"] > 1,
              "reshard": plan["gz"] > 1 or (plan.get("zero") == 3 and plan["gdata"] > 1),
              "fsdp2": plan["gz"] > 1 or (plan.get("zero") == 3 and plan["gdata"] > 1),
+             "axonn": plan["pp"] == 1 and not plan.get("fsdp2"),
              "odp": plan.get("zero", 0) != 3, "optimizer": plan.get("zero", 0) == 0 or plan.get("optimizer") != "flat",
              "cpcomm": plan.get("cp", 1) > 1, "fp8recipe": plan.get("fp8") == 1,
              "rcl": plan.get("recompute", "full") == "full",

@@ -18,7 +18,8 @@ What each op runs (the IR keeps sizes, the executor keeps them too):
   backward recomputes P blockwise: the IR's 2.5x forward flops), and nothing else.
 - Elementwise(nbytes): `dst.copy_(src)`, src and dst nbytes/2 bytes each: a
   memory-bound kernel that moves exactly nbytes (read + write). Its flops are
-  not executed: the IR counts them, they do not bound the time.
+  not executed: the IR counts them, they do not bound the time. With
+  kernels > 1 the copy is cut into that many launches (equal parts).
 - Collectives: all_reduce, all_gather (into one tensor), reduce_scatter (from
   one tensor), broadcast (from the instance's first member), all_to_all
   (single tensor), shift (input to the next member, output from the previous
@@ -207,10 +208,13 @@ def elementwise_requests(e: Elementwise, dtype: torch.dtype) -> tuple[list[Reque
 def elementwise_fn(e: Elementwise, bufs: Buffers) -> Fn:
     requests, n = elementwise_requests(e, bufs.dtype)
     src, dst = (bufs.get(r) for r in requests)
-    if n == src.numel():
+    if n == src.numel() and e.kernels == 1:
         return functools.partial(dst.copy_, src)
     passes, rest = divmod(n, src.numel())
     pieces = [(dst, src)] * passes + ([(dst[:rest], src[:rest])] if rest else [])
+    if e.kernels > 1:  # the same elements in `kernels` launches: each piece cut into its share
+        parts = max(1, -(-e.kernels // len(pieces)))
+        pieces = [pair for d, s in pieces for pair in zip(d.chunk(parts), s.chunk(parts))]
 
     def copy_in_passes() -> None:
         for d, s in pieces:

@@ -214,3 +214,21 @@ def check_search_bounds_and_ranking(model, machine, gpus: int, batch: int, space
     every = search(model, gpus, batch, machine, space, top=top, exhaustive=True, use_cache=False, jobs=1)
     assert [(r.plan, r.step_time_s) for r in pruned.ranked] == [(r.plan, r.step_time_s) for r in every.ranked]
     return plans, pruned, every
+
+
+def assert_switch_shows_and_slows(model, text: str, switch: str, machine_name: str, global_batch: int) -> None:
+    """A plan switch of code-specific kernels (fsdp2, axonn): the plan `text` (which turns `switch` on) writes it
+    and reads back the same, the plan without it does not write it, and its step takes longer than without."""
+    from dataclasses import replace
+
+    from topologies import load_machine
+    from twin.micro_batches import simulate_step
+    from twin.plan import ParallelPlan, parse_plan
+
+    p = valid_plan(text, model, global_batch)
+    without = replace(p, **{switch: False})
+    assert f"{switch}=1" in p.describe() and parse_plan(p.describe(), ParallelPlan(global_batch=global_batch)) == p
+    assert switch not in without.describe()
+    machine = load_machine(machine_name)
+    plain, switched = (simulate_step(model, q, machine, p.world_size).step_time_s for q in (without, p))
+    assert switched > plain

@@ -64,6 +64,18 @@ def test_a_large_elementwise_op_copies_through_bounded_buffers_in_passes(monkeyp
     assert copied == [16, 16, 8]  # two whole passes and the rest: the op's 40 elements
 
 
+def test_an_elementwise_op_of_several_kernels_copies_its_elements_in_that_many_launches(monkeypatch):
+    work = Elementwise(nbytes=2 * 4 * 10, flops=0.0, kernels=3)  # e.g. a list all-gather's copy-out loop
+    bufs = reserved([op(0, work)])
+    fn = kernels.elementwise_fn(work, bufs)
+    copied = []
+    original = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src: (copied.append(src.numel()), original(self, src))[1])
+    fn()
+    src, dst = (bufs.get(r) for r in kernels.elementwise_requests(work, torch.float32)[0])
+    assert len(copied) == 3 and sum(copied) == 10 and torch.equal(src, dst)
+
+
 def test_a_small_elementwise_op_is_one_copy_of_its_own_size():
     work = Elementwise(nbytes=2 * 4 * 10, flops=0.0)
     bufs = reserved([op(0, work), op(1, Elementwise(nbytes=2 * 4 * 30, flops=0.0))])

@@ -5,21 +5,17 @@ refusal."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
-from topologies import load_machine
 from twin.builders.fsdp_kernels import COPY_OUT_PASSES
 from twin.builders.program import COMPUTE_STREAM
 from twin.builders.schedule import build_schedule
 from twin.errors import TwinError
 from twin.ir import Collective, Elementwise
-from twin.micro_batches import simulate_step
 from twin.model import parse_model_spec
-from twin.plan import ParallelPlan, parse_plan
+from twin.plan import ParallelPlan
 
-from helpers import valid_plan
+from helpers import assert_switch_shows_and_slows, valid_plan
 
 LLAMA = parse_model_spec("layers=2,hidden=512,heads=8,kv_heads=2,seq=256,vocab=1024,ffn=1536,arch=llama,dropout=0")
 
@@ -55,12 +51,7 @@ def test_every_waited_weight_gather_is_followed_by_its_copy_out(text):
 
 
 def test_the_plan_text_round_trips_and_the_step_takes_longer():
-    p = plan("gz=4,mbs=1,ga=1,reshard=1,fsdp2=1")
-    assert "fsdp2=1" in p.describe() and parse_plan(p.describe(), ParallelPlan(global_batch=4)) == p
-    assert "fsdp2" not in plan("gz=4,mbs=1,ga=1,reshard=1").describe()
-    machine = load_machine("dgx-a100")
-    plain, copied = (simulate_step(LLAMA, q, machine, 4).step_time_s for q in (replace(p, fsdp2=False), p))
-    assert copied > plain
+    assert_switch_shows_and_slows(LLAMA, "gz=4,mbs=1,ga=1,reshard=1,fsdp2=1", "fsdp2", "dgx-a100", 4)
 
 
 def test_a_plan_without_sharded_weights_is_refused_with_the_fix():

@@ -112,12 +112,18 @@ class Attention:
 @quick_init
 @dataclass(frozen=True, slots=True)
 class Elementwise:
-    """Memory-bound work: bytes moved to and from HBM, and the flops it does."""
+    """Memory-bound work: bytes moved to and from HBM, and the flops it does.
+
+    `kernels` > 1: that many launches of one kind that a single host call
+    issues back to back (a collective's copy-out loop in C++), each paying the
+    device's per-kernel overhead, the bytes and flops theirs together; the host
+    issues the op once. Every other op is one kernel."""
 
     comm: ClassVar[bool] = False  # communication (a collective or a transfer), not compute
 
     nbytes: float
     flops: float = 0.0
+    kernels: int = 1
 
 
 @quick_init

@@ -137,6 +137,8 @@ def _check_attention(w: Attention) -> str | None:
 
 
 def _check_elementwise(w: Elementwise) -> str | None:
+    if type(w.kernels) is not int or w.kernels < 1:
+        return f"kernels={w.kernels!r} must be a whole number of launches, at least 1"
     return bad_size("nbytes", w.nbytes) or bad_size("flops", w.flops)
 
 

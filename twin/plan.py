@@ -65,6 +65,13 @@ does beside the gathers: after each all-gather of sharded weights, a copy out
 of the gather's buffer into each parameter on the compute stream
 (twin.builders.fsdp_kernels).
 
+`axonn` gathers the linears' sharded weights as the AxoNN paper's code
+(Megatron-AxoNN, January 2024) does: its overlaps are on only around the
+backward, so the first forward's all-gathers block (oag prefetches only in
+the recompute), and each gather that is not prefetched is copied twice after
+it, out of the collective's flat buffer into gz tensors (gz kernels) and
+concatenated (twin.builders.axonn_kernels). Plans of one pipeline stage only.
+
 `reshard` is what the weights sharded over gz (or gdata under ZeRO-3) do
 between a layer's forward and its backward: 0 keeps the gathered weights for
 the backward (AxoNN's Algorithm 1, FSDP's SHARD_GRAD_OP: the default); 1
@@ -212,6 +219,7 @@ class ParallelPlan:
     kernels: str = "fused"  # KERNEL_KINDS: a Llama layer's element-wise work fused (Megatron-Core) or eager (torchtitan)
     norm: str = "fused"  # NORM_KINDS: a Llama layer's RMSNorms fused, or torch's RMSNorm module op by op (torchtitan)
     fsdp2: bool = False  # the gathered weights copied out of FSDP2's all-gather buffer into each parameter
+    axonn: bool = False  # weight gathers as Megatron-AxoNN runs them: the forward's blocking, copied, then concatenated
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -301,7 +309,7 @@ class ParallelPlan:
 
 
 # The switches describe() writes after zero, in its order (pemb and ploss come before), when they are on.
-_SWITCHES_SHOWN = ("sp", "reshard", "tpo", "odp", "dpouter", "fp8", "fp8pg", "gradfp32", "fsdp2")
+_SWITCHES_SHOWN = ("sp", "reshard", "tpo", "odp", "dpouter", "fp8", "fp8pg", "gradfp32", "fsdp2", "axonn")
 _INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero", "rcl"}
 # What each integer key counts (twin.limits). mbs and ga, when left out, are chosen by the twin: a user gives
 # them positive or not at all (no 0 meaning "choose").
@@ -318,7 +326,7 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(WORD_KEYS)
 
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
     """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,dpouter=..,
-    fp8=..,fp8recipe=..,fp8pg=..,gradfp32=..,fsdp2=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,
+    fp8=..,fp8recipe=..,fp8pg=..,gradfp32=..,fsdp2=..,axonn=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,
     cpcomm=..,kernels=..,norm=..,recompute=..,rcl=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so

@@ -43,6 +43,11 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
     if plan.fsdp2 and plan.gathered_shards == 1:
         raise TwinError("--plan: fsdp2=1 copies gathered weights out of FSDP2's all-gather buffer, but this plan "
                         "shards none; shard them (gz > 1, or zero=3 over gdata) or leave fsdp2 out")
+    if plan.axonn and (plan.pp > 1 or plan.fsdp2):
+        other = f"pp={plan.pp}: Megatron-AxoNN's pipelined schedules run without AxoNN's overlaps" if plan.pp > 1 \
+            else "fsdp2=1: FSDP2's gathers are another code's"
+        raise TwinError(f"--plan: axonn=1 gathers weights as Megatron-AxoNN's unpipelined schedule does, but {other}; "
+                        "leave axonn out or use " + ("pp=1" if plan.pp > 1 else "fsdp2=0"))
     if plan.sp and plan.gy > 1:
         raise TwinError(f"--plan: sp=1 is Megatron sequence parallelism over gx and needs gy=1 (got gy={plan.gy})")
     if plan.odp and plan.zero == 3:

@@ -46,7 +46,7 @@ from twin.published import (AXONN_BATCH_SEQUENCES, AXONN_TABLE_III, FRONTIER_PAP
                             FRONTIER_PAPER_TFLOPS_PER_GCD)
 from twin.search.axonn_model import MEASURED_TOP
 from twin.search.rank import worker_count
-from twin.search.space import SearchSpace
+from twin.search.space import AXONN_CODE, SearchSpace
 from twin.validate_rows import Row, bound_row as _bound, range_row as _range, value_row as _value
 from twin.validate_tasks import (MACHINES, axonn_plan, best_plan, check_machine_files, scaling_points, simulate_plan,
                                  tasks_see)
@@ -71,7 +71,7 @@ def _short(plan: str) -> str:
 AXONN_HOW = f"fastest of AxoNN's model's top {MEASURED_TOP}"
 # AxoNN Fig. 7's baseline: 1D tensor parallelism inside a node (gx = the node's 8 GCDs) + hybrid sharded data
 # parallelism across nodes (gz shards, gdata replicates)
-FIG7_BASELINE = SearchSpace(axes=("gx", "gz", "gdata"), min_gx=8, max_gx=8)
+FIG7_BASELINE = SearchSpace(axes=("gx", "gz", "gdata"), min_gx=8, max_gx=8, fixed=AXONN_CODE)
 # AxoNN Fig. 9 (strong scaling, GPT-80B and GPT-640B on Frontier): time to train 2T tokens.
 STRONG = [("GPT-80B", 128, "over 50 months", 50 * DAYS_PER_MONTH, "lower"),
           ("GPT-80B", 8192, "25.5 days", 25.5, "value"),

@@ -32,7 +32,7 @@ from twin.search import cache
 from twin.search.axonn_model import MEASURED_TOP, MIN_TP, Grid, comm_time_s
 from twin.search.bound import BoundModel
 from twin.search.rank import STOP_SLACK, bound_s, search
-from twin.search.space import AXONN_AXES, SearchSpace, enumerate_space
+from twin.search.space import AXONN_AXES, AXONN_CODE, SearchSpace, enumerate_space, fixed_words
 
 MACHINES = ("frontier", "perlmutter")  # the machine files the published rows run on
 
@@ -140,7 +140,7 @@ def axonn_plan(machine_name: str, model_name: str, gpus: int, batch: int) -> dic
     machine, model = machine_for(machine_name), get_model(model_name)
 
     def compute() -> dict:
-        space = SearchSpace(axes=AXONN_AXES, min_tp=MIN_TP.get(model_name, 1))
+        space = SearchSpace(axes=AXONN_AXES, min_tp=MIN_TP.get(model_name, 1), fixed=AXONN_CODE)
         found = enumerate_space(model, gpus, batch, machine.device.hbm_bytes, space)
         by_grid = {Grid(c.plan.gx, c.plan.gy, c.plan.gz, c.plan.gdata): c.plan for c in found.candidates}
         if not by_grid:
@@ -151,7 +151,7 @@ def axonn_plan(machine_name: str, model_name: str, gpus: int, batch: int) -> dic
         return {"plan": best.plan, "step_time_s": best.step_time_s,
                 **paper_rate(model_name, best.global_batch, gpus, best.step_time_s), "candidates": len(top)}
 
-    inputs = {"model": model_name, "gpus": gpus, "batch": batch, "top": MEASURED_TOP}
+    inputs = {"model": model_name, "gpus": gpus, "batch": batch, "top": MEASURED_TOP, "with": fixed_words(AXONN_CODE)}
     return _cached("axonn-plan", inputs, machine, compute)
 
 

@@ -31,11 +31,12 @@ device's compute (comm_compute_slowdown) applies while both run.
 
 from __future__ import annotations
 
+from twin.builders.axonn_kernels import CAT_PASSES, LIST_COPY_OUT_PASSES
 from twin.builders.fsdp_kernels import COPY_OUT_PASSES
 from twin.builders.megatron_kernels import BIAS_GRAD_BYTES, FP8_AMAX_BYTES, FP8_QUANTIZE_BYTES
 from twin.builders.stage import Linear, StageBase
 from twin.builders.tags import Pass
-from twin.ir import FP8, Collective, Gemm, OpTag
+from twin.ir import FP8, Collective, Elementwise, Gemm, OpTag
 
 
 class LinearWriter(StageBase):
@@ -94,12 +95,24 @@ class LinearWriter(StageBase):
     def forward_gather(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None) -> int | None:
         """Before a forward's GEMM: wait for `lin`'s sharded weights (`gathered`, prefetched by the linear before, or
         gathered here) and, with oag, prefetch those of `prefetch`, the next linear; returns that prefetched gather."""
+        prefetching = self.plan.oag and not (self.plan.axonn and at.phase == "fwd")
+        listed = False  # gathered here through axonn's list all-gather (twin.builders.axonn_kernels)
         if self.sizes[self.shard_axis] > 1 and gathered is None:
             gathered = self.gather_weight(at, lin)
+            listed = self.plan.axonn and not prefetching  # a recompute's first gather is the iterator's, in place
         if gathered is not None:
             self.w.wait(gathered)
             self.copy_out(at, lin)
-        return self.gather_weight(at, prefetch) if (prefetch and self.plan.oag) else None
+            if listed:
+                self.list_gather_copies(at, lin)
+        return self.gather_weight(at, prefetch) if (prefetch and prefetching) else None
+
+    def list_gather_copies(self, at: Pass, lin: Linear) -> None:
+        """Under axonn, the copies of a weight gather AxoNN does not prefetch (twin.builders.axonn_kernels)."""
+        elements, shards = self.weight_block_bytes(lin) / self.b, self.sizes[self.shard_axis]
+        name, tag = self.named(at, lin, "ag_copy")  # one copy kernel per shard, issued by one host call
+        self.w.compute(name, Elementwise(elements * LIST_COPY_OUT_PASSES * self.b, 0.0, shards), (), tag)
+        self.elementwise(*self.named(at, lin, "ag_cat"), elements, CAT_PASSES * self.b, 0)
 
     def copy_out(self, at: Pass, lin: Linear) -> None:
         """Under fsdp2, FSDP2's copy of `lin`'s gathered weights out of the all-gather's buffer into the parameter,

@@ -54,6 +54,9 @@ from twin.plan_checks import validate_plan
 AXES = axis_registry.KEYS  # every axis a search may vary
 DEFAULT_AXES = axis_registry.DEFAULT_SEARCH  # what it varies unless told (cp only when asked for)
 AXONN_AXES = ("gx", "gy", "gz", "gdata")
+# What every plan of the AxoNN paper's runs holds: the linears' weight gathers as its code runs them
+# (ParallelPlan.axonn, twin.builders.axonn_kernels); SearchSpace.fixed of twin.validate's AxoNN searches.
+AXONN_CODE = (("axonn", True),)
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,7 @@ class ComputeModel:
             rate = dev.empirical_gemm_flop_per_s * dev.attention_efficiency
             return work.flops / rate + dev.kernel_overhead_s + dev.attention_overhead_s
         if isinstance(work, Elementwise):
-            return work.nbytes / (dev.hbm_bw_bytes_per_s * dev.hbm_efficiency) + dev.kernel_overhead_s
+            return work.nbytes / (dev.hbm_bw_bytes_per_s * dev.hbm_efficiency) + work.kernels * dev.kernel_overhead_s
         raise TypeError(f"not a compute op: {type(work).__name__}")
 
 

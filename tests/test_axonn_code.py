@@ -1,0 +1,131 @@
+"""axonn=1: the linears' weight gathers as the AxoNN paper's code runs them (twin.builders.axonn_kernels): the first
+forward's gathers block (none prefetched), each followed by the list all-gather's copies (one kernel a shard) and the
+concatenation; the recompute prefetches as before; with oag=0 its gathers are copied too; without sharded weights
+nothing changes; the step takes longer; the refusals; twin validate's AxoNN plans hold it. Also the IR's
+multi-kernel element-wise op it uses (Elementwise.kernels): its time, its check, its file form."""
+
+from __future__ import annotations
+
+import pytest
+
+from topologies import load_machine
+from twin import validate, validate_tasks
+from twin.builders.axonn_kernels import CAT_PASSES, LIST_COPY_OUT_PASSES
+from twin.builders.schedule import build_schedule
+from twin.errors import TwinError
+from twin.ir import Collective, Elementwise, Op
+from twin.ir_io import schedule_from_dict, schedule_to_dict
+from twin.ir_values import bad_work
+from twin.model import parse_model_spec
+from twin.plan import ParallelPlan
+from twin.search.space import AXONN_CODE
+from twin.sim.compute import ComputeModel
+
+from helpers import assert_switch_shows_and_slows, valid_plan
+
+GPT = parse_model_spec("layers=2,hidden=512,heads=8,seq=256,vocab=1024")
+COPIES = ("ag_copy", "ag_cat")
+
+
+def plan(text: str) -> ParallelPlan:
+    return valid_plan(text, GPT, 4)
+
+
+def ops(text: str) -> list[Op]:
+    return build_schedule(GPT, plan(text)).programs[0].ops
+
+
+def weight_gathers(program: list[Op], phase: str) -> list[Op]:
+    return [op for op in program if isinstance(op.work, Collective) and op.work.kind == "all_gather"
+            and op.tag.role.startswith("ag_z") and op.tag.phase == phase]
+
+
+def test_the_first_forward_gathers_each_weight_at_its_own_linear_and_copies_it_twice():
+    """No gather is issued ahead of its linear: the next compute op after each is its own copy out of the list
+    (one kernel per shard, read and written), then its concatenation, then its own GEMM."""
+    program = ops("gz=4,mbs=1,ga=1,recompute=full,axonn=1")
+    gathers = weight_gathers(program, "fwd")
+    assert gathers
+    for gather in gathers:
+        after = [op for op in program[gather.id + 1:] if not op.work.comm][:3]
+        assert [op.tag.role for op in after] == ["ag_copy", "ag_cat", "gemm"]
+        assert {op.tag.block for op in after} == {gather.tag.block} and gather.id in after[0].deps
+        copy, cat = after[0].work, after[1].work
+        assert copy.kernels == 4 and cat.kernels == 1
+        assert copy.nbytes == pytest.approx(LIST_COPY_OUT_PASSES * gather.work.nbytes)
+        assert cat.nbytes == pytest.approx(CAT_PASSES * gather.work.nbytes)
+
+
+def test_without_it_the_forward_prefetches_the_next_linears_weights():
+    """The contrast that makes the test above mean something: under oag the forward issues a linear's gather
+    before the previous linear's GEMM."""
+    program = ops("gz=4,mbs=1,ga=1,recompute=full")
+    gemms = {(op.tag.layer, op.tag.block): op.id for op in program if op.tag.phase == "fwd" and op.tag.role == "gemm"}
+    early = [g for g in weight_gathers(program, "fwd") if any(
+        gemm_id > g.id and block != g.tag.block for (layer, block), gemm_id in gemms.items()
+        if layer == g.tag.layer and gemm_id < gemms.get((g.tag.layer, g.tag.block), -1))]
+    assert early and not any(op.tag.role in COPIES for op in program)
+
+
+def test_the_recompute_and_backward_are_as_without_it():
+    with_code, without = ops("gz=4,mbs=1,ga=1,recompute=full,axonn=1"), ops("gz=4,mbs=1,ga=1,recompute=full")
+    assert [op.tag for op in with_code if op.tag.phase in ("rc", "bwd")] == \
+        [op.tag for op in without if op.tag.phase in ("rc", "bwd")]
+
+
+def test_without_prefetching_the_recompute_gathers_are_copied_too():
+    program = ops("gz=4,mbs=1,ga=1,recompute=full,oag=0,axonn=1")
+    gathered = len(weight_gathers(program, "fwd")) + len(weight_gathers(program, "rc"))
+    assert weight_gathers(program, "rc")
+    assert len([op for op in program if op.tag.role == "ag_copy"]) == gathered
+    prefetched = ops("gz=4,mbs=1,ga=1,recompute=full,axonn=1")
+    assert len([op for op in prefetched if op.tag.role == "ag_copy"]) == len(weight_gathers(prefetched, "fwd"))
+
+
+def test_without_sharded_weights_it_changes_nothing():
+    assert [op.work for op in ops("gx=2,gdata=2,mbs=2,ga=1,axonn=1")] == \
+        [op.work for op in ops("gx=2,gdata=2,mbs=2,ga=1")]
+
+
+def test_the_plan_text_round_trips_and_the_step_takes_longer():
+    assert_switch_shows_and_slows(GPT, "gz=4,mbs=1,ga=1,axonn=1", "axonn", "perlmutter", 4)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("gz=2,pp=2,mbs=1,ga=2,axonn=1", r"axonn=1 .* but pp=2: Megatron-AxoNN's pipelined schedules .* use pp=1"),
+    ("gz=4,mbs=1,ga=1,fsdp2=1,axonn=1", r"axonn=1 .* but fsdp2=1: .* use fsdp2=0"),
+])
+def test_plans_it_does_not_describe_are_refused_with_the_fix(text, match):
+    with pytest.raises(TwinError, match=match):
+        plan(text)
+
+
+def test_twin_validates_axonns_rows_on_its_code(monkeypatch):
+    """AxoNN's plans (its model's top 10) and Fig. 7's baseline search hold axonn=1."""
+    assert validate.FIG7_BASELINE.fixed == AXONN_CODE == (("axonn", True),)
+    seen = []
+
+    def enumerate_space(model, gpus, batch, hbm, space):
+        seen.append(space)
+        raise RuntimeError("enough")
+
+    monkeypatch.setattr(validate_tasks, "enumerate_space", enumerate_space)
+    monkeypatch.setattr(validate_tasks, "_cached", lambda name, inputs, machine, compute, shape=None: compute())
+    with pytest.raises(RuntimeError, match="enough"):
+        validate_tasks.axonn_plan("perlmutter", "GPT-5B", 512, 8192)
+    assert seen[0].fixed == AXONN_CODE
+
+
+def test_a_multi_kernel_elementwise_op_pays_the_overhead_once_a_kernel():
+    compute = ComputeModel(load_machine("perlmutter").device)
+    one, many = (compute.duration_s(Elementwise(1e6, 0.0, k)) for k in (1, 5))
+    assert many - one == pytest.approx(4 * load_machine("perlmutter").device.kernel_overhead_s)
+    assert bad_work(Elementwise(1e6, 0.0, 0)) and bad_work(Elementwise(1e6, 0.0, 2)) is None
+
+
+def test_its_kernel_count_is_written_only_where_it_is_not_one():
+    schedule = build_schedule(GPT, plan("gz=4,mbs=1,ga=1,axonn=1"))
+    d = schedule_to_dict(schedule)
+    works = [o["work"] for p in d["programs"] for o in p["ops"] if o["type"] == "elementwise"]
+    assert {w.get("kernels") for w in works} == {None, 4}
+    assert schedule_from_dict(d).programs[0].ops == schedule.programs[0].ops

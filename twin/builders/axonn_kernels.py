@@ -1,0 +1,33 @@
+"""How AxoNN's code gathers a linear's sharded weights (ParallelPlan.axonn), as data.
+
+The runs of the AxoNN paper used Megatron-AxoNN (axonn-ai/Megatron-AxoNN at
+6d60f45, January 2024: Megatron-LM's GPT with AxoNN's `Linear`) on the axonn
+package of early 2024 (axonn-ai/axonn 08f9722-8d7e47b). Two things there differ
+from the overlap rules of the paper's text (reference/algorithms.md section 2):
+
+- The overlaps are switched on only around the backward pass:
+  `forward_backward_no_pipelining` enters `optimize_communication` (which
+  starts the prefetching iterator of `--overlap-axonn-all-gather`) for
+  `backward_step` alone. The forward pass runs outside it, so each linear's
+  weight all-gather over Z there is blocking; only the recompute, which runs
+  inside the backward, prefetches (`overlap_all_gathers_for_checkpointed_forward`:
+  each layer's first gather issued as its recompute starts, the next one ahead
+  of each linear, as twin.builders.linears' oag does).
+- A gather that is not prefetched goes through `axonn.intra_layer.communication._gather`:
+  `torch.distributed.all_gather` into a list of gz tensors, which PyTorch's
+  NCCL process group gathers into one flat buffer and copies out to each
+  tensor of the list on the collective's stream (one copy kernel each), and
+  then `torch.cat` of the list into the weight the GEMM reads. The prefetched
+  gathers use `all_gather_into_tensor` into one buffer, used in place.
+
+So with axonn=1 a gather the plan does not prefetch is waited at once and
+followed by the two copies below, each reading and writing every gathered
+element; the forward never prefetches.
+"""
+
+from __future__ import annotations
+
+# ProcessGroupNCCL::allgather with a list of outputs: the flat buffer copied out to the gz tensors (read + write in
+# the weights' dtype, bf16: 2 + 2 bytes an element), then torch.cat of the list into one tensor (the same again).
+LIST_COPY_OUT_PASSES = 2
+CAT_PASSES = 2
