@@ -18,10 +18,10 @@ from twin.ir_io import schedule_from_dict, schedule_to_dict
 from twin.ir_values import bad_work
 from twin.model import parse_model_spec
 from twin.plan import ParallelPlan
-from twin.search.space import AXONN_CODE
+from twin.search.space import AXONN_AXES, AXONN_CODE, SearchSpace
 from twin.sim.compute import ComputeModel
 
-from helpers import assert_switch_shows_and_slows, valid_plan
+from helpers import assert_switch_shows_and_slows, check_search_bounds_and_ranking, valid_plan
 
 GPT = parse_model_spec("layers=2,hidden=512,heads=8,seq=256,vocab=1024")
 COPIES = ("ag_copy", "ag_cat")
@@ -129,3 +129,12 @@ def test_its_kernel_count_is_written_only_where_it_is_not_one():
     works = [o["work"] for p in d["programs"] for o in p["ops"] if o["type"] == "elementwise"]
     assert {w.get("kernels") for w in works} == {None, 4}
     assert schedule_from_dict(d).programs[0].ops == schedule.programs[0].ops
+
+
+def test_the_search_bounds_its_plans_and_ranks_them_exactly():
+    """AxoNN's space with its code held (what twin validate searches): every plan's bounds stay at or under its
+    simulated step, the blocking gathers and copies included, and branch and bound ranks as simulating all does."""
+    space = SearchSpace(axes=AXONN_AXES, fixed=AXONN_CODE)
+    plans, pruned, _ = check_search_bounds_and_ranking(GPT, load_machine("frontier"), 8, 32, space, top=5)
+    assert sum(p.gz > 1 for p in plans) > 5 and all(p.axonn for p in plans)
+    assert all("axonn=1" in r.plan for r in pruned.ranked)

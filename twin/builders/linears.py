@@ -94,7 +94,9 @@ class LinearWriter(StageBase):
 
     def forward_gather(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None) -> int | None:
         """Before a forward's GEMM: wait for `lin`'s sharded weights (`gathered`, prefetched by the linear before, or
-        gathered here) and, with oag, prefetch those of `prefetch`, the next linear; returns that prefetched gather."""
+        gathered here) and, with oag, prefetch those of `prefetch`, the next linear; returns that prefetched gather.
+        Under axonn the first forward prefetches nothing, and a gather made here that AxoNN's code would not have
+        prefetched is followed by its copies (list_gather_copies)."""
         prefetching = self.plan.oag and not (self.plan.axonn and at.phase == "fwd")
         listed = False  # gathered here through axonn's list all-gather (twin.builders.axonn_kernels)
         if self.sizes[self.shard_axis] > 1 and gathered is None:
