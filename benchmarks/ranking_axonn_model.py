@@ -8,7 +8,7 @@ on GPT-20B with 32 and GPT-40B with 64 Perlmutter GPUs (9 of its top 10
 among the 10 fastest measured). For those two cases and the nine runs of
 Table III, over the plans the twin finds valid and fitting (AxoNN's four axes,
 the per-model minimum tensor-parallel size of AxoNN's launcher, 16.8M-token
-batch), this prints: how many of the twin's top 10 are in the model's top 10
+batch; each plan with AxoNN's code's weight gathers, axonn=1), this prints: how many of the twin's top 10 are in the model's top 10
 and in its top 20 (the runs AxoNN would have measured), where the twin's
 best plan ranks in the model, and how much slower in the twin the model's
 first choice is than the twin's. --quick: the two small cases only.
@@ -31,7 +31,7 @@ from twin.plan import parse_plan  # noqa: E402
 from twin.published import AXONN_BATCH_SEQUENCES, AXONN_TABLE_III  # noqa: E402
 from twin.search.axonn_model import MIN_TP, Grid, comm_time_s  # noqa: E402
 from twin.search.rank import search  # noqa: E402
-from twin.search.space import AXONN_AXES, SearchSpace, enumerate_space  # noqa: E402
+from twin.search.space import AXONN_AXES, AXONN_CODE, SearchSpace, enumerate_space  # noqa: E402
 
 VALIDATION_CASES = [("perlmutter", "GPT-20B", 32), ("perlmutter", "GPT-40B", 64)]
 
@@ -42,7 +42,7 @@ def grid_of(plan) -> Grid:
 
 def compare(machine_name: str, model_name: str, gpus: int, top: int = 10) -> dict:
     machine, model = load_machine(machine_name), get_model(model_name)
-    space = SearchSpace(axes=AXONN_AXES, min_tp=MIN_TP[model_name])
+    space = SearchSpace(axes=AXONN_AXES, min_tp=MIN_TP[model_name], fixed=AXONN_CODE)  # AxoNN's code's gathers
     found = enumerate_space(model, gpus, AXONN_BATCH_SEQUENCES, machine.device.hbm_bytes, space)
     plans = {grid_of(c.plan): c.plan for c in found.candidates}  # auto micro-batch: one plan per grid
     modelled = sorted(plans, key=lambda g: (comm_time_s(model, g, AXONN_BATCH_SEQUENCES, machine_name), g.describe()))
