@@ -101,7 +101,7 @@ def test_plans_it_does_not_describe_are_refused_with_the_fix(text, match):
 
 
 def test_twin_validates_axonns_rows_on_its_code(monkeypatch):
-    """AxoNN's plans (its model's top 10) and Fig. 7's baseline search hold axonn=1."""
+    """AxoNN's plans (its model's top 20) and Fig. 7's baseline search hold axonn=1."""
     assert validate.FIG7_BASELINE.fixed == AXONN_CODE == (("axonn", True),)
     seen = []
 

@@ -2,7 +2,8 @@
 
 The runs of the AxoNN paper used Megatron-AxoNN (axonn-ai/Megatron-AxoNN at
 6d60f45, January 2024: Megatron-LM's GPT with AxoNN's `Linear`) on the axonn
-package of early 2024 (axonn-ai/axonn 08f9722-8d7e47b). Two things there differ
+package of early 2024 (axonn-ai/axonn 08f9722-8d7e47b); the branch that launched
+its Perlmutter runs (gordon-bell-perlmutter, 885d2e7) keeps the same schedule. Two things there differ
 from the overlap rules of the paper's text (reference/algorithms.md section 2):
 
 - The overlaps are switched on only around the backward pass:

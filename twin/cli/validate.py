@@ -244,7 +244,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Every row of reference/published.md sections A (AxoNN SC'24) and B (the Frontier paper), "
         "predicted from the machine files (first principles) and from the fitted ones in topologies/fitted/ "
         "(calibrated; rows fitted on are marked 'fit'): AxoNN's unpublished plans are chosen as AxoNN chose them "
-        "(the fastest of its communication model's top 10), the Frontier paper's are its launch scripts'. Prints "
+        "(the fastest of its communication model's top 20, as its launcher ran them), the Frontier paper's are its launch scripts'. Prints "
         "published, predicted and error per row, then the mean and max error. With --runs: measured runs of a "
         "CSV instead, predicted on each --machine. "
         "Searches and simulations are cached (~/.cache/exatwin), so only the first run is slow.",
