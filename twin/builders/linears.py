@@ -7,7 +7,9 @@ that does not recompute) and its gradient reduce-scattered after dW; the
 forward output all-reduced over the linear's forward axis, dI over its
 backward axis; sequence parallelism (sp=1, over X) gathers and scatters the
 activations instead. The overlap switches decide only the waits (oar, ors) and when the
-next linear's weights are gathered (oag).
+next linear's weights are gathered (oag); under axonn the first forward gathers each linear's
+weights at the linear itself, and a gather AxoNN's code would not prefetch is followed by its
+copies (twin.builders.axonn_kernels).
 
 With fp8 (ParallelPlan.fp8) a layer's linears quantise their input in the
 forward and their output's gradient in the backward ("fp8_in", "fp8_grad"),
