@@ -1,7 +1,8 @@
 """axonn=1: the linears' weight gathers as the AxoNN paper's code runs them (twin.builders.axonn_kernels): the first
 forward's gathers block (none prefetched), each followed by the list all-gather's copies (one kernel a shard) and the
-concatenation; the recompute prefetches as before; with oag=0 its gathers are copied too; without sharded weights
-nothing changes; the step takes longer; the refusals; twin validate's AxoNN plans hold it. Also the IR's
+concatenation; the recompute prefetches as before; with oag=0 its gathers are copied too; its gradients reduced over
+the data replicas in fp32 (bf16 models), over Z in bf16; without sharded weights only that changes; the step takes
+longer; the refusals; twin validate's AxoNN plans hold it. Also the IR's
 multi-kernel element-wise op it uses (Elementwise.kernels): its time, its check, its file form."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from twin.errors import TwinError
 from twin.ir import Collective, Elementwise, Op
 from twin.ir_io import schedule_from_dict, schedule_to_dict
 from twin.ir_values import bad_work
+from twin.memory import memory_per_gpu
 from twin.model import parse_model_spec
 from twin.plan import ParallelPlan
 from twin.search.space import AXONN_AXES, AXONN_CODE, SearchSpace
@@ -82,9 +84,10 @@ def test_without_prefetching_the_recompute_gathers_are_copied_too():
     assert len([op for op in prefetched if op.tag.role == "ag_copy"]) == len(weight_gathers(prefetched, "fwd"))
 
 
-def test_without_sharded_weights_it_changes_nothing():
-    assert [op.work for op in ops("gx=2,gdata=2,mbs=2,ga=1,axonn=1")] == \
-        [op.work for op in ops("gx=2,gdata=2,mbs=2,ga=1")]
+def test_without_sharded_weights_only_the_data_parallel_reductions_change():
+    coded, plain = ops("gx=2,gdata=2,mbs=2,ga=1,axonn=1"), ops("gx=2,gdata=2,mbs=2,ga=1")
+    assert [op.work for op in coded if op.tag.role != "ar_data"] == [op.work for op in plain if op.tag.role != "ar_data"]
+    assert {op.work.dtype for op in coded if op.tag.role == "ar_data"} == {"fp32"}
 
 
 def test_the_plan_text_round_trips_and_the_step_takes_longer():
@@ -138,3 +141,25 @@ def test_the_search_bounds_its_plans_and_ranks_them_exactly():
     plans, pruned, _ = check_search_bounds_and_ranking(GPT, load_machine("frontier"), 8, 32, space, top=5)
     assert sum(p.gz > 1 for p in plans) > 5 and all(p.axonn for p in plans)
     assert all("axonn=1" in r.plan for r in pruned.ranked)
+
+
+def test_its_gradients_are_reduced_over_the_data_replicas_in_fp32_and_scattered_over_z_in_bf16():
+    """Megatron-LM's main_grad under --bf16 (ParallelPlan.fp32_main_grads): the data-parallel all-reduces move 4 bytes
+    a parameter where the plan without axonn moves 2; the reduce-scatters over Z are unchanged; memory holds 2 bytes
+    a parameter more. An fp16 model keeps its 16-bit buffer."""
+    def reductions(text: str, model=GPT) -> tuple[list[Collective], list[Collective]]:
+        program = build_schedule(model, valid_plan(text, model, 8)).programs[0].ops
+        data = [op.work for op in program if isinstance(op.work, Collective) and op.tag.role == "ar_data"]
+        scatters = [op.work for op in program if isinstance(op.work, Collective) and op.tag.role == "rs_z"]
+        return data, scatters
+
+    (coded, coded_rs), (plain, plain_rs) = (reductions(f"gz=4,gdata=2,mbs=1,ga=1{t}") for t in (",axonn=1", ""))
+    assert coded and len(coded) == len(plain) and coded_rs == plain_rs
+    assert all(c.dtype == "fp32" and p.dtype == "bf16" and c.nbytes == pytest.approx(2 * p.nbytes)
+               for c, p in zip(coded, plain))
+    fp16 = parse_model_spec("layers=2,hidden=512,heads=8,seq=256,vocab=1024,dtype=fp16")
+    assert reductions("gz=4,gdata=2,mbs=1,ga=1,axonn=1", fp16)[0] == reductions("gz=4,gdata=2,mbs=1,ga=1", fp16)[0]
+    params = GPT.params_per_layer * GPT.layers / 4  # the layers' share of a rank, sharded over gz = 4
+    extra = (memory_per_gpu(GPT, valid_plan("gz=4,gdata=2,mbs=1,ga=1,axonn=1", GPT, 8)).model_state
+             - memory_per_gpu(GPT, valid_plan("gz=4,gdata=2,mbs=1,ga=1", GPT, 8)).model_state)
+    assert extra >= 2 * params

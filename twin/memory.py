@@ -10,7 +10,7 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
   weight 2 B, bf16 gradient 2, fp32 master 4, two fp32 Adam moments 8 = 16 B;
   ZeRO over gdata shards the optimizer state (stage 1: 4 + 12/gdata), also the
   gradients (stage 2: 2 + 14/gdata), also the weights (stage 3: 16/gdata).
-  Gradients kept in fp32 (plan.gradfp32) take 4 B where these count 2.
+  Gradients kept in fp32 (plan.gradfp32, and plan.axonn in bf16) take 4 B where these count 2.
 - Gathered weights: the all-gathered (gx x gy) weight blocks of one block (and
   the next linear's when oag prefetches it), plus the unreduced dW block.
   Without recompute the forward keeps every layer's gathered weights for its
@@ -97,7 +97,7 @@ SCORE_MASK_BYTES = 1
 
 def model_state_bytes_per_param(zero: int, gdata: int, grad: float = 2.0) -> float:
     """Bytes per parameter of one tensor-parallel shard, under a ZeRO stage over gdata ranks, with gradients of
-    `grad` bytes (4 under plan.gradfp32)."""
+    `grad` bytes (4 under plan.gradfp32, and under plan.axonn in bf16: ParallelPlan.fp32_main_grads)."""
     weight, optimizer = 2.0, 12.0
     if zero >= 1:
         optimizer /= gdata
@@ -226,7 +226,8 @@ def chunk_recompute(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int
 def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBreakdown:
     b = model.dtype_bytes
     tp = plan.tensor_parallel_size
-    model_state = model_state_bytes_per_param(plan.zero, plan.gradient_replicas, 4.0 if plan.gradfp32 else 2.0) \
+    grad = 4.0 if plan.fp32_main_grads(model.dtype) else 2.0
+    model_state = model_state_bytes_per_param(plan.zero, plan.gradient_replicas, grad) \
         * stage_params(model, plan, stage) / tp
     layers = stage_layers(model.layers, plan, stage)
     if plan.fp8 and not plan.fp8pg:  # the linear weights' FP8 copies beside the bf16 ones (fp8pg: instead of them)

@@ -70,7 +70,9 @@ of the gather's buffer into each parameter on the compute stream
 backward, so the first forward's all-gathers block (oag prefetches only in
 the recompute), and each gather that is not prefetched is copied twice after
 it, out of the collective's flat buffer into gz tensors (gz kernels) and
-concatenated (twin.builders.axonn_kernels). Plans of one pipeline stage only.
+concatenated (twin.builders.axonn_kernels); in bf16 its gradient buffer is
+fp32 and so is its data-parallel all-reduce (Megatron-LM under --bf16), the
+reduce-scatters over Z staying in bf16. Plans of one pipeline stage only.
 
 `reshard` is what the weights sharded over gz (or gdata under ZeRO-3) do
 between a layer's forward and its backward: 0 keeps the gathered weights for
@@ -279,6 +281,11 @@ class ParallelPlan:
         if self.recompute != "full":
             return 0
         return chunk_layers if self.rcl == 0 else min(self.rcl, chunk_layers)
+
+    def fp32_main_grads(self, dtype: str) -> bool:
+        """Whether the gradient buffer, and its data-parallel reduction, are fp32: under gradfp32, and under axonn in
+        bf16 (Megatron-LM's main_grad under --bf16; axonn's reduce-scatters over Z stay in the model's dtype)."""
+        return self.gradfp32 or (self.axonn and dtype == "bf16")
 
     def without_overlap(self) -> "ParallelPlan":
         return replace(self, oar=False, ors=False, oag=False)

@@ -23,7 +23,11 @@ from the overlap rules of the paper's text (reference/algorithms.md section 2):
 
 So with axonn=1 a gather the plan does not prefetch is waited at once and
 followed by the two copies below, each reading and writing every gathered
-element; the forward never prefetches.
+element; the forward never prefetches. Its gradients take Megatron-LM's path
+under --bf16: the reduce-scattered shards are added into an fp32 main_grad
+buffer, which is all-reduced over the data-parallel replicas in fp32
+(ParallelPlan.fp32_main_grads); the reduce-scatters over Z move the 16-bit
+gradients.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ tied embedding and LM head all-reduce their gradient between the first and
 last stage first. Ops are tagged with the pass "step" and no micro-batch.
 The gradients move in the model's dtype, or in fp32 under the plan's
 gradfp32 (twin.plan), as do the weight gradients' reduce-scatters inside the
-layers.
+layers; under axonn in bf16 these reductions move fp32 and those reduce-scatters
+the model's dtype (ParallelPlan.fp32_main_grads).
 
 With the plan's odp each bucket's reduction is issued by the backward instead
 (twin.builders.pipeline_passes: right after the last micro-batch's backward
@@ -49,7 +50,7 @@ class DataParallelWriter(StageBase):
         buckets = self.gradient_buckets()
         if plan.pp > 1 and self.stage in (0, plan.pp - 1) and self.model.tied_head:
             self.blocking("tied.embed.ar", STEP.tag("embed", "ar_tied"), "all_reduce", "tied",
-                          self.grad_b * self.model.vocab * self.model.hidden / tp, self.grad_dtype)
+                          self.data_grad_b * self.model.vocab * self.model.hidden / tp, self.data_grad_dtype)
         if not self.synchronises_buckets:
             return []
         ops = self.reduced_buckets if plan.odp else [self.reduce_bucket(*bucket) for bucket in buckets]
@@ -62,8 +63,8 @@ class DataParallelWriter(StageBase):
         kind, short = ("all_reduce", "ar") if self.plan.zero == 0 else ("reduce_scatter", "rs")
         group = self.gradient_axis  # data, or cp+data: the ranks holding the same weights
         return self.w.collective(self.bucket_name(block, layer, f"{short}_data"), group,
-                                 Collective(kind, group, self.grad_b * params / self.plan.tensor_parallel_size,
-                                            self.grad_dtype),
+                                 Collective(kind, group, self.data_grad_b * params / self.plan.tensor_parallel_size,
+                                            self.data_grad_dtype),
                                  after, tag=STEP.tag(block, f"{short}_data", layer))
 
     def reduce_buckets_of(self, blocks: tuple[str, ...], layer: int | None = None) -> None:

@@ -64,6 +64,9 @@ class StageBase:
         self.b = model.dtype_bytes
         # the gradients' reductions: in fp32 under plan.gradfp32, else in the model's dtype
         self.grad_dtype, self.grad_b = ("fp32", 4) if plan.gradfp32 else (model.dtype, model.dtype_bytes)
+        # the data-parallel reductions of the gradient buffer: fp32 also under axonn (ParallelPlan.fp32_main_grads)
+        self.data_grad_dtype, self.data_grad_b = ("fp32", 4) if plan.fp32_main_grads(model.dtype) else \
+            (self.grad_dtype, self.grad_b)
         self.acc_bytes = grad_accumulation_bytes(model.dtype)
         self.w = ProgramWriter()
         self.n_virtual = plan.pp * plan.vpp
