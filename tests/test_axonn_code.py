@@ -62,10 +62,10 @@ def test_without_it_the_forward_prefetches_the_next_linears_weights():
     """The contrast that makes the test above mean something: under oag the forward issues a linear's gather
     before the previous linear's GEMM."""
     program = ops("gz=4,mbs=1,ga=1,recompute=full")
-    gemms = {(op.tag.layer, op.tag.block): op.id for op in program if op.tag.phase == "fwd" and op.tag.role == "gemm"}
-    early = [g for g in weight_gathers(program, "fwd") if any(
-        gemm_id > g.id and block != g.tag.block for (layer, block), gemm_id in gemms.items()
-        if layer == g.tag.layer and gemm_id < gemms.get((g.tag.layer, g.tag.block), -1))]
+    gemms = [op for op in program if op.tag.phase == "fwd" and op.tag.role == "gemm"]
+    own = {(op.tag.layer, op.tag.block): op.id for op in gemms}
+    early = [g for g in weight_gathers(program, "fwd")
+             if any(g.id < op.id < own[g.tag.layer, g.tag.block] for op in gemms)]  # another GEMM in between
     assert early and not any(op.tag.role in COPIES for op in program)
 
 
