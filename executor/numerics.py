@@ -17,7 +17,9 @@ that the ops of the linear layers are bound to real float32 tensors:
 pass and the role above; twin.builders.tags). Every other op runs on scratch
 buffers as usual. After the step the gradient shards
 are summed over micro-batches and, unless ZeRO-3 already sharded over
-"z+data", all-reduced over the data group.
+"z+data", all-reduced over the data group; a linear left whole where the
+others are sharded over Z (axonn's LM head) over Z first, as the step's own
+all-reduce of it (the embedding's, on scratch buffers) does.
 
 What each rank is given, and what it must end up with, follows from the 4D
 convention of twin.builders.schedule, not from the ops being tested: for a
@@ -107,6 +109,7 @@ class _Linear:
     mbs: set[int] = field(default_factory=set)
     gathered: bool = False  # an all-gather fills W_block
     scattered: bool = False  # a reduce-scatter makes the gradient shard
+    whole: bool = False  # not sharded where the plan shards weights (axonn's LM head): W whole, dW summed over Z
     out_key: str = "O"  # the forward result checked: "O_seq" when sequence parallelism scatters it
     din_key: str = "dI"  # the input gradient checked: "dI_seq" when sequence parallelism scatters it
 
@@ -204,6 +207,9 @@ class NumericsChecker:
         ks = slice(self._ps(ka) * info.k_loc, (self._ps(ka) + 1) * info.k_loc)
         ns = slice(self._ps(na) * info.n_loc, (self._ps(na) + 1) * info.n_loc)
         shards, s = self._sz(self.shard_axis), self._ps(self.shard_axis)
+        info.whole = shards > 1 and not (info.gathered or info.scattered)
+        if info.whole:
+            shards, s = 1, 0
         block = info.k_loc * info.n_loc
         if block % shards:
             self.errors.append(f"{info.name}: W block of {block} elements does not split over {shards} shards")
@@ -317,12 +323,11 @@ class NumericsChecker:
                                f"{tensor.numel()} {op.work.dtype} elements ({want} bytes)")
 
     # ---- checking -------------------------------------------------------------------
-    def _data_group(self):
-        """A gloo group over this rank's gradient instance (data, or cp+data), created by every rank in the same
-        order."""
+    def _group_of(self, name: str):
+        """A gloo group over this rank's instance of the IR's axis `name`, created by every rank in the same order."""
         mine = None
         for axis in self.schedule.groups:
-            if axis.name != self.gradient_axis:
+            if axis.name != name:
                 continue
             for members in axis.instances:
                 g = dist.new_group(list(members), backend="gloo")
@@ -338,7 +343,8 @@ class NumericsChecker:
             got = got.detach().to("cpu", torch.float64).reshape(want.shape)
             return float(torch.linalg.vector_norm(got - want) / max(float(torch.linalg.vector_norm(want)), 1e-30))
 
-        data_group = self._data_group() if self.shard_axis == "z" and self._sz(self.gradient_axis) > 1 else None
+        data_group = self._group_of(self.gradient_axis) if self.shard_axis == "z" and self._sz(self.gradient_axis) > 1 else None
+        z_group = self._group_of("z") if any(info.whole for info in self.linears.values()) else None
         for lin, info in sorted(self.linears.items()):
             if (lin, "W_block") not in self.t:
                 continue
@@ -349,10 +355,11 @@ class NumericsChecker:
                                    "rel_err": rel(self.t[(lin, mb, what)], self.ref[(lin, mb, what)])})
                 part = self.t[(lin, mb, "dW_shard" if info.scattered else "dW")].reshape(-1).clone()
                 grad = part if grad is None else grad + part
-            if data_group is not None:
-                cpu = grad.to("cpu")
-                dist.all_reduce(cpu, group=data_group)
-                grad = cpu
+            for group in (z_group if info.whole else None, data_group):
+                if group is not None:
+                    cpu = grad.to("cpu")
+                    dist.all_reduce(cpu, group=group)
+                    grad = cpu
             checks.append({"linear": lin, "mb": -1, "what": "dW_shard", "rel_err": rel(grad, self.ref[(lin, "dW_shard")])})
         if self.ring is not None:
             checks += self.ring.checks(rel)

@@ -69,10 +69,17 @@ def test_without_it_the_forward_prefetches_the_next_linears_weights():
     assert early and not any(op.tag.role in COPIES for op in program)
 
 
-def test_the_recompute_and_backward_are_as_without_it():
-    with_code, without = ops("gz=4,mbs=1,ga=1,recompute=full,axonn=1"), ops("gz=4,mbs=1,ga=1,recompute=full")
-    assert [op.tag for op in with_code if op.tag.phase in ("rc", "bwd")] == \
-        [op.tag for op in without if op.tag.phase in ("rc", "bwd")]
+def test_the_recompute_and_backward_are_as_without_it_but_for_the_lm_heads_z_collectives():
+    """The LM head is the word table, which AxoNN's code does not shard over Z (twin.builders.replicated_grads)."""
+    def passes(text: str) -> list:
+        return [op.tag for op in ops(text) if op.tag.phase in ("rc", "bwd")]
+
+    def head_over_z(tag) -> bool:
+        return tag.block == "lm_head" and tag.role in ("ag_z", "rs_z")
+
+    with_code, without = passes("gz=4,mbs=1,ga=1,recompute=full,axonn=1"), passes("gz=4,mbs=1,ga=1,recompute=full")
+    assert any(map(head_over_z, without)) and not any(map(head_over_z, with_code))
+    assert with_code == [tag for tag in without if not head_over_z(tag)]
 
 
 def test_without_prefetching_the_recompute_gathers_are_copied_too():
@@ -84,9 +91,12 @@ def test_without_prefetching_the_recompute_gathers_are_copied_too():
     assert len([op for op in prefetched if op.tag.role == "ag_copy"]) == len(weight_gathers(prefetched, "fwd"))
 
 
-def test_without_sharded_weights_only_the_data_parallel_reductions_change():
+def test_without_sharded_weights_only_the_steps_work_changes():
+    """gz = 1: the passes are the same op for op; the step does the same things, its data-parallel reductions in
+    fp32 (and the position table, whole on every rank under axonn, adds to the gradient buffer's work)."""
     coded, plain = ops("gx=2,gdata=2,mbs=2,ga=1,axonn=1"), ops("gx=2,gdata=2,mbs=2,ga=1")
-    assert [op.work for op in coded if op.tag.role != "ar_data"] == [op.work for op in plain if op.tag.role != "ar_data"]
+    assert [op.work for op in coded if op.tag.phase != "step"] == [op.work for op in plain if op.tag.phase != "step"]
+    assert [op.tag for op in coded if op.tag.phase == "step"] == [op.tag for op in plain if op.tag.phase == "step"]
     assert {op.work.dtype for op in coded if op.tag.role == "ar_data"} == {"fp32"}
 
 
@@ -146,11 +156,14 @@ def test_the_search_bounds_its_plans_and_ranks_them_exactly():
 def test_its_gradients_are_reduced_over_the_data_replicas_in_fp32_and_scattered_over_z_in_bf16():
     """Megatron-LM's main_grad under --bf16 (ParallelPlan.fp32_main_grads): the data-parallel all-reduces move 4 bytes
     a parameter where the plan without axonn moves 2; the reduce-scatters over Z are unchanged; memory holds 2 bytes
-    a parameter more. An fp16 model keeps its 16-bit buffer."""
+    a parameter more. An fp16 model keeps its 16-bit buffer. (The layers' buckets and weights: the embedding's are
+    tests/test_axonn_replicated.py's.)"""
     def reductions(text: str, model=GPT) -> tuple[list[Collective], list[Collective]]:
         program = build_schedule(model, valid_plan(text, model, 8)).programs[0].ops
-        data = [op.work for op in program if isinstance(op.work, Collective) and op.tag.role == "ar_data"]
-        scatters = [op.work for op in program if isinstance(op.work, Collective) and op.tag.role == "rs_z"]
+        data = [op.work for op in program if isinstance(op.work, Collective) and op.tag.role == "ar_data"
+                and op.tag.block == "layer"]
+        scatters = [op.work for op in program if isinstance(op.work, Collective) and op.tag.role == "rs_z"
+                    and op.tag.block != "lm_head"]
         return data, scatters
 
     (coded, coded_rs), (plain, plain_rs) = (reductions(f"gz=4,gdata=2,mbs=1,ga=1{t}") for t in (",axonn=1", ""))

@@ -172,6 +172,18 @@ def test_numerics_pass_with_gradients_reduced_in_fp32(tmp_path):
     assert result["ok"], result["failures"]
 
 
+def test_numerics_pass_with_axonns_whole_lm_head(tmp_path):
+    """axonn=1: the LM head, the word table Megatron-AxoNN does not shard over Z, is neither gathered nor scattered;
+    its gradient is whole once summed over Z (the step's all-reduce over Z of the replicated gradients runs on
+    scratch buffers); the layers' linears still gather and scatter theirs."""
+    schedule, path = export(tmp_path, "gz=2,mbs=1,axonn=1", 2)
+    roles = {(op.tag.block, op.tag.role) for op in schedule.programs[0].ops}
+    assert ("lm_head", "gemm") in roles and ("lm_head", "ag_z") not in roles and ("qkv", "ag_z") in roles
+    assert ("main_grad", "ar_z") in roles
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+
+
 def test_unfused_attention_with_selective_recompute_runs_and_its_numerics_pass(tmp_path):
     """The unfused core attention's batched GEMMs and element-wise kernels run as scratch kernels between the
     checked linears."""

@@ -72,7 +72,8 @@ the recompute), and each gather that is not prefetched is copied twice after
 it, out of the collective's flat buffer into gz tensors (gz kernels) and
 concatenated (twin.builders.axonn_kernels); in bf16 its gradient buffer is
 fp32 and so is its data-parallel all-reduce (Megatron-LM under --bf16), the
-reduce-scatters over Z staying in bf16. Plans of one pipeline stage only.
+reduce-scatters over Z in bf16; the embedding is not sharded over Z, what it
+leaves whole is all-reduced over Z (replicated_grads). One pipeline stage.
 
 `reshard` is what the weights sharded over gz (or gdata under ZeRO-3) do
 between a layer's forward and its backward: 0 keeps the gathered weights for

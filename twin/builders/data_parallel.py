@@ -63,7 +63,7 @@ class DataParallelWriter(StageBase):
         kind, short = ("all_reduce", "ar") if self.plan.zero == 0 else ("reduce_scatter", "rs")
         group = self.gradient_axis  # data, or cp+data: the ranks holding the same weights
         return self.w.collective(self.bucket_name(block, layer, f"{short}_data"), group,
-                                 Collective(kind, group, self.data_grad_b * params / self.plan.tensor_parallel_size,
+                                 Collective(kind, group, self.data_grad_b * self.bucket_elements(block, params),
                                             self.data_grad_dtype),
                                  after, tag=STEP.tag(block, f"{short}_data", layer))
 
@@ -113,7 +113,8 @@ class DataParallelWriter(StageBase):
         for a layer's linear weights in FP8 under fp8pg (twin.builders.megatron_kernels)."""
         fp8 = self.plan.fp8pg and block == "layer"
         linear = self.model.linear_weights_per_layer if fp8 else 0
-        nbytes = (self.b * (params - linear) + FP8_GATHER_BYTES * linear) / self.plan.tensor_parallel_size
+        nbytes = self.b * self.bucket_elements(block, params - linear) + \
+            FP8_GATHER_BYTES * linear / self.plan.tensor_parallel_size
         return self.w.collective(self.bucket_name(block, layer, "ag_data"), self.gradient_axis,
                                  Collective("all_gather", self.gradient_axis, nbytes, FP8 if fp8 else self.dtype),
                                  tag=STEP.tag(block, "ag_data", layer))

@@ -77,12 +77,16 @@ class EndsWriter(StageBase):
         return self.tokens * self.model.hidden / self.sizes["y"]
 
     def word_table_elements(self) -> float:
-        """The word table (and tied LM head) on this rank: split over vocabulary (X) and hidden (Y), sharded over Z."""
-        return self.model.vocab * self.model.hidden / self.plan.tensor_parallel_size
+        """The word table (and tied LM head) on this rank: split over vocabulary (X) and hidden (Y), sharded over Z;
+        under axonn split over X and Y only (twin.builders.axonn_kernels)."""
+        shards = self.plan.gx * self.plan.gy if self.plan.axonn else self.plan.tensor_parallel_size
+        return self.model.vocab * self.model.hidden / shards
 
     def position_table_elements(self) -> float:
-        """The position table on this rank: replicated over X (Megatron's Embedding), split like the word table else."""
-        return self.model.seq * self.model.hidden / (self.sizes["y"] * self.sizes["z"])
+        """The position table on this rank: replicated over X (Megatron's Embedding), split like the word table else;
+        under axonn whole (torch.nn.Embedding in Megatron-AxoNN)."""
+        shards = 1 if self.plan.axonn else self.sizes["y"] * self.sizes["z"]
+        return self.model.seq * self.model.hidden / shards
 
     def embedding_forward(self, at: Pass) -> None:
         """Embedding.forward (EMBEDDING_* constants) in the forward pass `at`: lookups, sum, transpose, dropout."""

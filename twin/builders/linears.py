@@ -50,8 +50,9 @@ class LinearWriter(StageBase):
         return f"{at.label}.{lin.name}.{role}", at.tag(lin.block, role, lin.layer)
 
     def gather_weight(self, at: Pass, lin: Linear) -> int | None:
+        """The all-gather of `lin`'s sharded weights over the shard axis, issued; None where they are not sharded."""
         axis = self.shard_axis
-        if self.sizes[axis] == 1:
+        if self.weight_shards(lin) == 1:
             return None
         work = Collective("all_gather", axis, self.weight_block_bytes(lin), self.dtype)
         name, tag = self.named(at, lin, f"ag_{axis.replace('+', '')}")
@@ -101,7 +102,7 @@ class LinearWriter(StageBase):
         prefetched is followed by its copies (list_gather_copies)."""
         prefetching = self.plan.oag and not (self.plan.axonn and at.phase == "fwd")
         listed = False  # gathered here through axonn's list all-gather (twin.builders.axonn_kernels)
-        if self.sizes[self.shard_axis] > 1 and gathered is None:
+        if self.weight_shards(lin) > 1 and gathered is None:
             gathered = self.gather_weight(at, lin)
             listed = self.plan.axonn and not prefetching  # a recompute's first gather is the iterator's, in place
         if gathered is not None:
@@ -113,7 +114,7 @@ class LinearWriter(StageBase):
 
     def list_gather_copies(self, at: Pass, lin: Linear) -> None:
         """Under axonn, the copies of a weight gather AxoNN does not prefetch (twin.builders.axonn_kernels)."""
-        elements, shards = self.weight_block_bytes(lin) / self.b, self.sizes[self.shard_axis]
+        elements, shards = self.weight_block_bytes(lin) / self.b, self.weight_shards(lin)
         name, tag = self.named(at, lin, "ag_copy")  # one copy kernel per shard, issued by one host call
         self.w.compute(name, Elementwise(elements * LIST_COPY_OUT_PASSES * self.b, 0.0, shards), (), tag)
         self.elementwise(*self.named(at, lin, "ag_cat"), elements, CAT_PASSES * self.b, 0)
@@ -189,7 +190,7 @@ class LinearWriter(StageBase):
         the linear before in the backward's order, or gathered here). Then, with oag, prefetch those of
         `prefetch`, the next linear of the backward that gathers again (FSDP's BACKWARD_PRE; None where there is
         none); returns that prefetched gather."""
-        if regather:
+        if regather and self.weight_shards(lin) > 1:
             if gathered is None:
                 gathered = self.gather_weight(at, lin)
             self.w.wait(gathered)
@@ -242,8 +243,8 @@ class LinearWriter(StageBase):
             self.elementwise(*self.named(at, lin, "dbias"), rows * n_loc, BIAS_GRAD_BYTES, 1)
         if reduce_dI is not None and plan.oar:
             w.wait(reduce_dI)
-        axis = self.shard_axis
-        if self.sizes[axis] > 1:
+        axis, shards = self.shard_axis, self.weight_shards(lin)
+        if shards > 1:
             work = Collective("reduce_scatter", axis, self.weight_grad_block_bytes(lin), self.grad_dtype)
             name, tag = self.named(at, lin, f"rs_{axis.replace('+', '')}")
             scatter = w.collective(name, axis, work, tag=tag)
@@ -252,7 +253,7 @@ class LinearWriter(StageBase):
             else:
                 w.wait(scatter)
         if accumulate:
-            self.accumulate(at, lin.block, lin.layer, "weight", k_loc * n_loc / self.sizes[axis])
+            self.accumulate(at, lin.block, lin.layer, "weight", k_loc * n_loc / shards)
             if bias:
                 self.accumulate(at, lin.block, lin.layer, "bias", n_loc)
         return next_gather

@@ -48,8 +48,8 @@ class OptimizerWriter(StageBase):
         return tensors
 
     def local_parameters(self) -> float:
-        """Parameters of this stage on this rank (split over the tensor-parallel grid)."""
-        return sum(params for *_, params in self.gradient_buckets()) / self.plan.tensor_parallel_size
+        """Parameters of this stage on this rank (split over the tensor-parallel grid: StageBase.bucket_elements)."""
+        return sum(self.bucket_elements(block, params) for block, _, params in self.gradient_buckets())
 
     def zero_grad(self) -> None:
         """train_step's zero_grad_buffer: main_grad zeroed before the first micro-batch."""

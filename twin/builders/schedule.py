@@ -16,6 +16,8 @@ module of twin.builders, assembled into one writer below):
        parallelism, a ring (attention, ring_attention); each kind of block
        pass is written once and copied for the other layers and
        micro-batches (replay: the same ops, op for op);
+   then, under axonn, the gradients it does not shard over Z all-reduced over Z
+   one tensor at a time (replicated_grads);
 3. the gradients scaled, then synchronised over the data-parallel group and
    ZeRO's shards, and the tied embedding's between the first and last
    stages (optimizer, data_parallel);
@@ -203,6 +205,7 @@ from __future__ import annotations
 
 from twin.builders.optimizer import OptimizerWriter
 from twin.builders.pipeline_passes import PipelineWriter
+from twin.builders.replicated_grads import ReplicatedGradWriter
 from twin.ir import GroupAxis, Op, Program, Schedule, StepInfo
 from twin.memory import memory_per_gpu
 from twin.mesh import plan_mesh
@@ -210,13 +213,15 @@ from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 
 
-class StageProgramWriter(PipelineWriter, OptimizerWriter):  # PipelineWriter brings DataParallelWriter (odp)
+class StageProgramWriter(PipelineWriter, OptimizerWriter, ReplicatedGradWriter):  # PipelineWriter brings
+    # DataParallelWriter (odp)
     """Writes the program every rank of one pipeline stage runs: the passes of the module docstring, in order."""
 
     def write(self) -> list[Op]:
         self.zero_grad()  # 1. optimizer: main_grad zeroed
         self.prefetch_weights()  # odp under ZeRO-1/2: the previous step's updated weights, gathered under the forward
         self.run_pipeline()  # 2. the pipeline's passes through the embedding, the blocks and the loss
+        self.sync_replicated_gradients()  # axonn: the gradients it leaves whole over Z, all-reduced over Z
         self.scale_gradients()  # 3. scaled, then synchronised over data (and ZeRO's shards)
         gathers = self.synchronise_gradients()
         self.optimizer_step()  # 4. the optimizer's passes

@@ -28,7 +28,8 @@ real tensors by (block, role). The words:
   "cast", "max", "ar_x", ...; the pipeline's "send_act", "recv_grad", ...).
 - accumulations into main_grad: ACCUMULATE_ROLES, in the backward pass of
   the parameter's block and layer.
-- the step's: "zero" and "scale" of main_grad, a gradient bucket's
+- the step's: "zero" and "scale" of main_grad (and under axonn "ar_z", the
+  all-reduce over Z of the gradients it leaves whole), a gradient bucket's
   "ar_data", "rs_data", "ag_data", the tied embedding's "ar_tied", the
   optimizer's passes by name ("grad_norm", "adam", ..., and under fp8 the
   weights' quantisation "fp8_weights").

@@ -81,7 +81,7 @@ def add_step_arguments(p: argparse.ArgumentParser, required: bool = True) -> Non
         "accumulated and reduced in fp32, Megatron-LM's default in bf16, FSDP's reduce_dtype=float32; "
         "reshard=1: sharded weights gathered again for the backward, as FSDP's "
         "FULL_SHARD; fsdp2=1: each gather's weights copied out of its buffer into the parameters, as PyTorch's FSDP2 "
-        "does; axonn=1: weight gathers as the AxoNN paper's code runs them, the forward's blocking and copied). Axes (their product is --gpus): " + axes.help_text(),
+        "does; axonn=1: AxoNN's code as its paper ran it: the forward's weight gathers blocking and copied, the embedding not sharded over Z). Axes (their product is --gpus): " + axes.help_text(),
     )
     p.add_argument("--global-batch", type=count_flag(limits.SEQUENCES),
                    help="sequences per step (default: 16.8M tokens / seq, as AxoNN)")
