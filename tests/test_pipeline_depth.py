@@ -117,10 +117,18 @@ def test_stages_next_to_the_ends_may_differ(monkeypatch):
     assert short_pipelines(model, resolved, m, 12288) is None
 
 
+def _minimal(machine):
+    """The machine with minimal routing: inside a dragonfly group every transfer between two switches on their one
+    direct link, where adaptive routing pools a switch's links (topologies/networks/dragonfly.py). The stages that
+    straddle switches in different ways, which the kinds below tell apart, exist only there."""
+    return replace(machine, network=replace(machine.network, routing="minimal"))
+
+
 def test_kinds_found_deep_in_the_pipeline():
-    """Perlmutter, stages of two nodes: the short pipelines whose stages match the full one's are 11 stages and
-    deeper, and tell its three kinds apart only at 19 stages; exact all the same."""
+    """Perlmutter with minimal routing, stages of two nodes: the short pipelines whose stages match the full one's
+    are 11 stages and deeper, and tell its three kinds apart only at 19 stages; exact all the same."""
     model, resolved, m, gpus = _case("perlmutter", "tp=4,dp=2", 40, 41)
+    m = _minimal(m)
     short = short_pipelines(model, resolved, m, gpus)
     assert short is not None and len(short.target) == 2 + 3 and max(p.depth for p in short.points) >= 19
     deep = simulate_deep(model, resolved, m, gpus)
@@ -133,7 +141,7 @@ def test_kinds_found_deep_in_the_pipeline():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("machine, plan, pp, ga", [
-    ("frontier", "tp=4,dp=8,zero=1", 48, 49),   # three kinds, seamed, three dragonfly groups
+    ("frontier", "tp=4,dp=8,zero=1", 48, 49),   # three dragonfly groups (three kinds, seamed, before the local pools)
     ("frontier", "tp=8,dp=4,zero=1", 40, 41),   # the same with tp=8
     ("frontier", "tp=2,dp=8", 40, 41),          # stages of two nodes: one kind
     ("alps", "tp=4,dp=2", 40, 41),              # three kinds on Alps' dragonfly
@@ -165,11 +173,13 @@ def test_a_case_whose_extra_point_is_weak_is_refused_or_exact():
 
 
 def test_stages_that_differ_only_in_link_shares_are_refused_unless_asked():
-    """Frontier, stages of three nodes (they straddle switches in several ways): kinds that cost the same alone and
+    """Frontier with minimal routing, stages of three nodes (they straddle switches in several ways): kinds that
+    cost the same alone and
     differ only in the shares of the links they load. The default refuses them; with share_kinds (never the
     default) the continuation runs and is 2e-4 off the full simulation at 32 stages: not exact, which is why it
     is refused (benchmarks/depth_share_kinds.py measures the same on frontier-1t-3072)."""
     model, resolved, m, gpus = _case("frontier", "tp=4,dp=6", 32, 33)
+    m = _minimal(m)
     assert short_pipelines(model, resolved, m, gpus) is None
     assert simulate_deep(model, resolved, m, gpus) is None
     deep = simulate_deep(model, resolved, m, gpus, share_kinds=True)
@@ -180,10 +190,10 @@ def test_stages_that_differ_only_in_link_shares_are_refused_unless_asked():
 
 
 def test_seamed_short_pipelines_run_on_the_full_pipelines_end_nodes():
-    """A seamed short pipeline's last ENDS stages are the full pipeline's last ones, on their nodes."""
+    """A seamed short pipeline's last ENDS stages are the full pipeline's last ones, on their nodes. (No pipeline of
+    the machine files needs seaming since adaptive routing pools the links inside a group; minimal routing
+    refuses this one.)"""
     model, resolved, m, gpus = _case("frontier", "tp=4,dp=8,zero=1", 40, 41)
-    short = short_pipelines(model, resolved, m, gpus)
-    assert short is not None and all(p.seamed for p in short.points)
     per_stage = gpus // 40
     on = pipeline_depth.seamed_gpus(resolved, gpus, 7)
     assert on[:5 * per_stage] == list(range(5 * per_stage))
@@ -207,13 +217,27 @@ def test_stages_sharing_a_node_are_refused():
 
 @pytest.mark.parametrize("plan, pp, ga", [("tp=2,dp=8", 12, 14), ("tp=4,dp=6,zero=1", 40, 41)])
 def test_kinds_that_differ_only_in_link_shares_are_refused(plan, pp, ga):
-    """Frontier, stages of two and of three nodes: some boundaries and data-parallel groups cross between
+    """Frontier with minimal routing, stages of two and of three nodes: some boundaries and data-parallel groups
+    cross between
     switches over links that other traffic also loads (their shares add up to a whole link), others do not, so
     stages that cost the same alone differ in what they share. A short pipeline cannot tell such kinds apart
     (shares are not comparable across jobs), and the stages' contributions to the step interact: allowed to
     fit one number per kind, the second case's 40 stages came out 2.9e-4 off the full simulation (tried)."""
     model, resolved, m, gpus = _case("frontier", plan, pp, ga)
-    assert short_pipelines(model, resolved, m, gpus) is None
+    assert short_pipelines(model, resolved, _minimal(m), gpus) is None
+
+
+@pytest.mark.parametrize("machine, plan, pp, ga", [("frontier", "tp=4,dp=6", 32, 33),
+                                                   ("perlmutter", "tp=4,dp=2", 40, 41)])
+def test_under_adaptive_routing_the_straddling_stages_are_one_kind(machine, plan, pp, ga):
+    """The machine files' adaptive routing pools each switch's links inside a group, so stages that straddle
+    switches in different ways load the same pools: one kind, and the shortcut is exact."""
+    model, resolved, m, gpus = _case(machine, plan, pp, ga)
+    short = short_pipelines(model, resolved, m, gpus)
+    assert short is not None and len(short.target) == 2 + 1
+    deep = simulate_deep(model, resolved, m, gpus)
+    full = summarize(simulate(build_step(model, resolved, m, gpus).schedule, m))
+    assert deep is not None and deep.step_time_s == pytest.approx(full.step_time_s, rel=1e-6)
 
 
 def test_non_planar_steps_are_refused(monkeypatch):

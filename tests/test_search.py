@@ -468,11 +468,15 @@ def test_the_busiest_stream_sees_weight_gathers_the_chain_leaves_out():
 
 def test_the_pipeline_term_counts_stage_zero_at_rank_zeros_chains():
     """Stage 0 holds rank 0, whose passes take at least C (network links included), more than S where the
-    tensor-parallel collectives cross switches: the pipeline term counts its forward and backward at C, above
-    the all-S chain and still below the step."""
+    tensor-parallel collectives cross switches on their direct links (minimal routing: adaptive routing pools a
+    switch's links): the pipeline term counts its forward and backward at C, above the all-S chain and still
+    below the step."""
+    from dataclasses import replace
+
     from twin.search.screen import ScreenModel
 
     machine = load_machine("perlmutter")
+    machine = replace(machine, network=replace(machine.network, routing="minimal"))
     model = parse_model_spec(SEARCH_SPEC.replace("layers=4", "layers=8"))
     plan = build_step(model, parse_plan("gx=8,gy=16,pp=2,mbs=1,global_batch=4"), machine, 256).plan
     screen = ScreenModel(model, BoundModel(machine, 256))

@@ -487,6 +487,24 @@ def test_adaptive_routing_uses_the_group_pools(frontier):
     assert "global_pool" not in [kinds[i] for i in fab.route(0, 100 * 8)]  # same group
 
 
+def test_adaptive_routing_inside_a_group_uses_the_switch_pools(frontier):
+    """Inside a group too: a transfer between two switches crosses the source switch's pooled local links out and
+    the destination's in, (switches - 1) links each, halved for the two-hop paths; minimal routing takes the one
+    direct link; on one switch there is no network hop at all."""
+    fab = Fabric(frontier, 64 * 8)  # one group
+    kinds, net = fab.link_kind, frontier.network
+    route = fab.route(0, 16 * 8)  # node 0 and node 16: NIC 0 of each on the first switch of two blocks
+    pools = [i for i in route if kinds[i] == "local_pool"]
+    assert [fab.link_name[i] for i in pools] == ["g0:sw0:local-out", "g0:sw4:local-in"]
+    assert "local" not in [kinds[i] for i in route]
+    per_link = net.link_bw_bytes_per_s * frontier.node.network_link_efficiency
+    assert fab.capacity_bytes_per_s[pools[0]] == pytest.approx((net.switches_per_group - 1) * per_link / 2)
+    assert not [i for i in fab.route(0, 8) if kinds[i] in ("local", "local_pool")]  # nodes 0 and 1: one switch
+    minimal = dataclasses.replace(frontier, network=dataclasses.replace(net, routing="minimal"))
+    direct = Fabric(minimal, 64 * 8)
+    assert [direct.link_kind[i] for i in direct.route(0, 16 * 8)].count("local") == 1
+
+
 @pytest.mark.parametrize("name, n_gpus, routing", [
     ("frontier", 8 * 300, None), ("frontier", 8 * 300, "minimal"), ("perlmutter", 4 * 600, None),
     ("dgx-a100", 8 * 50, None), ("local", 4, None),

@@ -32,8 +32,16 @@ leaving a group spreads over all its global links, minimally or through an
 intermediate group, so its bottleneck is the group's pooled global
 bandwidth: links_per_pair x (n_groups - 1) links, halved because a
 non-minimal path crosses two global links. The pool assumes the rest of the
-machine is idle; local hops inside the groups are left out (a switch's 31
-local ports carry more than its 16 endpoints can inject).
+machine is idle; the local hops of a path between groups are left out (a
+switch's 31 local ports carry more than its 16 endpoints can inject).
+Inside a group the same rule: traffic from one switch to another spreads
+over the direct link and the two-hop paths through the group's other
+switches, so its bottleneck is the source switch's pooled local links out and
+the destination's in, (switches_per_group - 1) links each, halved because a
+non-minimal path crosses two local links. (Routed over the one direct link
+instead, every rank of a block of nodes sending to its counterpart in another
+block queued on a single 25 GB/s link: 32 flows on Frontier, a data-parallel
+all-reduce ten times its time alone.)
 """
 
 from __future__ import annotations
@@ -80,7 +88,9 @@ class Layout(LayoutBase):
     global link in both directions ("global", "g0->g1#2"; parallel links
     between the same two switches are one graph edge with a larger count);
     with adaptive routing, per used group a global egress and ingress pool
-    ("global_pool", "g0:global-out", not drawn).
+    ("global_pool", "g0:global-out", not drawn) and per switch a local egress
+    and ingress pool ("local_pool", "g0:sw3:local-out", not drawn), which
+    inside a group carry what the direct links carry under minimal routing.
     """
 
     def __init__(self, net: NetworkSpec, nics_per_node: int, n_nodes: int) -> None:
@@ -98,6 +108,9 @@ class Layout(LayoutBase):
         if net.routing == "adaptive":
             self.blocks += (LinkBlock("global_pool", 2 * n_groups, bw, self._pool_name,
                                       scale=L * (net.n_groups - 1) / 2),)
+            self._local_pool_base = self._pool_base + 2 * n_groups
+            self.blocks += (LinkBlock("local_pool", 2 * n_groups * S, bw, self._local_pool_name,
+                                      scale=(S - 1) / 2),)
 
     # ------------------------------------------------------------ the links, by index
     def _local(self, i: int) -> tuple[int, int, int]:
@@ -142,6 +155,11 @@ class Layout(LayoutBase):
         group, inbound = divmod(i, 2)
         return f"g{group}:global-{'in' if inbound else 'out'}"
 
+    def _local_pool_name(self, i: int) -> str:
+        switch, inbound = divmod(i, 2)
+        group, sw = divmod(switch, self.net.switches_per_group)
+        return f"g{group}:sw{sw}:local-{'in' if inbound else 'out'}"
+
     # ------------------------------------------------------------ switches and routes
     def switches(self) -> list[Vertex]:
         return [("switch", g, s) for g in range(self.n_groups) for s in range(self.net.switches_per_group)]
@@ -161,8 +179,13 @@ class Layout(LayoutBase):
         sa = (slot_a // net.endpoint_ports_per_switch) * self.nics + nics
         sb = (slot_b // net.endpoint_ports_per_switch) * self.nics + nics
         local = np.flatnonzero((ga == gb) & (sa != sb))
-        rows = [local]
-        links = [(ga[local] * S + sa[local]) * (S - 1) + (sb[local] - (sb[local] > sa[local]))]
+        if net.routing == "adaptive":
+            rows = [np.repeat(local, 2)]
+            links = [np.stack([self._local_pool_base + 2 * (ga[local] * S + sa[local]),
+                               self._local_pool_base + 2 * (gb[local] * S + sb[local]) + 1], axis=1).ravel()]
+        else:
+            rows = [local]
+            links = [(ga[local] * S + sa[local]) * (S - 1) + (sb[local] - (sb[local] > sa[local]))]
         across = np.flatnonzero(ga != gb)
         if net.routing == "adaptive":
             rows.append(np.repeat(across, 2))
@@ -186,14 +209,20 @@ class Layout(LayoutBase):
         return ga, sa, gb, sb
 
     def path(self, src_node: int, dst_node: int, nic: int) -> list[int]:
-        """Same group: one local hop (none on one switch). Other group, minimal routing: local hop to the
-        switch owning the global link, the global link (one of the pair's parallel links, ECMP-spread), local
-        hop. Adaptive: the source group's egress pool and the destination group's ingress pool."""
+        """Same group: one local hop (none on one switch); adaptive, the source switch's local egress pool and
+        the destination's ingress pool. Other group, minimal routing: local hop to the switch owning the global
+        link, the global link (one of the pair's parallel links, ECMP-spread), local hop. Adaptive: the source
+        group's egress pool and the destination group's ingress pool."""
         net = self.net
         ga, sa = nic_switch(net, self.nics, src_node, nic)
         gb, sb = nic_switch(net, self.nics, dst_node, nic)
         if ga == gb:
-            return [] if sa == sb else [self._local_link(ga, sa, sb)]
+            if sa == sb:
+                return []
+            if net.routing == "adaptive":
+                S = net.switches_per_group
+                return [self._local_pool_base + 2 * (ga * S + sa), self._local_pool_base + 2 * (gb * S + sb) + 1]
+            return [self._local_link(ga, sa, sb)]
         if net.routing == "adaptive":
             return [self._pool_base + 2 * ga, self._pool_base + 2 * gb + 1]
         j = global_link_index(net, src_node, dst_node)
