@@ -343,7 +343,8 @@ class NumericsChecker:
             got = got.detach().to("cpu", torch.float64).reshape(want.shape)
             return float(torch.linalg.vector_norm(got - want) / max(float(torch.linalg.vector_norm(want)), 1e-30))
 
-        data_group = self._group_of(self.gradient_axis) if self.shard_axis == "z" and self._sz(self.gradient_axis) > 1 else None
+        summed = self.shard_axis == "z" and self._sz(self.gradient_axis) > 1
+        data_group = self._group_of(self.gradient_axis) if summed else None
         z_group = self._group_of("z") if any(info.whole for info in self.linears.values()) else None
         for lin, info in sorted(self.linears.items()):
             if (lin, "W_block") not in self.t:

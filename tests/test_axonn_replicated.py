@@ -10,7 +10,7 @@ import pytest
 from twin.builders.axonn_kernels import replicated_embedding_params
 from twin.builders.replicated_grads import ReplicatedGradWriter
 from twin.builders.schedule import build_schedule
-from twin.ir import Collective, Op
+from twin.ir import Op
 from twin.memory import memory_per_gpu, model_state_bytes_per_param
 from twin.model import parse_model_spec
 

@@ -29,18 +29,20 @@ buffer, which is all-reduced over the data-parallel replicas in fp32
 (ParallelPlan.fp32_main_grads); the reduce-scatters over Z move the 16-bit
 gradients.
 
-Only the block's linears are AxoNN's. The rest of the model is Megatron-LM's
-and is not sharded over Z: the word table (VocabParallelEmbedding, with
-`for_embedding_and_clf_layer` over the X-Y group, `outer_inner_intra_layer_parallel_group`)
-is split over X and Y, the position table (torch.nn.Embedding) is whole on
-every rank, the norms' and biases' parameters are replicated over Z, and the LM
-head, the word table itself (tied), is never gathered. Their gradients are made whole by `sync_gradients(...,
-vectorize=False)`, which `forward_backward_no_pipelining` calls after the last
-micro-batch: one all-reduce over Z of each parameter tensor's main_grad that is
-not an AxoNN weight (the linears' biases, the norms, the tables), one after the
-other (twin.builders.replicated_grads). Megatron's data-parallel all-reduce
-(gdata ranks) follows, and the optimizer steps them whole on every rank
-(twin.memory counts their 18 bytes a parameter on each).
+Only the blocks' linears are AxoNN's. The rest of the model is Megatron-LM's
+and is not sharded over Z: the word table (VocabParallelEmbedding with
+`for_embedding_and_clf_layer`, over the X-Y group
+`outer_inner_intra_layer_parallel_group`) is split over X and Y, the
+position table (torch.nn.Embedding) is whole on every rank, the norms' and
+biases' parameters are replicated over Z, and the LM head, the word table
+itself (tied), is never gathered. Their gradients are made whole by
+`sync_gradients(..., vectorize=False)`, which `forward_backward_no_pipelining`
+calls after the last micro-batch: one all-reduce over Z of each parameter
+tensor's main_grad that is not an AxoNN weight (the linears' biases, the
+norms, the tables), one after the other (twin.builders.replicated_grads).
+Megatron's data-parallel all-reduce (gdata ranks) follows, and the optimizer
+steps them whole on every rank (twin.memory counts their 18 bytes a
+parameter on each).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ module of twin.builders, assembled into one writer below):
        pass is written once and copied for the other layers and
        micro-batches (replay: the same ops, op for op);
    then, under axonn, the gradients it does not shard over Z all-reduced over Z
-   one tensor at a time (replicated_grads);
+   (one all-reduce of their sum: replicated_grads);
 3. the gradients scaled, then synchronised over the data-parallel group and
    ZeRO's shards, and the tied embedding's between the first and last
    stages (optimizer, data_parallel);
@@ -213,9 +213,9 @@ from twin.model import ModelSpec
 from twin.plan import ParallelPlan
 
 
-class StageProgramWriter(PipelineWriter, OptimizerWriter, ReplicatedGradWriter):  # PipelineWriter brings
-    # DataParallelWriter (odp)
-    """Writes the program every rank of one pipeline stage runs: the passes of the module docstring, in order."""
+class StageProgramWriter(PipelineWriter, OptimizerWriter, ReplicatedGradWriter):
+    """Writes the program every rank of one pipeline stage runs: the passes of the module docstring, in order
+    (PipelineWriter brings DataParallelWriter, which odp calls from the backward)."""
 
     def write(self) -> list[Op]:
         self.zero_grad()  # 1. optimizer: main_grad zeroed
