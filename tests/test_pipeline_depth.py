@@ -174,8 +174,7 @@ def test_a_case_whose_extra_point_is_weak_is_refused_or_exact():
 
 def test_stages_that_differ_only_in_link_shares_are_refused_unless_asked():
     """Frontier with minimal routing, stages of three nodes (they straddle switches in several ways): kinds that
-    cost the same alone and
-    differ only in the shares of the links they load. The default refuses them; with share_kinds (never the
+    cost the same alone and differ only in the shares of the links they load. The default refuses them; with share_kinds (never the
     default) the continuation runs and is 2e-4 off the full simulation at 32 stages: not exact, which is why it
     is refused (benchmarks/depth_share_kinds.py measures the same on frontier-1t-3072)."""
     model, resolved, m, gpus = _case("frontier", "tp=4,dp=6", 32, 33)
@@ -190,9 +189,9 @@ def test_stages_that_differ_only_in_link_shares_are_refused_unless_asked():
 
 
 def test_seamed_short_pipelines_run_on_the_full_pipelines_end_nodes():
-    """A seamed short pipeline's last ENDS stages are the full pipeline's last ones, on their nodes. (No pipeline of
-    the machine files needs seaming since adaptive routing pools the links inside a group; minimal routing
-    refuses this one.)"""
+    """A seamed short pipeline's last ENDS stages are the full pipeline's last ones, on their nodes. (This pipeline
+    needed seaming before adaptive routing pooled the links inside a group; it is one kind now, and minimal
+    routing refuses it.)"""
     model, resolved, m, gpus = _case("frontier", "tp=4,dp=8,zero=1", 40, 41)
     per_stage = gpus // 40
     on = pipeline_depth.seamed_gpus(resolved, gpus, 7)
@@ -218,8 +217,7 @@ def test_stages_sharing_a_node_are_refused():
 @pytest.mark.parametrize("plan, pp, ga", [("tp=2,dp=8", 12, 14), ("tp=4,dp=6,zero=1", 40, 41)])
 def test_kinds_that_differ_only_in_link_shares_are_refused(plan, pp, ga):
     """Frontier with minimal routing, stages of two and of three nodes: some boundaries and data-parallel groups
-    cross between
-    switches over links that other traffic also loads (their shares add up to a whole link), others do not, so
+    cross between switches over links that other traffic also loads (their shares add up to a whole link), others do not, so
     stages that cost the same alone differ in what they share. A short pipeline cannot tell such kinds apart
     (shares are not comparable across jobs), and the stages' contributions to the step interact: allowed to
     fit one number per kind, the second case's 40 stages came out 2.9e-4 off the full simulation (tried)."""
