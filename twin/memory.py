@@ -13,7 +13,7 @@ too with sequence parallelism); Q, K, V, the attention output and the MLP's
   Gradients kept in fp32 (plan.gradfp32, and plan.axonn in bf16) take 4 B where these count 2.
   Under plan.axonn the embedding's tables are not sharded over Z: the word
   table counts over gx gy, the position table whole
-  (twin.builders.axonn_kernels.replicated_embedding_params).
+  (twin.builders.axonn_kernels.rank_params).
 - Gathered weights: the all-gathered (gx x gy) weight blocks of one block (and
   the next linear's when oag prefetches it), plus the unreduced dW block.
   Without recompute the forward keeps every layer's gathered weights for its
@@ -80,7 +80,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twin.builders.axonn_kernels import replicated_embedding_params
+from twin.builders.axonn_kernels import rank_params
 from twin.builders.eager_kernels import RMSNORM_SAVED_EXTRA_BYTES
 from twin.builders.megatron_kernels import FP8_SAVED_INPUT_BYTES, FP8_WEIGHT_COPY_BYTES, fused_softmax_available
 from twin.errors import TwinError
@@ -229,12 +229,9 @@ def chunk_recompute(model: ModelSpec, plan: ParallelPlan, stage: int, chunk: int
 
 def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBreakdown:
     b = model.dtype_bytes
-    tp = plan.tensor_parallel_size
     grad = 4.0 if plan.fp32_main_grads(model.dtype) else 2.0
     per_param = model_state_bytes_per_param(plan.zero, plan.gradient_replicas, grad)
-    model_state = per_param * stage_params(model, plan, stage) / tp
-    if plan.axonn and stage == 0:  # the embedding's tables not sharded over Z (twin.builders.axonn_kernels)
-        model_state += per_param * (replicated_embedding_params(model, plan) - model.embedding_params / tp)
+    model_state = per_param * rank_params(model, plan, stage_params(model, plan, stage), with_embedding=stage == 0)
     layers = stage_layers(model.layers, plan, stage)
     if plan.fp8 and not plan.fp8pg:  # the linear weights' FP8 copies beside the bf16 ones (fp8pg: instead of them)
         model_state += FP8_WEIGHT_COPY_BYTES * layers * model.linear_weights_per_layer / plan.weight_shards

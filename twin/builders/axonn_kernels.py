@@ -64,3 +64,12 @@ def replicated_embedding_params(model: ModelSpec, plan: ParallelPlan) -> float:
     only, GPT's position table whole."""
     word = model.vocab * model.hidden / (plan.gx * plan.gy)
     return word + (model.seq * model.hidden if model.learned_positions else 0)
+
+
+def rank_params(model: ModelSpec, plan: ParallelPlan, params: float, with_embedding: bool) -> float:
+    """Of `params` parameters (the embedding's among them where `with_embedding`), those on one rank: split over the
+    tensor-parallel grid, but under axonn the embedding's tables as Megatron-AxoNN holds them. One count for the
+    builder's gradient buckets (StageBase.bucket_elements) and for memory (twin.memory)."""
+    if plan.axonn and with_embedding:
+        return (params - model.embedding_params) / plan.tensor_parallel_size + replicated_embedding_params(model, plan)
+    return params / plan.tensor_parallel_size

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from twin.builders.axonn_kernels import replicated_embedding_params
+from twin.builders.axonn_kernels import rank_params
 from twin.builders.megatron_kernels import FP8_GATHER_BYTES, grad_accumulation_bytes
 from twin.builders.program import ProgramWriter
 from twin.builders.tags import Pass
@@ -100,10 +100,7 @@ class StageBase:
     def bucket_elements(self, block: str, params: float) -> float:
         """A gradient bucket's elements on this rank: its parameters over the tensor-parallel grid, but under axonn
         the embedding's tables as Megatron-AxoNN holds them (twin.builders.axonn_kernels), not sharded over Z."""
-        if self.plan.axonn and block == "embed":
-            return (params - self.model.embedding_params) / self.plan.tensor_parallel_size + \
-                replicated_embedding_params(self.model, self.plan)
-        return params / self.plan.tensor_parallel_size
+        return rank_params(self.model, self.plan, params, with_embedding=block == "embed")
 
     def weight_shards(self, lin: Linear) -> int:
         """Over how many ranks `lin`'s (x, y) block of weights is sharded, to be gathered before its GEMMs: the
