@@ -59,7 +59,7 @@ compute_units = {{ value = 10, estimate = "test" }}
 gemm_tile_m = {{ value = 128, estimate = "test" }}
 gemm_tile_n = {{ value = 128, estimate = "test" }}
 gemm_k_half = {{ value = 64, estimate = "test" }}
-tn_penalty_min_dim = {{ value = 0, estimate = "test" }}
+layout_penalty_min_dim = {{ value = 0, estimate = "test" }}
 attention_efficiency = {{ value = 0.5, estimate = "test" }}
 hbm_efficiency = {{ value = 0.8, estimate = "test" }}
 comm_compute_slowdown = {{ value = {slowdown}, estimate = "test" }}

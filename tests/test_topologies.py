@@ -37,7 +37,7 @@ compute_units = { value = 10, estimate = "test" }
 gemm_tile_m = { value = 128, estimate = "test" }
 gemm_tile_n = { value = 128, estimate = "test" }
 gemm_k_half = { value = 64, estimate = "test" }
-tn_penalty_min_dim = { value = 0, estimate = "test" }
+layout_penalty_min_dim = { value = 0, estimate = "test" }
 attention_efficiency = { value = 0.5, estimate = "test" }
 hbm_efficiency = { value = 0.8, estimate = "test" }
 comm_compute_slowdown = { value = 0.1, estimate = "test" }
@@ -187,7 +187,7 @@ def test_units_are_si(frontier):
     assert d.hbm_bytes == 68.7e9 and d.hbm_bw_bytes_per_s == 1600e9  # 64 GiB
     assert d.peak_flop_per_s == pytest.approx(191.5e12)
     assert d.kernel_overhead_s == pytest.approx(8e-6)
-    assert d.layout_efficiency["TN"] == pytest.approx(6 / 55, abs=1e-3)
+    assert d.layout_efficiency["NT"] == pytest.approx(6 / 55, abs=1e-3)
     assert c.base_latency_s[("ring", "ll")] == pytest.approx(6.6e-6)
     assert c.protocols == ("ll", "simple")
     assert frontier.network.link_bw_bytes_per_s == 25e9

@@ -100,6 +100,9 @@ def load_machine(name_or_path: str, overrides: tuple[Override, ...] = ()) -> Mac
 
 
 def _device(f: Fields) -> DeviceSpec:
+    if f.has("tn_penalty_min_dim"):  # its name until the penalty moved to the forward's layout (NT)
+        f.fail("tn_penalty_min_dim", "was renamed layout_penalty_min_dim (it gates every layout's efficiency); "
+               "rename the key")
     lay = f.table("layout_efficiency")
     layout = {k.upper(): lay.number(k, "fraction") for k in ("nn", "nt", "tn")}
     lay.finish()
@@ -115,7 +118,7 @@ def _device(f: Fields) -> DeviceSpec:
         gemm_tile_n=f.integer("gemm_tile_n"),
         gemm_k_half=f.number("gemm_k_half", "nonneg"),
         layout_efficiency=layout,
-        tn_penalty_min_dim=f.integer("tn_penalty_min_dim", "nonneg"),
+        layout_penalty_min_dim=f.integer("layout_penalty_min_dim", "nonneg"),
         attention_efficiency=f.number("attention_efficiency", "fraction"),
         hbm_efficiency=f.number("hbm_efficiency", "fraction"),
         comm_compute_slowdown=f.number("comm_compute_slowdown", "nonneg"),

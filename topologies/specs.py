@@ -69,7 +69,7 @@ class DeviceSpec:
     gemm_tile_n: int
     gemm_k_half: float
     layout_efficiency: dict[str, float]  # "NN", "NT", "TN" -> rate relative to the best layout
-    tn_penalty_min_dim: int  # the TN penalty applies when min(m, n, k) >= this
+    layout_penalty_min_dim: int  # layout_efficiency applies when min(m, n, k) >= this (1.0 below)
     attention_efficiency: float  # flash attention rate / empirical GEMM rate
     hbm_efficiency: float  # achieved / peak HBM bandwidth for streaming kernels
     comm_compute_slowdown: float  # fraction of compute rate lost while a collective runs (on a host whose ranks

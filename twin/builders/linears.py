@@ -65,7 +65,7 @@ class LinearWriter(StageBase):
         w, sp = self.w, self.plan.sp and self.sizes["x"] > 1
         next_gather = None if held else self.forward_gather(at, lin, gathered, prefetch)
         rows, k_loc, n_loc = self.gemm_dims(lin)
-        tune, tpo, dtype = self.plan.tune_gemm, self.overlaps_tp(lin), self.gemm_dtype(lin)
+        tune, tpo, dtype = self.tunes(lin), self.overlaps_tp(lin), self.gemm_dtype(lin)
         gathered_input = sp and not lin.transposed  # sequence-parallel input gathered before a column-parallel linear
         self.quantize(at, lin, "fp8_in", rows * k_loc / (self.sizes["x"] if gathered_input else 1), gathered_input)
         if gathered_input:
@@ -137,8 +137,16 @@ class LinearWriter(StageBase):
         rows, k_loc, _ = self.gemm_dims(lin)
         name, tag = self.named(at, lin, "gemm_part")
         self.w.compute(name, Gemm(rows, round(columns), k_loc, "NT", self.gemm_dtype(lin),
-                                  tunable=self.plan.tune_gemm), tag=tag)
+                                  tunable=self.tunes(lin)), tag=tag)
         return next_gather
+
+    def tunes(self, lin: Linear, weight_gradient: bool = False) -> bool:
+        """Whether `lin`'s GEMM takes its fastest layout (tune_gemm): every GEMM, except under axonn those AxoNN's
+        tuner never times (axonn-ai/axonn tuned_matmul, fa5be81: its Linear's forward and input-gradient products,
+        not the weight gradient's; the LM head is Megatron's own linear)."""
+        if not self.plan.tune_gemm:
+            return False
+        return not self.plan.axonn or (lin.layer is not None and not weight_gradient)
 
     def overlaps_tp(self, lin: Linear) -> bool:
         """tpo applies to `lin`: sequence parallelism over gx > 1, and a layer's linear (Transformer Engine's modules;
@@ -149,7 +157,7 @@ class LinearWriter(StageBase):
                           nbytes: float) -> None:
         """tpo: the sequence-parallel all-gather of `nbytes` issued, the GEMM's first gx - 1 chunks of m rows under
         it, the last chunk (role <role>_tail) after its wait (module docstring)."""
-        w, tune, dtype = self.w, self.plan.tune_gemm, self.gemm_dtype(lin)
+        w, tune, dtype = self.w, self.tunes(lin), self.gemm_dtype(lin)
         name, tag = self.named(at, lin, "ag_x")
         gather = w.collective(name, "x", Collective("all_gather", "x", nbytes, dtype), tag=tag)
         last = m // self.sizes["x"]
@@ -212,7 +220,7 @@ class LinearWriter(StageBase):
         next_gather = self.backward_gather(at, lin, gathered, prefetch, regather)
         sp = plan.sp and self.sizes["x"] > 1
         rows, k_loc, n_loc = self.gemm_dims(lin)
-        tune, dtype, gathered = plan.tune_gemm, self.gemm_dtype(lin), self.gathered_bytes(lin)
+        tune, dtype, gathered = self.tunes(lin), self.gemm_dtype(lin), self.gathered_bytes(lin)
         regather = None
         gathered_grad = sp and lin.transposed  # the output gradient arrives sequence-split: gathered in FP8
         self.quantize(at, lin, "fp8_grad", rows * n_loc / (self.sizes["x"] if gathered_grad else 1), gathered_grad)
@@ -238,7 +246,7 @@ class LinearWriter(StageBase):
         if regather is not None:
             w.wait(regather)
         name, tag = self.named(at, lin, "dW")
-        w.compute(name, Gemm(n_loc, k_loc, rows, "TN", dtype, tunable=tune), tag=tag)
+        w.compute(name, Gemm(n_loc, k_loc, rows, "TN", dtype, tunable=self.tunes(lin, weight_gradient=True)), tag=tag)
         if bias:  # grad_output.sum(dim=0), before the handle's wait
             self.elementwise(*self.named(at, lin, "dbias"), rows * n_loc, BIAS_GRAD_BYTES, 1)
         if reduce_dI is not None and plan.oar:

@@ -20,9 +20,11 @@ was measured on, so that GEMM runs at exactly the measured rate. A GEMM is
 also never faster than streaming its operands through HBM.
 
 Layout: `layout_efficiency` (relative to the best layout) applies to GEMMs
-whose smallest dimension is at least `tn_penalty_min_dim` (the slow rocBLAS
+whose smallest dimension is at least `layout_penalty_min_dim` (the slow rocBLAS
 kernels were seen on large GEMMs); a tunable GEMM with tuning on takes the best
-layout, as AxoNN's first-batch kernel timing does.
+layout, as AxoNN's first-batch kernel timing does. Layouts are named as the
+product reads its operands, row-major: NT is C = A B^T, the forward of a
+linear (x W^T), which AxoNN and rocBLAS call TN.
 
 Measured GEMMs: where the machine file lists GEMMs timed on the device
 (``[[device.gemm_measured]]``, e.g. from benchmarks/gemm_shapes.py), a GEMM
@@ -124,7 +126,7 @@ class ComputeModel:
     def _layout_efficiency(self, m: int, n: int, k: int, layout: str, tunable: bool) -> float:
         """A tunable GEMM gets the best layout (AxoNN times them all in its first batch)."""
         dev = self.device
-        if min(m, n, k) < dev.tn_penalty_min_dim:
+        if min(m, n, k) < dev.layout_penalty_min_dim:
             return 1.0
         if tunable:
             return max(dev.layout_efficiency.values())
