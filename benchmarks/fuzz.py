@@ -74,7 +74,7 @@ SWITCHES = (("pemb", (0, 1)), ("ploss", (0, 1)), ("dpouter", (0, 1)), ("tpo", (0
             ("reshard", (0, 1)), ("optimizer", ("megatron", "flat")), ("p2p", ("split", "full")),
             ("cpcomm", ("p2p", "allgather")), ("fp8", (0, 1)), ("fp8recipe", ("current", "delayed")),
             ("rcl", (1, 2)), ("fp8pg", (0, 1)), ("gradfp32", (0, 1)), ("kernels", ("fused", "eager")),
-            ("norm", ("fused", "eager")), ("fsdp2", (0, 1)), ("axonn", (0, 1)))
+            ("norm", ("fused", "eager")), ("fsdp2", (0, 1)), ("axonn", (0, 1)), ("cache", (1, 2)))
 # Model-spec options a case may add: grouped-query attention, Llama's layer, the LM head, dropout.
 MODEL_OPTIONS = (("kv_heads", (1, 2, 3)), ("arch", ("gpt", "llama")), ("tied", (0, 1)), ("dropout", (0, 1)))
 
@@ -158,6 +158,8 @@ def _drop_inapplicable(plan: dict) -> None:
     for key, allowed in rules.items():
         if key in plan and not allowed:
             del plan[key]
+    if "cache" in plan and not (plan.get("axonn") and plan["gz"] > 1):
+        del plan["cache"]  # axonn's weights cache keeps what it gathers over Z
     if not plan["sp"]:
         del plan["sp"]
     if plan.get("recompute") == "op" and (plan["gx"] * plan["gy"] > 1 or plan.get("fp8")):

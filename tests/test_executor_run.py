@@ -184,6 +184,18 @@ def test_numerics_pass_with_axonns_whole_lm_head(tmp_path):
     assert result["ok"], result["failures"]
 
 
+def test_numerics_pass_with_axonns_weights_cache(tmp_path):
+    """axonn=1 with cache=1: the first layer's recompute and second micro-batch gather nothing and multiply by the
+    weights its first forward gathered; every linear still checks."""
+    schedule, path = export(tmp_path, "gz=2,mbs=1,ga=2,axonn=1,cache=1", 2, batch=4)
+    gathered = {(op.tag.micro_batch, op.tag.phase, op.tag.layer) for op in schedule.programs[0].ops
+                if op.tag.role == "ag_z"}
+    assert (0, "fwd", 0) in gathered and (0, "rc", 1) in gathered
+    assert not {(0, "rc", 0), (1, "fwd", 0), (1, "rc", 0)} & gathered
+    result = numerics(schedule, path, tmp_path / "num")
+    assert result["ok"], result["failures"]
+
+
 def test_unfused_attention_with_selective_recompute_runs_and_its_numerics_pass(tmp_path):
     """The unfused core attention's batched GEMMs and element-wise kernels run as scratch kernels between the
     checked linears."""

@@ -140,6 +140,7 @@ def test_plan_words_given_with_every_candidate_are_held_by_every_plan_and_ranked
     ("gradfp32", ["--with: 'gradfp32' is not key=value"]),
     ("fp8pg=1", ["--with: fp8pg applies to FP8 linears, which the search varies (--fp8)"]),
     ("fp8recipe=delayed", ["--with: fp8recipe applies to FP8 linears"]),
+    ("axonn=1,cache=2", ["--with: cache (AxoNN's weights cache) is not searched", "cache=N"]),
 ])
 def test_with_refuses_what_the_search_varies_and_bad_words(capsys, words, mentions):
     rc, out, err = run(capsys, "search", "--machine", "perlmutter", "--model-spec", SMALL_SPEC, "--gpus", "8",

@@ -49,6 +49,7 @@ TOKENS = Range(1, 10**12, "tokens")
 SEQ_LEN = Range(1, 10_000_000, "tokens")
 LAYERS = Range(1, 100_000, "layers")
 RECOMPUTED_LAYERS = Range(0, 100_000, "layers (0: every layer)")  # ParallelPlan.rcl
+CACHED_LAYERS = Range(0, 100_000, "layers (0: none)")  # ParallelPlan.cache
 WIDTH = Range(1, 10_000_000, "")  # hidden, heads, ffn
 VOCAB = Range(1, 100_000_000, "tokens")
 DEGREE = Range(1, 10_000_000, "")  # a parallel degree

@@ -244,6 +244,7 @@ def stage_memory(model: ModelSpec, plan: ParallelPlan, stage: int) -> MemoryBrea
         # again), and of the one block being recomputed
         recomputing = sum(chunk_recompute(model, plan, stage, chunk)[1] for chunk in range(plan.vpp))
         held = 1 if plan.reshard else layers - recomputing + (1 if recomputing else 0)
+        held = min(layers, held + plan.cache)  # axonn's cached layers keep theirs for the step (ParallelPlan.cache)
         gathered = b * block_params * held
         gathered += b * largest_linear * (1 if plan.oag else 0)  # the next linear, prefetched
     gathered += b * largest_linear  # dW before its reduction

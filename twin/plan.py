@@ -66,14 +66,14 @@ of the gather's buffer into each parameter on the compute stream
 (twin.builders.fsdp_kernels).
 
 `axonn` gathers the linears' sharded weights as the AxoNN paper's code
-(Megatron-AxoNN, January 2024) does: its overlaps are on only around the
-backward, so the first forward's all-gathers block (oag prefetches only in
-the recompute), and each gather that is not prefetched is copied twice after
-it, out of the collective's flat buffer into gz tensors (gz kernels) and
-concatenated (twin.builders.axonn_kernels); in bf16 its gradient buffer is
-fp32 and so is its data-parallel all-reduce (Megatron-LM under --bf16), the
-reduce-scatters over Z in bf16; the embedding is not sharded over Z, what it
-leaves whole is all-reduced over Z (replicated_grads). One pipeline stage.
+(Megatron-AxoNN, January 2024) does (twin.builders.axonn_kernels): the first
+forward's all-gathers block and are copied out of the collective's buffer
+(oag prefetches only in the recompute); in bf16 its gradient buffer, and its
+data-parallel all-reduce, are fp32; the embedding is not sharded over Z, and
+what it leaves whole is all-reduced over Z (replicated_grads). One pipeline
+stage. `cache` (its --num-layers-for-caching-weights-in-depth-tensor-parallel-all-gather) keeps the
+weights the first `cache` layers' first forward gathers until the optimizer
+step: no later forward or recompute gathers them again. Needs axonn=1.
 
 `reshard` is what the weights sharded over gz (or gdata under ZeRO-3) do
 between a layer's forward and its backward: 0 keeps the gathered weights for
@@ -223,6 +223,7 @@ class ParallelPlan:
     norm: str = "fused"  # NORM_KINDS: a Llama layer's RMSNorms fused, or torch's RMSNorm module op by op (torchtitan)
     fsdp2: bool = False  # the gathered weights copied out of FSDP2's all-gather buffer into each parameter
     axonn: bool = False  # weight gathers as Megatron-AxoNN runs them: the forward's blocking, copied, then concatenated
+    cache: int = 0  # under axonn, the first `cache` layers' gathered weights kept for the step (AxoNN's weight cache)
     oar: bool = True
     ors: bool = True
     oag: bool = True
@@ -308,8 +309,7 @@ class ParallelPlan:
             if key != "recompute" and getattr(self, key) != WORD_KEYS[key][0]:
                 parts.append(f"{key}={getattr(self, key)}")
         parts.append(f"recompute={self.recompute}")
-        if self.rcl:
-            parts.append(f"rcl={self.rcl}")
+        parts += [f"{key}={getattr(self, key)}" for key in ("rcl", "cache") if getattr(self, key)]
         for switch in ("oar", "ors", "oag"):
             parts.append(f"{switch}={int(getattr(self, switch))}")
         parts.append(f"tune={int(self.tune_gemm)}")
@@ -318,11 +318,12 @@ class ParallelPlan:
 
 # The switches describe() writes after zero, in its order (pemb and ploss come before), when they are on.
 _SWITCHES_SHOWN = ("sp", "reshard", "tpo", "odp", "dpouter", "fp8", "fp8pg", "gradfp32", "fsdp2", "axonn")
-_INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero", "rcl"}
+_INT_KEYS = {*axes.KEYS, "mbs", "ga", "global_batch", "vpp", "zero", "rcl", "cache"}
 # What each integer key counts (twin.limits). mbs and ga, when left out, are chosen by the twin: a user gives
 # them positive or not at all (no 0 meaning "choose").
 _INT_RANGES = {"mbs": limits.SEQUENCES, "ga": limits.SEQUENCES, "global_batch": limits.SEQUENCES,
-               "zero": limits.Range(0, 3, "(a ZeRO stage)"), "rcl": limits.RECOMPUTED_LAYERS}
+               "zero": limits.Range(0, 3, "(a ZeRO stage)"), "rcl": limits.RECOMPUTED_LAYERS,
+               "cache": limits.CACHED_LAYERS}
 _BOOL_KEYS = {"oar", "ors", "oag", "tune", "pemb", "ploss", *_SWITCHES_SHOWN}
 _ALIASES = axes.ALIASES  # Megatron-LM's names
 # key -> its allowed values, the default first (in the order describe() writes them)
@@ -335,7 +336,7 @@ _KEYS = _INT_KEYS | _BOOL_KEYS | set(_ALIASES) | set(WORD_KEYS)
 def parse_plan(text: str, base: ParallelPlan | None = None) -> ParallelPlan:
     """Parse 'gx=8,gy=1,gz=16,gdata=64[,cp=..,pp=..,vpp=..,pemb=..,ploss=..,zero=..,sp=..,tpo=..,odp=..,dpouter=..,
     fp8=..,fp8recipe=..,fp8pg=..,gradfp32=..,fsdp2=..,axonn=..,reshard=..,mbs=..,ga=..,attention=..,optimizer=..,p2p=..,
-    cpcomm=..,kernels=..,norm=..,recompute=..,rcl=..,oar=0,..,tune=0]'.
+    cpcomm=..,kernels=..,norm=..,recompute=..,rcl=..,cache=..,oar=0,..,tune=0]'.
 
     Megatron's names are accepted too: tp = gx, dp = gdata (so
     'tp=4,pp=16,dp=16,zero=1' is a Megatron-DeepSpeed plan). Unknown keys and

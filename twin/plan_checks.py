@@ -48,6 +48,13 @@ def validate_plan(plan: ParallelPlan, model: ModelSpec, n_gpus: int) -> None:
             else "fsdp2=1: FSDP2's gathers are another code's"
         raise TwinError(f"--plan: axonn=1 gathers weights as Megatron-AxoNN's unpipelined schedule does, but {other}; "
                         "leave axonn out or use " + ("pp=1" if plan.pp > 1 else "fsdp2=0"))
+    if plan.cache and not (plan.axonn and plan.gz > 1):
+        raise TwinError(f"--plan: cache={plan.cache} keeps the weights AxoNN's code gathers over Z for the step; it "
+                        f"needs axonn=1 and gz > 1 (got axonn={int(plan.axonn)}, gz={plan.gz}); add them or leave "
+                        "cache out")
+    if plan.cache > model.layers:
+        raise TwinError(f"--plan: cache={plan.cache} exceeds the model's {model.layers} layers; give at most "
+                        f"{model.layers}")
     if plan.sp and plan.gy > 1:
         raise TwinError(f"--plan: sp=1 is Megatron sequence parallelism over gx and needs gy=1 (got gy={plan.gy})")
     if plan.odp and plan.zero == 3:

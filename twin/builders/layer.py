@@ -41,9 +41,10 @@ class LayerWriter(LinearWriter, AttentionWriter):
         `after`: the next linear in module order (oag). Returns the prefetched gather of `after`'s weights."""
         layer = linears[0].layer
         prefetch = None if after is None else (after.block, None if after.layer is None else after.layer - layer)
-        kind = ("forward", prefetch)
+        held = self.holds_cached_weights(at, layer)
+        kind = ("forward", prefetch, held)
         return self.blocks.write(self.w, kind, at, layer, gathered, self.deferred_waits,
-                                 lambda: self.write_block_forward(at, linears, gathered, after))
+                                 lambda: self.write_block_forward(at, linears, gathered, after, held))
 
     def block_backward(self, at: Pass, linears: list[Linear], gathered: int | None, after: Linear | None,
                        regather: bool) -> int | None:
@@ -88,30 +89,30 @@ class LayerWriter(LinearWriter, AttentionWriter):
             self.forward_gather(at, down, gathered, None)
 
     def write_block_forward(self, at: Pass, linears: list[Linear], gathered: int | None,
-                            after: Linear | None) -> int | None:
-        """block_forward, op by op."""
+                            after: Linear | None, held: bool = False) -> int | None:
+        """block_forward, op by op; `held`: the block's weights are still gathered (holds_cached_weights)."""
         res, f, gx = self.residual_elements(), self.model.ffn, self.sizes["x"]
         m = self.tokens
         qkv, attn_out, up, down = linears
         layer = qkv.layer
         biased = self.model.biased
         self.norm_forward(at, "ln1", layer)
-        gathered = self.linear_forward(at, qkv, gathered, attn_out)
+        gathered = self.linear_forward(at, qkv, gathered, attn_out, held)
         if biased:
             self.elementwise(*self.named(at, qkv, "bias"), self.output_elements(qkv), BIAS_ADD_BYTES, 1)
         else:
             self.rotary(at, layer, backward=False)
         self.attention_forward(at, layer)
-        gathered = self.linear_forward(at, attn_out, gathered, up)
+        gathered = self.linear_forward(at, attn_out, gathered, up, held)
         residual_bytes, dropped = (RESIDUAL_DROPOUT_BYTES, 1) if self.model.dropout else (RESIDUAL_ADD_BYTES, 0)
         self.elementwise(*self.kernel(at, "resid1", "fwd", layer), res, residual_bytes, 1 + biased + dropped)
         self.norm_forward(at, "ln2", layer)
-        gathered = self.linear_forward(at, up, gathered, down)
+        gathered = self.linear_forward(at, up, gathered, down, held)
         if self.model.gated:
             self.swiglu(at, layer, backward=False)
         else:
             self.elementwise(*self.kernel(at, "gelu", "fwd", layer), m * f / gx, GELU_BYTES, 8)
-        gathered = self.linear_forward(at, down, gathered, after)
+        gathered = self.linear_forward(at, down, gathered, after, held)
         if biased:
             self.elementwise(*self.named(at, down, "bias"), self.output_elements(down), BIAS_ADD_BYTES, 1)
         self.elementwise(*self.kernel(at, "resid2", "fwd", layer), res, residual_bytes, 1 + dropped)

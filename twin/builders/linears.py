@@ -61,7 +61,8 @@ class LinearWriter(StageBase):
     def linear_forward(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None,
                        held: bool = False) -> int | None:
         """Forward of one linear; returns the prefetched all-gather of `prefetch`, if issued. `held`: its weights are
-        still gathered from the forward (recompute=op's rerun without reshard), so nothing is gathered."""
+        still gathered from the forward (recompute=op's rerun without reshard; a cached layer's: holds_cached_weights), so
+        nothing is gathered."""
         w, sp = self.w, self.plan.sp and self.sizes["x"] > 1
         next_gather = None if held else self.forward_gather(at, lin, gathered, prefetch)
         rows, k_loc, n_loc = self.gemm_dims(lin)
@@ -179,6 +180,16 @@ class LinearWriter(StageBase):
         self.elementwise(*self.named(at, lin, role), elements, FP8_QUANTIZE_BYTES[self.plan.fp8recipe], 2)
         if gathered and self.plan.fp8recipe == "current":
             self.blocking(*self.named(at, lin, "amax_x"), "all_reduce", "x", FP8_AMAX_BYTES, "fp32")
+
+    def caches_weights(self, layer: int | None) -> bool:
+        """Whether `layer` keeps the weights its first forward of the step gathers until the optimizer step
+        (ParallelPlan.cache: axonn's weights cache, the model's first `cache` layers)."""
+        return layer is not None and layer < self.plan.cache
+
+    def holds_cached_weights(self, at: Pass, layer: int | None) -> bool:
+        """Whether the block of `layer` finds its weights still gathered in the pass `at`: a cached layer's
+        (caches_weights) in every forward after the step's first and in every recompute."""
+        return self.caches_weights(layer) and (at.phase == "rc" or bool(at.micro_batch))
 
     def regathers(self, recomputed: bool) -> bool:
         """Whether a backward gathers its sharded weights again: FSDP's reshard after forward freed them, and no

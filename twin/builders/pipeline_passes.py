@@ -117,7 +117,8 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         # backward gathers its weights again; and the first linear of each block's backward that does, whose
         # gather the one before prefetches (the LM head's for the first block).
         positions = [len(blocks) - 1 - i for i in range(len(blocks))]
-        regathers = [self.regathers_block(position) for position in positions]
+        regathers = [self.regathers_block(position) and not self.caches_weights(block[0].layer)
+                     for block, position in zip(blocks, positions)]
         firsts = [block[-1] if again else None for block, again in zip(blocks, regathers)] + [None]
         gathered = None
         if self.is_last(chunk):

@@ -68,7 +68,7 @@ def add_step_arguments(p: argparse.ArgumentParser, required: bool = True) -> Non
         "--plan", required=required,
         help="parallel plan: AxoNN's gx=..,gy=..,gz=..,gdata=.. and/or Megatron's tp=..,pp=..,dp=.. "
         "[,cp=..,cpcomm=p2p|allgather,vpp=..,pemb=0|1,ploss=0|1,zero=0-3,sp=0|1,tpo=0|1,odp=0|1,dpouter=0|1,"
-        "fp8=0|1,fp8recipe=current|delayed,fp8pg=0|1,gradfp32=0|1,reshard=0|1,fsdp2=0|1,axonn=0|1,mbs=..,ga=..,attention=flash|unfused,optimizer=megatron|flat,"
+        "fp8=0|1,fp8recipe=current|delayed,fp8pg=0|1,gradfp32=0|1,reshard=0|1,fsdp2=0|1,axonn=0|1,cache=..,mbs=..,ga=..,attention=flash|unfused,optimizer=megatron|flat,"
         "p2p=split|full,kernels=fused|eager,norm=fused|eager,recompute=full|selective|op|none,rcl=..,oar=0|1,ors=..,oag=..,tune=0|1] (cpcomm=allgather: context parallelism "
         "all-gathers K and V instead of passing them in a ring, Megatron-Core's --cp-comm-type all_gather, Llama 3's; "
         "pemb/ploss=1: the embedding / the loss counts as a layer in the pipeline's split, "
@@ -81,7 +81,7 @@ def add_step_arguments(p: argparse.ArgumentParser, required: bool = True) -> Non
         "accumulated and reduced in fp32, Megatron-LM's default in bf16, FSDP's reduce_dtype=float32; "
         "reshard=1: sharded weights gathered again for the backward, as FSDP's "
         "FULL_SHARD; fsdp2=1: each gather's weights copied out of its buffer into the parameters, as PyTorch's FSDP2 "
-        "does; axonn=1: AxoNN's code as its paper ran it: the forward's weight gathers blocking and copied, the embedding not sharded over Z). Axes (their product is --gpus): " + axes.help_text(),
+        "does; axonn=1: AxoNN's code as its paper ran it: the forward's weight gathers blocking and copied, the embedding not sharded over Z; cache=N: with axonn=1, the first N layers keep the weights they gather over Z for the whole step, its --num-layers-for-caching-weights-in-depth-tensor-parallel-all-gather). Axes (their product is --gpus): " + axes.help_text(),
     )
     p.add_argument("--global-batch", type=count_flag(limits.SEQUENCES),
                    help="sequences per step (default: 16.8M tokens / seq, as AxoNN)")

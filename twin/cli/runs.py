@@ -47,6 +47,7 @@ def what_ran(run: MeasuredRun) -> str:
     extras += ["reshard=1"] if p.reshard else []  # FSDP's FULL_SHARD beside its SHARD_GRAD_OP
     extras += ["fsdp2=1"] if p.fsdp2 else []  # and FSDP2's copies
     extras += ["axonn=1"] if p.axonn else []  # AxoNN's code's gathers
+    extras += [f"cache={p.cache}"] if p.cache else []  # and its weights cache
     extras += [f"recompute={p.recompute}"] if p.recompute != "full" else []  # Korthikanti's pairs differ by it
     extras += [f"rcl={p.rcl}"] if p.rcl else []  # only some layers recompute
     extras += ["fp8=1"] if p.fp8 else []  # the linears' precision
