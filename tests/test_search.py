@@ -132,6 +132,24 @@ def test_plan_words_given_with_every_candidate_are_held_by_every_plan_and_ranked
     assert not search(model, 16, 64, machine, plain, top=6, jobs=1).cached
 
 
+def test_a_search_with_axonns_weights_cache_bounds_below_every_step_and_ranks_exactly():
+    """--with axonn=1,cache=1: the screen leaves such plans alone (their cached layers' later passes cost less than
+    any layer the screen builds) and the full bound, continued over layers past the cached ones, stays below every
+    simulated step; the pruned search ranks as simulating every plan does."""
+    machine = load_machine("frontier")
+    model = parse_model_spec(SEARCH_SPEC)
+    space = SearchSpace(axes=("gx", "gz", "gdata"), fixed=(("axonn", True), ("cache", 1)))
+    found = enumerate_space(model, 16, 64, machine.device.hbm_bytes, space)
+    assert found.candidates and all(c.plan.cache == 1 and c.plan.gz > 1 for c in found.candidates)
+    rank._init_worker(model, machine, 16)
+    for cand in found.candidates:
+        assert rank._bound_of(cand.plan) <= rank._simulate_plan(cand.plan).step_time_s * (1 + 1e-9), cand.plan
+    pruned = search(model, 16, 64, machine, space, top=5, use_cache=False, jobs=1)
+    every = search(model, 16, 64, machine, space, top=5, exhaustive=True, use_cache=False, jobs=1)
+    assert [r.plan for r in pruned.ranked] == [r.plan for r in every.ranked]
+    assert all("cache=1" in r.plan for r in pruned.ranked)
+
+
 @pytest.mark.parametrize("words, mentions", [
     ("zero=1", ["--with: zero is what the search varies (--zero)"]),
     ("tp=2", ["--with: gx is what the search varies (--axes)"]),
@@ -140,7 +158,6 @@ def test_plan_words_given_with_every_candidate_are_held_by_every_plan_and_ranked
     ("gradfp32", ["--with: 'gradfp32' is not key=value"]),
     ("fp8pg=1", ["--with: fp8pg applies to FP8 linears, which the search varies (--fp8)"]),
     ("fp8recipe=delayed", ["--with: fp8recipe applies to FP8 linears"]),
-    ("axonn=1,cache=2", ["--with: cache (AxoNN's weights cache) is not searched", "cache=N"]),
 ])
 def test_with_refuses_what_the_search_varies_and_bad_words(capsys, words, mentions):
     rc, out, err = run(capsys, "search", "--machine", "perlmutter", "--model-spec", SMALL_SPEC, "--gpus", "8",
@@ -246,7 +263,8 @@ def test_continued_bound_stays_below_the_continued_step():
         assert rank._bound_of(plan) <= rank._simulate_plan(plan).step_time_s * (1 + 1e-9), text
 
 @pytest.mark.parametrize("text", ["gx=2,gz=2,gdata=4,mbs=1", "gx=4,gy=2,gdata=2,mbs=2", "gz=16,mbs=1",
-                                  "gx=2,gdata=2,pp=4,mbs=1", "gy=2,gz=2,gdata=2,pp=2,mbs=2"])
+                                  "gx=2,gdata=2,pp=4,mbs=1", "gy=2,gz=2,gdata=2,pp=2,mbs=2",
+                                  "gx=2,gz=4,gdata=2,mbs=1,axonn=1,cache=3"])
 def test_layer_continued_bound_terms_equal_the_full_models(text):
     """The bound's terms from 2- and 3-layer-per-stage models, continued, against bounding every layer."""
     from dataclasses import replace as dc_replace

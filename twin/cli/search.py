@@ -45,9 +45,6 @@ def _fixed_words(text: str | None) -> tuple[tuple[str, object], ...]:
     if dependent:
         raise TwinError(f"--with: {dependent[0]} applies to FP8 linears, which the search varies (--fp8) and tries "
                         f"in its default form only; leave {dependent[0]} out")
-    if "cache" in plan_keys(text):
-        raise TwinError("--with: cache (AxoNN's weights cache) is not searched: the search's bounds take every "
-                        "layer's passes alike; simulate a plan with cache=N instead (twin simulate --plan ...)")
     searched = sorted(plan_keys(text) & _SEARCHED)
     if searched:
         key = searched[0]

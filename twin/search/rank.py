@@ -204,7 +204,7 @@ def _layer_continued(model: ModelSpec, plan: ParallelPlan,
                      terms: Callable[[ModelSpec], tuple[float, ...]]) -> tuple[float, ...]:
     """`terms` of the full model, from models of 2 and 3 layers per model chunk continued linearly (slots, where
     the embedding and the loss count as layers: twin.pipeline_split; rcl + 1 and rcl + 2 where only the first rcl
-    layers of each chunk recompute).
+    layers of each chunk recompute, cache + 2 and cache + 3 where the first `cache` keep their gathered weights).
 
     Each bound term is a sum over a program's ops (the longest path, compute
     and communication time, a link's bytes), and every further layer adds the
@@ -213,8 +213,9 @@ def _layer_continued(model: ModelSpec, plan: ParallelPlan,
     instead of 96 is what keeps bounding every plan of a 32,768-GPU search cheap.
     """
     unit, extra = plan.pp * plan.vpp, extra_slots(plan)  # extra: the embedding's and the loss's slots (pemb, ploss)
-    # per chunk at least one layer more than recompute (rcl): the layers added from there on do not recompute
-    base = max(2, plan.rcl + 1)
+    # per chunk at least one layer more than recompute (rcl), two more than cache (the busiest link of one
+    # uncached layer can be another than of many): the layers added from there on recompute and cache nothing
+    base = max(2, plan.rcl + 1, plan.cache + 2 if plan.cache else 0)
     short, longer = base * unit - extra, (base + 1) * unit - extra
     if (model.layers + extra) % unit or model.layers <= longer + unit:
         return terms(model)

@@ -164,7 +164,11 @@ class ScreenModel:
 def screen_bound_s(model: ModelSpec, plan: ParallelPlan, layer: tuple[float, float, float, float],
                    gpus_per_node: int) -> float:
     """The bound from (W, C, S, K) (module docstring): a rank's own layers, and a 1F1B pipeline's fill and drain.
-    With C, S and K at 0 it is the bound from W alone: weaker, and free of the collectives' lowering."""
+    With C, S and K at 0 it is the bound from W alone: weaker, and free of the collectives' lowering. None (0) for a
+    plan with AxoNN's weights cache (cache): its cached layers' later passes gather nothing and copy nothing, less
+    than any layer of the grid's one micro-batch, so only the full bound (twin.search.bound) holds for it."""
+    if plan.cache:
+        return 0.0
     w, c, s, k = layer
     fewest, most = fewest_and_most(model.layers, plan)  # the end stages hold fewer with pemb or ploss
     m = plan.ga
