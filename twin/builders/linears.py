@@ -143,8 +143,8 @@ class LinearWriter(StageBase):
 
     def tunes(self, lin: Linear, weight_gradient: bool = False) -> bool:
         """Whether `lin`'s GEMM takes its fastest layout (tune_gemm): every GEMM, except under axonn those AxoNN's
-        tuner never times (axonn-ai/axonn tuned_matmul, fa5be81: its Linear's forward and input-gradient products,
-        not the weight gradient's; the LM head is Megatron's own linear)."""
+        tuner never times (axonn-ai/axonn tuned_matmul, fa5be81, July 2024, on its Gordon Bell runs' branch: its
+        Linear's forward and input-gradient products, not the weight gradient's; the LM head is Megatron's own)."""
         if not self.plan.tune_gemm:
             return False
         return not self.plan.axonn or (lin.layer is not None and not weight_gradient)
