@@ -37,6 +37,23 @@ def test_a_cached_layer_gathers_only_in_the_steps_first_forward():
     assert cached == {(0, "fwd", 0), (0, "fwd", 1)} | {(mb, phase, 2) for mb in (0, 1) for phase in ("fwd", "rc")}
 
 
+@pytest.mark.parametrize("recompute", ["none", "op"])
+def test_with_reshard_a_cached_layer_is_not_gathered_again_for_its_backward(recompute):
+    """reshard=1 gathers a layer's weights again before its backward (none) or its per-operator rerun (op); a cached
+    layer keeps them (LinearWriter.regathers), the others gather as before."""
+    llama = parse_model_spec("layers=3,hidden=512,heads=8,seq=256,vocab=1024,arch=llama")
+    text = f"gz=4,mbs=1,ga=2,recompute={recompute},reshard=1,axonn=1"
+    phase = "bwd" if recompute == "none" else "rc"
+
+    def again(plan_text: str) -> set[tuple[int, int]]:
+        program = build_schedule(llama, valid_plan(plan_text, llama, 8)).programs[0].ops
+        return {(op.tag.micro_batch, op.tag.layer) for op in program
+                if isinstance(op.work, Collective) and op.tag.role == "ag_z" and op.tag.phase == phase}
+
+    assert again(text) == {(mb, layer) for mb in (0, 1) for layer in (0, 1, 2)}
+    assert again(text + ",cache=2") == {(0, 2), (1, 2)}
+
+
 def test_the_cached_layers_gathered_weights_stay_in_memory():
     """Each cached layer adds its block's weights, gathered over Z (the X-Y block, 2 bytes a parameter)."""
     base = memory_per_gpu(GPT, valid_plan(PLAN, GPT, 8))

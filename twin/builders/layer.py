@@ -62,7 +62,8 @@ class LayerWriter(LinearWriter, AttentionWriter):
         backward, in the recompute pass `at`. Where FSDP freed the block's sharded weights after its forward
         (reshard) it gathers them back, all four (FSDP gathers a block's parameters before the backward that reruns
         these ops), so the backward that follows gathers none again; without reshard they are still held."""
-        self.blocks.write(self.w, ("op_recompute",), at, linears[0].layer, None, self.deferred_waits,
+        layer = linears[0].layer
+        self.blocks.write(self.w, ("op_recompute", self.caches_weights(layer)), at, layer, None, self.deferred_waits,
                           lambda: self.write_block_op_recompute(at, linears))
 
     def write_block_op_recompute(self, at: Pass, linears: list[Linear]) -> None:
@@ -75,7 +76,7 @@ class LayerWriter(LinearWriter, AttentionWriter):
         res, f = self.residual_elements(), self.model.ffn
         qkv, attn_out, up, down = linears
         layer = qkv.layer
-        held = not self.regathers(recomputed=False)  # the forward's gathered weights, unless resharded
+        held = not self.regathers(recomputed=False, layer=layer)  # the forward's gathered weights, unless resharded
         self.norm_forward(at, "ln1", layer)
         gathered = self.partial_forward(at, qkv, None, attn_out, self.model.hidden * self.model.kv_fraction, held)
         self.rotary(at, layer, backward=False)

@@ -61,8 +61,8 @@ class LinearWriter(StageBase):
     def linear_forward(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None,
                        held: bool = False) -> int | None:
         """Forward of one linear; returns the prefetched all-gather of `prefetch`, if issued. `held`: its weights are
-        still gathered from the forward (recompute=op's rerun without reshard; a cached layer's: holds_cached_weights), so
-        nothing is gathered."""
+        still gathered from the forward (recompute=op's rerun without reshard; a cached layer's:
+        holds_cached_weights), so nothing is gathered."""
         w, sp = self.w, self.plan.sp and self.sizes["x"] > 1
         next_gather = None if held else self.forward_gather(at, lin, gathered, prefetch)
         rows, k_loc, n_loc = self.gemm_dims(lin)
@@ -191,10 +191,12 @@ class LinearWriter(StageBase):
         (caches_weights) in every forward after the step's first and in every recompute."""
         return self.caches_weights(layer) and (at.phase == "rc" or bool(at.micro_batch))
 
-    def regathers(self, recomputed: bool) -> bool:
-        """Whether a backward gathers its sharded weights again: FSDP's reshard after forward freed them, and no
-        recompute of its block (`recomputed`) gathered them back (the recompute's forward does that itself)."""
-        return self.plan.reshard and not recomputed and self.sizes[self.shard_axis] > 1
+    def regathers(self, recomputed: bool, layer: int | None = None) -> bool:
+        """Whether a backward gathers its sharded weights again: FSDP's reshard after forward freed them, no
+        recompute of its block (`recomputed`) gathered them back (the recompute's forward does that itself), and
+        its layer (None: the LM head) does not keep them for the step (caches_weights)."""
+        return self.plan.reshard and not recomputed and self.sizes[self.shard_axis] > 1 and \
+            not self.caches_weights(layer)
 
     @property
     def regathers_backward(self) -> bool:

@@ -117,8 +117,7 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         # backward gathers its weights again; and the first linear of each block's backward that does, whose
         # gather the one before prefetches (the LM head's for the first block).
         positions = [len(blocks) - 1 - i for i in range(len(blocks))]
-        regathers = [self.regathers_block(position) and not self.caches_weights(block[0].layer)
-                     for block, position in zip(blocks, positions)]
+        regathers = [self.regathers_block(block, position) for block, position in zip(blocks, positions)]
         firsts = [block[-1] if again else None for block, again in zip(blocks, regathers)] + [None]
         gathered = None
         if self.is_last(chunk):
@@ -154,7 +153,7 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
             self.block_forward(forward, block, None, None)
         for position, block in reversed(list(enumerate(self.chunks[0]))):
             self.rerun_block(backward.to("rc"), block, position)
-            self.block_backward(backward, block, None, None, self.regathers_block(position))
+            self.block_backward(backward, block, None, None, self.regathers_block(block, position))
         return self.w.ops
 
     def rerun_block(self, at: Pass, block: list[Linear], position: int) -> None:
@@ -166,11 +165,11 @@ class PipelineWriter(LayerWriter, EndsWriter, DataParallelWriter):
         elif self.op_recompute:
             self.block_op_recompute(at, block)
 
-    def regathers_block(self, position: int) -> bool:
-        """Whether the block at `position` gathers its weights again for its backward (LinearWriter.regathers):
-        where what it reruns first (rerun_block: a full recompute, or recompute=op's, which gathers the block's
-        weights as the full one does) has not gathered them back."""
-        return self.regathers(self.plan.recomputes(position) or self.op_recompute)
+    def regathers_block(self, block: list[Linear], position: int) -> bool:
+        """Whether `block`, at `position` in its chunk, gathers its weights again for its backward
+        (LinearWriter.regathers): where what it reruns first (rerun_block: a full recompute, or recompute=op's,
+        which gathers the block's weights as the full one does) has not gathered them back."""
+        return self.regathers(self.plan.recomputes(position) or self.op_recompute, block[0].layer)
 
     def run_pipeline(self) -> None:
         """Every micro-batch's forward and backward on this stage, in the pipeline's order."""
