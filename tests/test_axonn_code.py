@@ -24,6 +24,7 @@ from twin.model import parse_model_spec
 from twin.plan import ParallelPlan
 from twin.search.space import AXONN_AXES, AXONN_CODE, SearchSpace
 from twin.sim.compute import ComputeModel
+from twin.sim.engine import simulate
 
 from helpers import assert_switch_shows_and_slows, check_search_bounds_and_ranking, valid_plan
 
@@ -82,6 +83,36 @@ def test_the_recompute_and_backward_are_as_without_it_but_for_the_lm_heads_z_col
     with_code, without = passes("gz=4,mbs=1,ga=1,recompute=full,axonn=1"), passes("gz=4,mbs=1,ga=1,recompute=full")
     assert any(map(head_over_z, without)) and not any(map(head_over_z, with_code))
     assert with_code == [tag for tag in without if not head_over_z(tag)]
+
+
+def test_its_weight_gathers_run_on_a_second_communicator_over_z_beside_the_reduce_scatters():
+    """axonn's Gordon Bell branch (73e102b) gathers on depth_intra_layer_parallel_group_2: every weight gather over
+    Z, blocking or prefetched, on its own stream, the gradients' reduce-scatters on the group's; without axonn one
+    stream holds both. In a simulated step the recompute's first gather then starts while the layer before's last
+    reduce-scatter still runs, where on one stream it waited for it."""
+    def streams(text: str) -> dict[str, set[str]]:
+        found: dict[str, set[str]] = {}
+        for op in ops(text):
+            if isinstance(op.work, Collective) and op.work.group == "z":
+                found.setdefault(op.tag.role, set()).add(op.stream)
+        return found
+
+    assert streams("gz=4,mbs=1,ga=1,recompute=full,axonn=1") == {"ag_z": {"comm:z.gather"}, "rs_z": {"comm:z"},
+                                                                 "ar_z": {"comm:z"}}
+    assert streams("gz=4,mbs=1,ga=1,recompute=full") == {"ag_z": {"comm:z"}, "rs_z": {"comm:z"}}
+    machine, wide = load_machine("frontier"), parse_model_spec("layers=2,hidden=2048,heads=16,seq=512,vocab=1024")
+
+    def overlapped(text: str) -> bool:  # Z over two Frontier nodes: the reduce-scatter outlasts the layer's backward
+        run = simulate(build_schedule(wide, valid_plan(text, wide, 16)), machine)
+        timeline = run.timelines[0]
+        program = run.schedule.programs[timeline.program].ops
+        span = {(op.tag.phase, op.tag.layer, op.tag.block, op.tag.role): (timeline.start_s[op.id],
+                                                                          timeline.end_s[op.id]) for op in program}
+        scatter, gather = span["bwd", 1, "qkv", "rs_z"], span["rc", 0, "qkv", "ag_z"]
+        return gather[0] < scatter[1]
+
+    assert overlapped("gz=16,mbs=1,ga=1,recompute=full,axonn=1")
+    assert not overlapped("gz=16,mbs=1,ga=1,recompute=full")
 
 
 def test_without_prefetching_the_recompute_gathers_are_copied_too():

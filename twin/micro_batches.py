@@ -71,7 +71,7 @@ def shortened(plan: ParallelPlan, ga: int) -> ParallelPlan:
 
 def extended(at_a: tuple[float, ...], at_b: tuple[float, ...], steps: float) -> tuple[float, ...]:
     """Values on the lines through `at_a` and `at_b` (one unit apart), `steps` units past `at_b`."""
-    return tuple(y + steps * (y - x) for x, y in zip(at_a, at_b))
+    return tuple(y + steps * (y - x) for x, y in zip(at_a, at_b, strict=True))  # both hold the same terms
 
 
 def continued(plan: ParallelPlan, evaluate: Callable[[ParallelPlan], tuple[float, ...]]) -> tuple[float, ...]:

@@ -1,10 +1,19 @@
 """How AxoNN's code gathers a linear's sharded weights (ParallelPlan.axonn), as data.
 
 The runs of the AxoNN paper used Megatron-AxoNN (axonn-ai/Megatron-AxoNN at
-6d60f45, January 2024: Megatron-LM's GPT with AxoNN's `Linear`) on the axonn
-package of early 2024 (axonn-ai/axonn 08f9722-8d7e47b); the branch that launched
-its Perlmutter runs (gordon-bell-perlmutter, 885d2e7) keeps the same schedule. Two things there differ
-from the overlap rules of the paper's text (reference/algorithms.md section 2):
+6d60f45, January 2024: Megatron-LM's GPT with AxoNN's `Linear`; the branch that
+launched its Perlmutter runs, gordon-bell-perlmutter at 885d2e7, August 2024,
+keeps the same schedule) on the axonn package's Gordon Bell branch
+(axonn-ai/axonn add-timers-gordon-bell at 56b2b51, August 2024): that
+launcher's "Compatibility with latest axonn" (1d943b4) reads a process group
+only that branch has, and only that branch has the GEMM tuner the paper
+reports (fa5be81, July 2024). Against the axonn of early 2024 (08f9722-8d7e47b)
+the branch changes one thing the schedule sees: from 73e102b (April 2024)
+the weights' all-gathers over Z, blocking or prefetched, run on a second
+process group of the same ranks (`depth_intra_layer_parallel_group_2`), so
+on their own communicator and stream (gather_stream), beside the gradients'
+reduce-scatters on the first. Three things differ from the overlap rules of
+the paper's text (reference/algorithms.md section 2), the two below and that one:
 
 - The overlaps are switched on only around the backward pass:
   `forward_backward_no_pipelining` enters `optimize_communication` (which
@@ -31,8 +40,8 @@ gradients.
 
 Only the blocks' linears are AxoNN's. The rest of the model is Megatron-LM's
 and is not sharded over Z: the word table (VocabParallelEmbedding with
-`for_embedding_and_clf_layer`, over the X-Y group
-`outer_inner_intra_layer_parallel_group`) is split over X and Y, the
+`for_embedding_and_clf_layer`, over the X-Y group, `outer_inner_intra_layer_parallel_group`
+and on the Gordon Bell branch `middle_inner_intra_layer_parallel_group`) is split over X and Y, the
 position table (torch.nn.Embedding) is whole on every rank, the norms' and
 biases' parameters are replicated over Z, and the LM head, the word table
 itself (tied), is never gathered. Their gradients are made whole by
@@ -49,6 +58,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from twin.builders.program import comm_stream
+
 if TYPE_CHECKING:
     from twin.model import ModelSpec
     from twin.plan import ParallelPlan
@@ -57,6 +68,12 @@ if TYPE_CHECKING:
 # the weights' dtype, bf16: 2 + 2 bytes an element), then torch.cat of the list into one tensor (the same again).
 LIST_COPY_OUT_PASSES = 2
 CAT_PASSES = 2
+
+
+def gather_stream(axis: str) -> str:
+    """The stream of the weights' all-gathers over `axis` (Z) under axonn: the second process group's, beside the
+    first's, which keeps the gradients' reduce-scatters (module docstring)."""
+    return f"{comm_stream(axis)}.gather"
 
 
 def replicated_embedding_params(model: ModelSpec, plan: ParallelPlan) -> float:

@@ -33,7 +33,7 @@ device's compute (comm_compute_slowdown) applies while both run.
 
 from __future__ import annotations
 
-from twin.builders.axonn_kernels import CAT_PASSES, LIST_COPY_OUT_PASSES
+from twin.builders.axonn_kernels import CAT_PASSES, LIST_COPY_OUT_PASSES, gather_stream
 from twin.builders.fsdp_kernels import COPY_OUT_PASSES
 from twin.builders.megatron_kernels import BIAS_GRAD_BYTES, FP8_AMAX_BYTES, FP8_QUANTIZE_BYTES
 from twin.builders.stage import Linear, StageBase
@@ -56,7 +56,8 @@ class LinearWriter(StageBase):
             return None
         work = Collective("all_gather", axis, self.weight_block_bytes(lin), self.dtype)
         name, tag = self.named(at, lin, f"ag_{axis.replace('+', '')}")
-        return self.w.collective(name, axis, work, tag=tag)
+        stream = gather_stream(axis) if self.plan.axonn else None  # AxoNN's second process group over Z
+        return self.w.collective(name, axis, work, stream=stream, tag=tag)
 
     def linear_forward(self, at: Pass, lin: Linear, gathered: int | None, prefetch: Linear | None,
                        held: bool = False) -> int | None:

@@ -290,10 +290,12 @@ class BoundModel:
         return self._stage_line_cache[key]
 
     def program_terms_s(self, schedule: Schedule, program: Program, durations: list[float] | None = None
-                        ) -> tuple[float, float, float]:
-        """The three bounds of one program: its longest path, its compute slowed by its communication, and its
-        busiest link. Each is a sum over the program's ops, so it grows linearly with repeated layers and
-        micro-batches (twin.search.rank continues each one separately before taking the largest)."""
+                        ) -> tuple[float, ...]:
+        """The bounds of one program: its longest path, its compute slowed by each communication stream's (one term
+        a stream, in the streams' order), and its busiest link. Each is a sum over the program's ops, so it grows
+        linearly with repeated layers and micro-batches (twin.search.rank continues each one separately before
+        taking the largest; one slowed term for the busiest stream alone would not be a line where which stream
+        is busiest changes with the layers, as AxoNN's gathers and reduce-scatters over Z on two streams do)."""
         rank = program.ranks[0]
         if durations is None:
             durations = self.op_durations_s(schedule, program)
@@ -313,12 +315,12 @@ class BoundModel:
             end[op.id] = stream_free[op.stream] = start + t
             busy[op.stream] = busy.get(op.stream, 0.0) + t
         compute = busy.pop(COMPUTE_STREAM, 0.0)
-        comm = max(busy.values(), default=0.0)
         # Compute slowed while communication runs: with W of compute and at least U of communication, doing
         # x of the compute under communication takes (W - x) + x / r and leaves U + (W - x) of the step
         # outside it (r = 1 - slowdown); the larger of the two is smallest at x = r U: W + (1 - r) U.
-        slowed = compute + self.machine.device.comm_compute_slowdown * comm
-        return max(end, default=0.0), slowed, self._busiest_link_s(schedule, rank, traffic)
+        slowdown = self.machine.device.comm_compute_slowdown
+        slowed = tuple(compute + slowdown * busy[stream] for stream in sorted(busy)) or (compute,)
+        return max(end, default=0.0), *slowed, self._busiest_link_s(schedule, rank, traffic)
 
     def _busiest_link_s(self, schedule: Schedule, rank: int, traffic: dict[tuple, int]) -> float:
         """The busiest link: every byte the step's collectives (their instances on the representative's node) put
