@@ -83,7 +83,9 @@ def slowed_seconds(seconds: dict[tuple[str, str, str], float], guess: tuple[tupl
 
 def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--machine", default="frontier", help="machine name or file (default frontier, first principles)")
+    ap.add_argument("--machine", default="frontier",
+                    help="machine name or file to time the step on (default frontier, first principles); the plan is "
+                         "twin validate's first-principles one either way")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
     try:

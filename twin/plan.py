@@ -66,8 +66,8 @@ of the gather's buffer into each parameter on the compute stream
 (twin.builders.fsdp_kernels).
 
 `axonn` gathers the linears' sharded weights as the AxoNN paper's code
-(Megatron-AxoNN on axonn's Gordon Bell branch) does (twin.builders.axonn_kernels): on a second
-communicator over Z; the first forward's blocking and copied out of the collective's buffer
+(Megatron-AxoNN on axonn's Gordon Bell branch) does (twin.builders.axonn_kernels), on a second
+communicator over Z: the first forward's all-gathers block and are copied out of the collective's buffer
 (oag prefetches only in the recompute); in bf16 its gradient buffer, and its
 data-parallel all-reduce, are fp32; the embedding is not sharded over Z, and
 what it leaves whole is all-reduced over Z (replicated_grads). One pipeline
