@@ -364,7 +364,8 @@ class BoundModel:
         return max(self.terms_s(schedule))
 
     def terms_s(self, schedule: Schedule) -> tuple[float, ...]:
-        """Every program's three bounds, then the pipeline's, one after the other; the bound is their largest."""
+        """Every program's bounds (program_terms_s), then the pipeline's, one after the other; the bound is their
+        largest."""
         durations = [self.op_durations_s(schedule, p) for p in schedule.programs]  # each op costed once
         own = tuple(t for p, d in zip(schedule.programs, durations) for t in self.program_terms_s(schedule, p, d))
         return own + self.pipeline_terms_s(schedule, durations)
