@@ -40,7 +40,7 @@ from twin.ir import Gemm  # noqa: E402
 from twin.model import get_model  # noqa: E402
 from twin.plan import parse_plan  # noqa: E402
 from twin.published import AXONN_BATCH_SEQUENCES  # noqa: E402
-from twin.report import summarize  # noqa: E402
+from twin.report import critical_timeline, summarize  # noqa: E402
 from twin.sim.engine import simulate  # noqa: E402
 from twin.validate import GPT320B_GPUS  # noqa: E402
 from twin.validate_tasks import axonn_plan, tasks_see  # noqa: E402
@@ -64,15 +64,13 @@ def gemm_seconds(machine: Machine, plan_text: str) -> tuple[dict[tuple[str, str,
     model = get_model("GPT-320B")
     plan = parse_plan(f"{plan_text},global_batch={AXONN_BATCH_SEQUENCES}")
     run = simulate(build_step(model, plan, machine, GPT320B_GPUS).schedule, machine)
-    summary = summarize(run)
-    timeline = max(run.timelines, key=lambda t: float(t.end_s.max()))
+    timeline = critical_timeline(run)
     ops = run.schedule.programs[timeline.program].ops
     seconds: dict[tuple[str, str, str], float] = defaultdict(float)
     for op, start, end in zip(ops, timeline.start_s, timeline.end_s):
         if isinstance(op.work, Gemm) and op.tag is not None:
             seconds[(op.tag.block, op.tag.role, op.tag.phase)] += float(end - start)
-    compute = sum(v for k, v in summary.time_by_class_s.items() if k in ("gemm", "attention", "elementwise"))
-    return dict(seconds), compute
+    return dict(seconds), summarize(run).compute_s
 
 
 def slowed_seconds(seconds: dict[tuple[str, str, str], float], guess: tuple[tuple[str, ...], ...]) -> float:

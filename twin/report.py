@@ -38,6 +38,9 @@ from twin.ir import Program, Schedule, op_class
 from twin.sim.engine import RankTimeline, SimRun
 
 
+COMPUTE_CLASSES = ("gemm", "attention", "elementwise")  # the op classes of compute work (twin.ir.op_class)
+
+
 @dataclass(frozen=True)
 class Summary:
     machine: str
@@ -67,6 +70,12 @@ class Summary:
     # How a step that was not simulated in full was obtained, where that leaves some numbers approximate
     # (twin.pipeline_depth); empty when every number is the simulation's own
     continued: str = ""
+
+    @property
+    def compute_s(self) -> float:
+        """The critical rank's busy compute time (its GEMMs, attention and element-wise work, overlapping nothing
+        of each other): what the AxoNN paper calls a batch's compute time."""
+        return sum(v for k, v in self.time_by_class_s.items() if k in COMPUTE_CLASSES)
 
     def to_json_dict(self) -> dict:
         """The fields as a dict that JSON can hold: NonFiniteSummary if any number is NaN or infinite."""

@@ -192,9 +192,8 @@ def cached_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: in
 def simulate_plan(machine_name: str, model_name: str, gpus: int, plan_text: str, batch: int) -> dict:
     s = cached_step(get_model(model_name), parse_plan(f"{plan_text},global_batch={batch}"),
                     machine_for(machine_name), gpus)
-    compute_s = sum(v for k, v in s.time_by_class_s.items() if k in ("gemm", "attention", "elementwise"))
     return {"plan": s.plan, "step_time_s": s.step_time_s, **paper_rate(model_name, s.global_batch, gpus, s.step_time_s),
-            "compute_s": compute_s}
+            "compute_s": s.compute_s}
 
 
 def scaling_points(model_name: str, plan_text: str, batch: int, counts: list[int], mode: str) -> list[dict]:
