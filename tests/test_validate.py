@@ -68,6 +68,16 @@ def test_rows_errors_and_checks(stubbed):
     assert len(b) == 3 + 4
 
 
+def test_the_strong_scaling_rows_say_what_the_published_times_give(stubbed):
+    """Fig. 9's text says above 90%; its own times give at least 93% for GPT-80B (over 50 months -> 25.5 days on
+    64 times the GCDs) and 70% for GPT-640B (14 years -> 15 months on 16 times), which the row must show."""
+    assert v.published_strong_efficiency("GPT-80B") == "the published times give at least 93%"
+    assert v.published_strong_efficiency("GPT-640B") == "the published times give 70%"
+    rows = {r.quantity: r for r in v.validate().rows if "strong-scaling efficiency" in r.quantity}
+    assert rows["Fig. 9 GPT-640B: strong-scaling efficiency 512 -> 8192"].how.endswith("give 70%")
+    assert rows["Fig. 9 GPT-80B: strong-scaling efficiency 128 -> 8192"].how.endswith("at least 93%")
+
+
 def test_command_json_figures_and_readme(stubbed, capsys, tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{vt.README_START}\nSTALE\n{vt.README_END}\n\nafter\n")
