@@ -14,11 +14,20 @@ time) over the shapes, the FLOP-weighted mean |log ratio| and the level,
 for the best k_half at each wave setting and for --machine's file as it is.
 The level is another chip's where the GPU is not the machine's (an H200 for
 Alps's GH200): what carries is the form, not the level.
+
+The results may instead be a CSV of efficiencies (benchmarks/tensile_logic.py's:
+rocBLAS's own benchmarks of the MI250X, `efficiency_pct` per m, n, k): each is
+timed as its efficiency of the device's peak, one product each (batch 1) of at
+least EFFICIENCY_MIN_FLOP, every one in the NN layout (the fit asks how the rate
+varies with the shape, not with the layout), and the level is searched as a
+fraction of the peak. Only the form is read from it: an efficiency of an
+unstated clock is no rate.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from dataclasses import replace
@@ -37,6 +46,27 @@ from twin.sim.compute import ComputeModel  # noqa: E402
 WAVES = (1.0, 0.5, 0.0)
 K_HALVES = (0.0, 32.0, 64.0, 128.0, 192.0, 256.0, 384.0)
 LEVELS_TFLOP = np.arange(500.0, 1200.0, 5.0)
+LEVELS_OF_PEAK = np.arange(0.3, 1.2, 0.0025)  # for efficiencies: the level as a fraction of the device's peak
+EFFICIENCY_MIN_FLOP = 1e10  # efficiencies of smaller GEMMs hang on the per-kernel cost at an unknown clock
+
+
+def load_efficiencies(path: str, peak_flop_per_s: float) -> tuple[list[Gemm], np.ndarray]:
+    """A CSV of GEMM efficiencies (tensile_logic.py's) as shapes in the NN layout and times at the peak; a file
+    without its columns is a one-line error (exit 2)."""
+    try:
+        with open(path, newline="") as f:
+            rows = [(int(r["m"]), int(r["n"]), int(r["k"]), int(r["batch"]), float(r["efficiency_pct"]))
+                    for r in csv.DictReader(f)]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"gemm_shape_fit: cannot read {path} as benchmarks/tensile_logic.py's CSV ({e.__class__.__name__}: "
+              f"{e}); give its m, n, k, batch and efficiency_pct columns", file=sys.stderr)
+        raise SystemExit(2) from None
+    kept = [(Gemm(m, n, k, "NN", tunable=False), pct) for m, n, k, batch, pct in rows
+            if batch == 1 and pct > 0 and 2.0 * m * n * k >= EFFICIENCY_MIN_FLOP]
+    if not kept:
+        print(f"gemm_shape_fit: {path} holds no GEMM of at least {EFFICIENCY_MIN_FLOP:.0e} FLOP", file=sys.stderr)
+        raise SystemExit(2)
+    return [g for g, _ in kept], np.array([g.flops / (pct / 100 * peak_flop_per_s) for g, pct in kept])
 
 
 def load_measured(path: str) -> tuple[list[Gemm], np.ndarray]:
@@ -62,14 +92,15 @@ def load_measured(path: str) -> tuple[list[Gemm], np.ndarray]:
     return gemms, np.array(times)
 
 
-def score(device, gemms: list[Gemm], measured_s: np.ndarray, level_flop_per_s: float | None = None) -> dict:
-    """The twin's times against the measured ones on `device`; with no level given, the best of LEVELS_TFLOP.
+def score(device, gemms: list[Gemm], measured_s: np.ndarray, level_flop_per_s: float | None = None,
+          levels_flop_per_s: np.ndarray = LEVELS_TFLOP * 1e12) -> dict:
+    """The twin's times against the measured ones on `device`; with no level given, the best of levels_flop_per_s.
     A GEMM's time is max(FLOPs / (level x efficiency), HBM floor) + kernel overhead, as in ComputeModel."""
     model = ComputeModel(device)
     flops = np.array([g.flops for g in gemms])
     eff = np.array([model.gemm_efficiency(g) for g in gemms])
     floor = np.array([model.gemm_memory_s(g) for g in gemms])
-    levels = [level_flop_per_s] if level_flop_per_s else LEVELS_TFLOP * 1e12
+    levels = [level_flop_per_s] if level_flop_per_s else levels_flop_per_s
     best = None
     for level in levels:
         twin_s = np.maximum(flops / (level * eff), floor) + device.kernel_overhead_s
@@ -84,7 +115,8 @@ def score(device, gemms: list[Gemm], measured_s: np.ndarray, level_flop_per_s: f
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("results", help="benchmarks/gemm_shapes.py --out of a timed run")
+    ap.add_argument("results", help="benchmarks/gemm_shapes.py --out of a timed run, or a CSV of efficiencies "
+                    "(benchmarks/tensile_logic.py's)")
     ap.add_argument("--machine", default="alps", help="the machine file whose device form is tried (default alps)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="replace one number of --machine's file first (repeatable), e.g. device.gemm_k_half=256")
@@ -94,21 +126,33 @@ def main() -> int:
         device = load_machine(args.machine, tuple(parse_override(t) for t in args.set)).device
     except TwinError as e:
         ap.error(str(e))
-    gemms, measured_s = load_measured(args.results)
+    efficiencies = args.results.endswith(".csv")
+    if efficiencies:
+        gemms, measured_s = load_efficiencies(args.results, device.peak_flop_per_s)
+        levels = LEVELS_OF_PEAK * device.peak_flop_per_s
+    else:
+        gemms, measured_s = load_measured(args.results)
+        levels = LEVELS_TFLOP * 1e12
     form = f"{args.machine} as it is" + (" (--set)" if args.set else "")
+    own_level = None if efficiencies else device.empirical_gemm_flop_per_s  # an efficiency's level is unknown
     rows = [dict(form=form, wave_quantization=device.gemm_wave_quantization,
-                 k_half=device.gemm_k_half, **score(device, gemms, measured_s, device.empirical_gemm_flop_per_s))]
+                 k_half=device.gemm_k_half, **score(device, gemms, measured_s, own_level, levels))]
     for waves in WAVES:
         tried = [dict(form="fitted", wave_quantization=waves, k_half=k_half,
-                      **score(replace(device, gemm_wave_quantization=waves, gemm_k_half=k_half), gemms, measured_s))
+                      **score(replace(device, gemm_wave_quantization=waves, gemm_k_half=k_half), gemms, measured_s,
+                              levels_flop_per_s=levels))
                  for k_half in K_HALVES]
         rows.append(min(tried, key=lambda r: r["rms_log_error"]))
     if args.json:
-        print(json.dumps(dict(results=args.results, machine=args.machine, shapes=len(gemms), rows=rows), indent=2))
+        print(json.dumps(dict(results=args.results, machine=args.machine, shapes=len(gemms), efficiencies=efficiencies,
+                              rows=rows), indent=2))
         return 0
     print(f"{len(gemms)} GEMMs of {args.results}, timed again by the twin on {args.machine}'s device "
           f"(tiles {device.gemm_tile_m}x{device.gemm_tile_n}, {device.compute_units} units, "
           f"{device.kernel_overhead_s * 1e6:g} us per kernel); error = log(twin time / measured time)")
+    if efficiencies:
+        print(f"(efficiencies, timed at the peak's {device.peak_flop_per_s / 1e12:g} TF/s: a level is the rate that "
+              "efficiency would mean at the peak's clock, not a measured rate)")
     print(f"{'form':<22}{'waves':>6}{'k_half':>8}{'level TF/s':>12}{'RMS':>8}{'FLOP-wtd':>10}{'median':>9}")
     for r in rows:
         print(f"{r['form']:<22}{r['wave_quantization']:>6g}{r['k_half']:>8g}{r['level_tflop_per_s']:>12.0f}"

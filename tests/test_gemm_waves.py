@@ -2,7 +2,8 @@
 
 `gemm_wave_quantization` is how much of the last wave's idle units a GEMM pays: 1 for grids of fixed tiles
 (every machine file without the key), 0 for Hopper cuBLAS's persistent kernels (alps.toml, from an H200's
-timings: docs/gpu-h200.md)."""
+timings: docs/gpu-h200.md), 0.5 for the MI250X's rocBLAS kernels (frontier.toml, from rocBLAS's own benchmarks of
+them: benchmarks/tensile_logic.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from twin.sim.compute import ComputeModel
 
 REPO = Path(__file__).resolve().parents[1]
 H200_GEMMS = REPO / "benchmarks" / "results" / "2026-12-04-nvidia-h200" / "gemm-shapes.json"
+ROCBLAS_GEMMS = REPO / "benchmarks" / "data" / "rocblas-gfx90a-bf16-gemms.csv"
 
 
 def efficiency(device, m: int, n: int, k: int, waves: float) -> float:
@@ -43,12 +45,15 @@ def test_a_tail_wave_costs_in_proportion():
         1 / (1 - reference_idle), rel=1e-9)
 
 
-def test_files_without_the_key_keep_full_wave_quantisation():
-    for name in ("frontier", "perlmutter", "dgx-a100", "dgx-a100-800g"):
+def test_the_a100_files_keep_full_wave_quantisation_and_the_measured_ones_cite_their_measurements():
+    for name in ("perlmutter", "dgx-a100", "dgx-a100-800g"):
         assert load_machine(name).device.gemm_wave_quantization == 1.0
     alps = load_machine("alps")
     assert alps.device.gemm_wave_quantization == 0.0
     assert "H200" in alps.sources["device.gemm_wave_quantization"].source
+    frontier = load_machine("frontier")
+    assert frontier.device.gemm_wave_quantization == 0.5
+    assert "rocblas-gfx90a-bf16-gemms.csv" in frontier.sources["device.gemm_wave_quantization"].source
 
 
 def test_the_key_is_a_share_and_a_bad_one_names_the_field(tmp_path):
@@ -69,6 +74,37 @@ def test_the_h200_timings_support_no_wave_quantisation():
     rows = {r["wave_quantization"]: r for r in json.loads(result.stdout)["rows"] if r["form"] == "fitted"}
     assert rows[0.0]["rms_log_error"] < rows[0.5]["rms_log_error"] < rows[1.0]["rms_log_error"]
     assert rows[0.0]["rms_log_error"] < 0.5 * rows[1.0]["rms_log_error"]
+
+
+def test_rocblas_own_mi250x_benchmarks_support_half_a_wave_and_frontier_carries_it():
+    """benchmarks/gemm_shape_fit.py on rocBLAS's efficiencies of the MI250X: half the tail wave fits them best, far
+    better than all of it (the file's estimate before) and better than none; frontier.toml carries the fitted form."""
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gemm_shape_fit.py"), str(ROCBLAS_GEMMS),
+                             "--machine", "frontier", "--json"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["efficiencies"] and doc["shapes"] > 2000
+    rows = {r["wave_quantization"]: r for r in doc["rows"] if r["form"] == "fitted"}
+    assert rows[0.5]["rms_log_error"] < rows[0.0]["rms_log_error"] < rows[1.0]["rms_log_error"]
+    assert rows[0.5]["rms_log_error"] < 0.5 * rows[1.0]["rms_log_error"]
+    device = load_machine("frontier").device
+    assert (device.gemm_wave_quantization, device.gemm_k_half) == (0.5, rows[0.5]["k_half"])
+
+
+def test_tensile_logic_reads_exact_logic_entries_of_a_gemm_of_at_least_a_gflop():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from tensile_logic import entries
+    text = "  - - [4096, 8192, 1, 4096]\n    - [324, 94.65]\n  - - [64, 64, 1, 64]\n    - [3, 0.5]\n"
+    assert entries(text, "NN") == [dict(m=4096, n=8192, k=4096, batch=1, layout="NN", efficiency_pct=94.65)]
+
+
+def test_a_csv_without_efficiencies_is_one_line_exit_2(tmp_path):
+    path = tmp_path / "efficiencies.csv"
+    path.write_text("m,n\n1,2\n")
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gemm_shape_fit.py"), str(path), "--machine",
+                             "frontier"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "efficiency_pct" in result.stderr
 
 
 @pytest.mark.parametrize("content", [None, "{}", "not json"])

@@ -68,7 +68,8 @@ def test_a_row_parallel_gemm_scatters_under_its_later_chunks(frontier, block):
 
 def test_tpo_moves_the_same_bytes_and_flops_and_hides_time(frontier):
     """Same bytes and FLOPs; faster where the gathers are long against the GEMMs (hidden 7168 on an H100 node), and
-    slower where they are not (hidden 1024 on Frontier): the chunks are smaller, less efficient GEMMs."""
+    slower where they are not (hidden 1024 on a DGX A100, whose cuBLAS GEMMs pay a whole tail wave): the chunks are
+    smaller, less efficient GEMMs."""
     blocking, overlapped = build(frontier, False), build(frontier, True)
 
     def totals(program):
@@ -77,7 +78,9 @@ def test_tpo_moves_the_same_bytes_and_flops_and_hides_time(frontier):
         return flops, comm
 
     assert totals(overlapped.schedule.programs[0]) == pytest.approx(totals(blocking.schedule.programs[0]), rel=1e-12)
-    assert simulate(overlapped.schedule, frontier).step_time_s > simulate(blocking.schedule, frontier).step_time_s
+    a100 = load_machine("dgx-a100")
+    assert simulate(build(a100, True).schedule, a100).step_time_s > simulate(build(a100, False).schedule,
+                                                                             a100).step_time_s
     h100 = load_machine("mpt-h100-80g")
     wide = parse_model_spec("layers=2,hidden=7168,heads=56,seq=4096,vocab=8192")
     steps = []

@@ -222,7 +222,7 @@ def test_the_fastest_of_a_list_is_found_without_simulating_every_plan(monkeypatc
     from twin.plan import parse_plan
 
     monkeypatch.setenv("EXATWIN_CACHE_DIR", str(tmp_path))
-    machine, model = load_machine("frontier"), parse_model_spec("layers=8,hidden=1024,heads=16,seq=512,vocab=4096")
+    machine, model = load_machine("frontier"), parse_model_spec("layers=8,hidden=1024,heads=16,seq=1024,vocab=4096")
     # the lowest bound (gz=4, gdata=4) is not the fastest plan (gdata=16), and gz=16 is bounded out
     plans = [parse_plan(f"{grid},mbs=1,global_batch=64") for grid in
              ("gx=16", "gdata=16", "gz=16", "gx=2,gz=2,gdata=4", "gz=4,gdata=4", "gx=2,gdata=8")]
