@@ -148,7 +148,7 @@ def axonn_rows(jobs: int | None, progress) -> list[Row]:
 def published_strong_efficiency(model: str) -> str:
     """What Fig. 9's own times say of the text's "above 90%" for one model: GPT-80B's "over 50 months" on 128 GCDs
     makes its efficiency a lower bound; GPT-640B's 14 years on 512 GCDs against 15 months on 8,192 is a speed-up
-    of 11.2 on 16 times the GCDs, 70%, so its row holds against the text, not against the figure."""
+    of 11.2 on 16 times the GCDs, 70%: a prediction may hold against the text and miss the figure."""
     points = [(gpus, days, kind) for name, gpus, _, days, kind in STRONG if name == model]
     (g0, days0, kind0), (g1, days1, _) = points[0], points[-1]
     eff = 100 * days0 * g0 / (days1 * g1)
