@@ -21,6 +21,9 @@ from twin.ir import Gemm
 from twin.sim.compute import ComputeModel
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from tensile_logic import entries  # noqa: E402
+
 H200_GEMMS = REPO / "benchmarks" / "results" / "2026-12-04-nvidia-h200" / "gemm-shapes.json"
 ROCBLAS_GEMMS = REPO / "benchmarks" / "data" / "rocblas-gfx90a-bf16-gemms.csv"
 
@@ -92,8 +95,6 @@ def test_rocblas_own_mi250x_benchmarks_support_half_a_wave_and_frontier_carries_
 
 
 def test_tensile_logic_reads_exact_logic_entries_of_a_gemm_of_at_least_a_gflop():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from tensile_logic import entries
     text = "  - - [4096, 8192, 1, 4096]\n    - [324, 94.65]\n  - - [64, 64, 1, 64]\n    - [3, 0.5]\n"
     assert entries(text, "NN") == [dict(m=4096, n=8192, k=4096, batch=1, layout="NN", efficiency_pct=94.65)]
 
