@@ -22,6 +22,7 @@ from twin.sim.compute import ComputeModel
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
+from rocblas_efficiencies import Size, load, summary  # noqa: E402
 from tensile_logic import entries  # noqa: E402
 
 H200_GEMMS = REPO / "benchmarks" / "results" / "2026-12-04-nvidia-h200" / "gemm-shapes.json"
@@ -117,3 +118,31 @@ def test_a_file_that_is_not_timed_results_is_one_line_exit_2(tmp_path, content):
                             capture_output=True, text=True, timeout=60, cwd=REPO)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and "gemm_shape_fit: cannot read" in result.stderr
+
+
+def test_rocblas_summary_compares_training_shapes_with_the_squares():
+    sizes = [Size(8192, 8192, 8192, 1, layout, eff) for layout, eff in (("NN", 80.0), ("NT", 79.0), ("TN", 78.0))]
+    sizes += [Size(4096, 16384, 8192, 1, "NN", eff) for eff in (70.0, 75.0, 90.0)]
+    sizes += [Size(64, 64, 64, 1, "NN", 10.0), Size(8192, 8192, 8192, 4, "NN", 99.0)]  # too small; batched
+    result = summary(sizes)
+    assert result["squares_range_pct"] == [78.0, 80.0]
+    assert result["non_square_count"] == 3 and result["non_square_median_pct"] == 75.0
+    assert result["best_non_square_nn"]["efficiency_pct"] == 90.0
+    assert result["every_layout_pct"] == {"NN": 80.0, "NT": 79.0, "TN": 78.0}
+
+
+def test_rocblas_training_shapes_run_at_or_above_the_large_squares():
+    """docs/gemm-shape-model.md's reading of rocBLAS's MI250X benchmarks, on the committed CSV."""
+    result = summary(load(str(ROCBLAS_GEMMS)))
+    assert result["non_square_median_pct"] >= result["squares_range_pct"][0]
+    assert set(result["every_layout_pct"]) == {"NN", "NT", "TN"}
+    assert max(result["every_layout_pct"].values()) - min(result["every_layout_pct"].values()) < 2.0
+
+
+def test_rocblas_summary_of_a_csv_without_its_columns_is_one_line_exit_2(tmp_path):
+    path = tmp_path / "efficiencies.csv"
+    path.write_text("m,n\n1,2\n")
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "rocblas_efficiencies.py"), str(path)],
+                            capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "efficiency_pct" in result.stderr
