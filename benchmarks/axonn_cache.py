@@ -11,8 +11,9 @@ this takes the plan `twin validate` predicts it with (the fastest, by the
 twin, of AxoNN's communication model's top 20), finds the most layers that
 still fit in the GPU's memory, and prints the row's error against the paper
 with none and with that many cached, from the machine files (first
-principles) and from the fitted ones in topologies/fitted/ (calibrated). A
-what-if: the plan is not searched again with caching.
+principles) and from the fitted ones in topologies/fitted/ (calibrated), and
+Frontier's weak-scaling efficiency (512 -> 8,192 GCDs) both ways. A what-if:
+the plan is not searched again with caching.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                                                       row["published_pflops"]),
                                "cached_error_pct": error_pct(row["machine"], row["model"], row["gpus"],
                                                              f"{plan},cache={cached}", row["published_pflops"])}
+    weak = weak_scaling(rows)
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"rows": rows, "frontier_weak_scaling_pct": weak}, indent=1))
         return rows
     print("AxoNN Table III, each row's plan (twin validate's) with none and with the most layers cached that fit:")
     print(f"  {'row':<24} {'layers':>7} {'first principles':>18} {'calibrated':>16}")
@@ -83,7 +85,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"  {name:<24} {layers:>7} "
               f"{fp['error_pct']:+6.0f}% -> {fp['cached_error_pct']:+4.0f}% {cal['error_pct']:+6.0f}% -> "
               f"{cal['cached_error_pct']:+4.0f}%")
+    print("  Frontier weak-scaling efficiency 512 -> 8192 GCDs (the paper's 88.3%): "
+          + ", ".join(f"{column} {w['none']:.1f}% -> {w['cached']:.1f}%" for column, w in weak.items()))
     return rows
+
+
+def weak_scaling(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Frontier's weak-scaling efficiency (TF/s per GCD at 8,192 over 512), per column, with none and with the most
+    layers cached, from each row's predicted PF/s (the published PF/s times 1 + its error)."""
+    ends = {r["gpus"]: r for r in rows if r["machine"] == "frontier" and r["gpus"] in (512, 8192)}
+    out = {}
+    for column, _ in COLUMNS:
+        out[column] = {}
+        for key, error in (("none", "error_pct"), ("cached", "cached_error_pct")):
+            per_gcd = {g: r["published_pflops"] * (1 + r[column][error] / 100) / g for g, r in ends.items()}
+            out[column][key] = 100 * per_gcd[8192] / per_gcd[512]
+    return out
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from axonn_cache import most_cached  # noqa: E402
+from axonn_cache import most_cached, weak_scaling  # noqa: E402
 from layout_slowdown import BLOCKS, gemm_seconds, main, slowed_seconds  # noqa: E402
 
 from topologies.machine import load_machine  # noqa: E402
@@ -67,3 +67,15 @@ def test_most_cached_is_the_last_layer_count_that_fits():
 
     assert 0 < cached < model.layers  # the case is one where memory decides
     assert fits(cached) and not fits(cached + 1)
+
+
+def test_weak_scaling_is_the_per_gcd_rate_at_8192_over_512_with_and_without_the_cache():
+    def row(gpus, published, fp, fp_cached, cal, cal_cached):
+        return {"machine": "frontier", "gpus": gpus, "published_pflops": published,
+                "first principles": {"error_pct": fp, "cached_error_pct": fp_cached},
+                "calibrated": {"error_pct": cal, "cached_error_pct": cal_cached}}
+    rows = [row(512, 40.0, 0.0, 100.0, 10.0, 10.0), row(8192, 320.0, 0.0, 0.0, -45.0, -34.0),
+            {"machine": "perlmutter", "gpus": 512, "published_pflops": 1.0}]
+    weak = weak_scaling(rows)
+    assert weak["first principles"] == pytest.approx({"none": 50.0, "cached": 25.0})  # 320/8192 over 40/512
+    assert weak["calibrated"] == pytest.approx({"none": 25.0, "cached": 30.0})
