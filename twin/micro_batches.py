@@ -136,6 +136,8 @@ def simulate_step(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
         plan=resolved.describe(),
         global_batch=resolved.global_batch,
         exposed_comm_s=line(a.exposed_comm_s, b.exposed_comm_s),
+        exposed_comm_by_pass_s={k: line(a.exposed_comm_by_pass_s.get(k, 0.0), b.exposed_comm_by_pass_s.get(k, 0.0))
+                                for k in sorted({*a.exposed_comm_by_pass_s, *b.exposed_comm_by_pass_s})},
         memory_per_gpu_gb=memory.total / 1e9,
         time_by_class_s={k: line(a.time_by_class_s.get(k, 0.0), v) for k, v in b.time_by_class_s.items()},
         sim_wall_s=max(a.sim_wall_s, b.sim_wall_s) if first else a.sim_wall_s + b.sim_wall_s,  # at once or in turn

@@ -287,8 +287,9 @@ def _layout(full: list[tuple], model: ModelSpec, plan: ParallelPlan, machine: Ma
     return None
 
 
-def _diagnostics(s: Summary, keys: list[str]) -> np.ndarray:
-    return np.array([s.exposed_comm_s, *(s.time_by_class_s.get(k, 0.0) for k in keys)])
+def _diagnostics(s: Summary, keys: list[str], passes: list[str]) -> np.ndarray:
+    return np.array([s.exposed_comm_s, *(s.time_by_class_s.get(k, 0.0) for k in keys),
+                     *(s.exposed_comm_by_pass_s.get(k, 0.0) for k in passes)])
 
 
 def simulate_deep(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: int,
@@ -325,14 +326,16 @@ def simulate_deep(model: ModelSpec, plan: ParallelPlan, machine: Machine, gpus: 
     flops = np.linalg.lstsq(bilinear, np.array([s.flops_executed for s in summaries]), rcond=None)[0]
     executed = float(np.array([1.0, plan.pp, plan.ga, plan.pp * plan.ga]) @ flops)
     keys = sorted({k for s in summaries for k in s.time_by_class_s})
-    diagnostics = short.target @ np.linalg.lstsq(short.features, np.array([_diagnostics(s, keys) for s in summaries]),
-                                                 rcond=None)[0]
+    passes = sorted({k for s in summaries for k in s.exposed_comm_by_pass_s})
+    diagnostics = short.target @ np.linalg.lstsq(
+        short.features, np.array([_diagnostics(s, keys, passes) for s in summaries]), rcond=None)[0]
     depths = [p.depth for p in short.points]
     return replace(
         with_step(replace(summaries[-1], gpus=gpus), float(short.target @ fit), executed,
                   model.flops_per_step(plan.global_batch, flops_formula), machine.device),
         plan=plan.describe(), global_batch=plan.global_batch, exposed_comm_s=max(float(diagnostics[0]), 0.0),
-        time_by_class_s={k: max(float(v), 0.0) for k, v in zip(keys, diagnostics[1:])},
+        time_by_class_s={k: max(float(v), 0.0) for k, v in zip(keys, diagnostics[1:1 + len(keys)])},
+        exposed_comm_by_pass_s={k: max(float(v), 0.0) for k, v in zip(passes, diagnostics[1 + len(keys):])},
         simulated_ranks=sum(s.simulated_ranks for s in summaries), sim_wall_s=sum(s.sim_wall_s for s in summaries),
         continued=(f"continued from pipelines of {min(depths)}-{max(depths)} stages (twin.pipeline_depth): step "
                    "time and throughput exact, exposed communication and time by op class approximate"))

@@ -34,7 +34,7 @@ import numpy as np
 
 from topologies.overrides import describe_overrides
 from twin.errors import TwinError
-from twin.ir import Program, Schedule, op_class
+from twin.ir import PHASES, Program, Schedule, op_class
 from twin.sim.engine import RankTimeline, SimRun
 
 
@@ -70,6 +70,9 @@ class Summary:
     # How a step that was not simulated in full was obtained, where that leaves some numbers approximate
     # (twin.pipeline_depth); empty when every number is the simulation's own
     continued: str = ""
+    # exposed_comm_s split by the pass (fwd, rc, bwd, step) of the compute op each idle stretch delays, "end"
+    # after the last one (exposed_comm_by_pass); a measured step's from its measured timeline
+    exposed_comm_by_pass_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def compute_s(self) -> float:
@@ -106,13 +109,7 @@ def _check_finite(value, path: str) -> None:
 
 
 def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -np.inf
-    for a, b in sorted(intervals):
-        if b <= end:
-            continue
-        total += b - max(a, end)
-        end = b
-    return total
+    return sum(b - a for a, b in _merged(intervals))
 
 
 def _intervals(program: Program, timeline: RankTimeline, comm: bool) -> list[tuple[float, float]]:
@@ -128,6 +125,54 @@ def exposed_comm_s(program: Program, timeline: RankTimeline) -> float:
     comm = _intervals(program, timeline, comm=True)
     compute = _intervals(program, timeline, comm=False)
     return _union_length(comm + compute) - _union_length(compute)
+
+
+def exposed_comm_by_pass(program: Program, timeline: RankTimeline) -> dict[str, float]:
+    """exposed_comm_s split by what the idle compute stream waits to run: the pass (OpTag.phase) of the compute op
+    that starts when the idle stretch ends, "end" after the last compute op ("untagged" for an op without a tag).
+
+    Why: the total says how much of the communication fails to hide; this says where, which is what a plan or a
+    code change acts on (AxoNN's forward gathers block, its recompute's are prefetched one linear ahead, a data-
+    parallel all-reduce before the optimizer waits whole). The parts sum to exposed_comm_s."""
+    comm = _merged(_intervals(program, timeline, comm=True))
+    compute = sorted(((float(timeline.start_s[op.id]), float(timeline.end_s[op.id]), op) for op in program.ops
+                      if not op.is_comm), key=lambda t: (t[0], t[1]))
+    idle: list[tuple[float, float, str]] = []  # stretches with no compute, each with the pass it delays
+    covered = -np.inf
+    for start, end, op in compute:
+        if start > covered:
+            idle.append((covered, start, op.tag.phase if op.tag is not None else "untagged"))
+        covered = max(covered, end)
+    idle.append((covered, np.inf, "end"))
+    parts: dict[str, float] = defaultdict(float)
+    i = 0
+    for a, b, label in idle:
+        while i < len(comm) and comm[i][1] <= a:
+            i += 1
+        j = i
+        while j < len(comm) and comm[j][0] < b:
+            overlap = min(b, comm[j][1]) - max(a, comm[j][0])
+            if overlap > 0:
+                parts[label] += overlap
+            j += 1
+    return dict(sorted(parts.items()))
+
+
+def _in_pass_order(by_pass: dict[str, float]) -> list[tuple[str, float]]:
+    """exposed_comm_by_pass_s's items in the order a step runs its passes (then "end", then anything else)."""
+    order = (*PHASES, "end")
+    return sorted(by_pass.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0]))
+
+
+def _merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of `intervals` as sorted, disjoint intervals."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 def time_by_class(program: Program, timeline: RankTimeline) -> dict[str, float]:
@@ -185,6 +230,9 @@ def format_summary(s: Summary) -> str:
         + f" ({formula_note(s)})",
         f"  exposed communication  {s.exposed_comm_s:10.3f} s ({100 * s.exposed_comm_s / s.step_time_s:.1f} % of step)"
         if s.step_time_s > 0 else "  exposed communication  0",
+        *(["    by the pass it delays: " + ", ".join(f"{k} {v:.3f} s" for k, v in _in_pass_order(s.exposed_comm_by_pass_s)
+                                                           if v >= 5e-4)]
+          if any(v >= 5e-4 for v in s.exposed_comm_by_pass_s.values()) else []),
         f"  memory per GPU         {s.memory_per_gpu_gb:10.1f} GB",
         "  time by op class (critical rank, busy time per stream, overlapping):",
     ]
@@ -289,6 +337,7 @@ def summarize_timelines(schedule, timelines: list[RankTimeline], step_time_s: fl
         flops_formula=flops_formula,
         **throughput_fields(step_time_s, schedule.world_size, executed_flops(schedule), by_formula, device),
         exposed_comm_s=exposed_comm_s(program, timeline),
+        exposed_comm_by_pass_s=exposed_comm_by_pass(program, timeline),
         memory_per_gpu_gb=info.memory_per_gpu_bytes / 1e9,
         time_by_class_s=time_by_class(program, timeline),
         simulated_ranks=len(timelines),
