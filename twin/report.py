@@ -214,6 +214,7 @@ def format_summary(s: Summary) -> str:
     """A human-readable block; the same numbers as to_json_dict."""
     # a measured run with no machine for its peaks has none (throughput_fields: percentages 0 though FLOPs ran)
     peaks = s.pct_peak_advertised > 0 or s.tflops_per_gpu == 0
+    shown_passes = [(k, v) for k, v in _in_pass_order(s.exposed_comm_by_pass_s) if v >= 5e-4]  # as printed, 3 places
     lines = [
         f"{s.model} on {s.gpus} x {s.machine} GPUs, plan {s.plan}",
         f"  global batch {s.global_batch} sequences x {s.seq} tokens",
@@ -230,9 +231,7 @@ def format_summary(s: Summary) -> str:
         + f" ({formula_note(s)})",
         f"  exposed communication  {s.exposed_comm_s:10.3f} s ({100 * s.exposed_comm_s / s.step_time_s:.1f} % of step)"
         if s.step_time_s > 0 else "  exposed communication  0",
-        *(["    by the pass it delays: " + ", ".join(f"{k} {v:.3f} s" for k, v in _in_pass_order(s.exposed_comm_by_pass_s)
-                                                           if v >= 5e-4)]
-          if any(v >= 5e-4 for v in s.exposed_comm_by_pass_s.values()) else []),
+        *(["    by the pass it delays: " + ", ".join(f"{k} {v:.3f} s" for k, v in shown_passes)] if shown_passes else []),
         f"  memory per GPU         {s.memory_per_gpu_gb:10.1f} GB",
         "  time by op class (critical rank, busy time per stream, overlapping):",
     ]
