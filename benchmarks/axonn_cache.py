@@ -50,10 +50,19 @@ def most_cached(machine_name: str, model_name: str, gpus: int, plan_text: str) -
     return 0
 
 
-def error_pct(machine_name: str, model_name: str, gpus: int, plan_text: str, published: float) -> float:
+def predicted_pflops(machine_name: str, model_name: str, gpus: int, plan_text: str) -> float:
     plan = parse_plan(f"{plan_text},global_batch={AXONN_BATCH_SEQUENCES}")
     step = cached_step(get_model(model_name), plan, machine_for(machine_name), gpus)
-    return 100 * (paper_rate(model_name, AXONN_BATCH_SEQUENCES, gpus, step.step_time_s)["pflops_total"] / published - 1)
+    return paper_rate(model_name, AXONN_BATCH_SEQUENCES, gpus, step.step_time_s)["pflops_total"]
+
+
+def _prediction(row: dict, plan: str, cached: int) -> dict:
+    """A column's numbers for one row: PF/s with none and with `cached` layers cached, and their errors."""
+    none = predicted_pflops(row["machine"], row["model"], row["gpus"], plan)
+    with_cache = predicted_pflops(row["machine"], row["model"], row["gpus"], f"{plan},cache={cached}")
+    return {"plan": plan, "cached_layers": cached, "pflops": none, "cached_pflops": with_cache,
+            "error_pct": 100 * (none / row["published_pflops"] - 1),
+            "cached_error_pct": 100 * (with_cache / row["published_pflops"] - 1)}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -66,12 +75,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         with tasks_see({}, files, 1):
             for row in rows:
                 plan = axonn_plan(row["machine"], row["model"], row["gpus"], AXONN_BATCH_SEQUENCES)["plan"]
-                cached = most_cached(row["machine"], row["model"], row["gpus"], plan)
-                row[column] = {"plan": plan, "cached_layers": cached,
-                               "error_pct": error_pct(row["machine"], row["model"], row["gpus"], plan,
-                                                      row["published_pflops"]),
-                               "cached_error_pct": error_pct(row["machine"], row["model"], row["gpus"],
-                                                             f"{plan},cache={cached}", row["published_pflops"])}
+                row[column] = _prediction(row, plan, most_cached(row["machine"], row["model"], row["gpus"], plan))
     weak = weak_scaling(rows)
     if args.json:
         print(json.dumps({"rows": rows, "frontier_weak_scaling_pct": weak}, indent=1))
@@ -92,15 +96,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 def weak_scaling(rows: list[dict]) -> dict[str, dict[str, float]]:
     """Frontier's weak-scaling efficiency (TF/s per GCD at 8,192 over 512), per column, with none and with the most
-    layers cached, from each row's predicted PF/s (the published PF/s times 1 + its error)."""
+    layers cached, from each row's predicted PF/s."""
     ends = {r["gpus"]: r for r in rows if r["machine"] == "frontier" and r["gpus"] in (512, 8192)}
-    out = {}
-    for column, _ in COLUMNS:
-        out[column] = {}
-        for key, error in (("none", "error_pct"), ("cached", "cached_error_pct")):
-            per_gcd = {g: r["published_pflops"] * (1 + r[column][error] / 100) / g for g, r in ends.items()}
-            out[column][key] = 100 * per_gcd[8192] / per_gcd[512]
-    return out
+    return {column: {key: 100 * (ends[8192][column][pflops] / 8192) / (ends[512][column][pflops] / 512)
+                     for key, pflops in (("none", "pflops"), ("cached", "cached_pflops"))}
+            for column, _ in COLUMNS}
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ unstated clock is no rate.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from dataclasses import replace
@@ -43,6 +42,8 @@ from twin.errors import TwinError  # noqa: E402
 from twin.ir import Gemm  # noqa: E402
 from twin.sim.compute import ComputeModel  # noqa: E402
 
+from rocblas_efficiencies import load as load_rocblas_sizes  # noqa: E402
+
 WAVES = (1.0, 0.5, 0.0)
 K_HALVES = (0.0, 32.0, 64.0, 128.0, 192.0, 256.0, 384.0)
 LEVELS_TFLOP = np.arange(500.0, 1200.0, 5.0)
@@ -54,15 +55,12 @@ def load_efficiencies(path: str, peak_flop_per_s: float) -> tuple[list[Gemm], np
     """A CSV of GEMM efficiencies (tensile_logic.py's) as shapes in the NN layout and times at the peak; a file
     without its columns is a one-line error (exit 2)."""
     try:
-        with open(path, newline="") as f:
-            rows = [(int(r["m"]), int(r["n"]), int(r["k"]), int(r["batch"]), float(r["efficiency_pct"]))
-                    for r in csv.DictReader(f)]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f"gemm_shape_fit: cannot read {path} as benchmarks/tensile_logic.py's CSV ({e.__class__.__name__}: "
-              f"{e}); give its m, n, k, batch and efficiency_pct columns", file=sys.stderr)
+        sizes = load_rocblas_sizes(path)
+    except ValueError as e:
+        print(f"gemm_shape_fit: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    kept = [(Gemm(m, n, k, "NN", tunable=False), pct) for m, n, k, batch, pct in rows
-            if batch == 1 and pct > 0 and 2.0 * m * n * k >= EFFICIENCY_MIN_FLOP]
+    kept = [(Gemm(s.m, s.n, s.k, "NN", tunable=False), s.efficiency_pct) for s in sizes
+            if s.batch == 1 and s.efficiency_pct > 0 and s.flop >= EFFICIENCY_MIN_FLOP]
     if not kept:
         print(f"gemm_shape_fit: {path} holds no GEMM of at least {EFFICIENCY_MIN_FLOP:.0e} FLOP", file=sys.stderr)
         raise SystemExit(2)

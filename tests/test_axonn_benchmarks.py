@@ -70,12 +70,12 @@ def test_most_cached_is_the_last_layer_count_that_fits():
 
 
 def test_weak_scaling_is_the_per_gcd_rate_at_8192_over_512_with_and_without_the_cache():
-    def row(gpus, published, fp, fp_cached, cal, cal_cached):
-        return {"machine": "frontier", "gpus": gpus, "published_pflops": published,
-                "first principles": {"error_pct": fp, "cached_error_pct": fp_cached},
-                "calibrated": {"error_pct": cal, "cached_error_pct": cal_cached}}
-    rows = [row(512, 40.0, 0.0, 100.0, 10.0, 10.0), row(8192, 320.0, 0.0, 0.0, -45.0, -34.0),
-            {"machine": "perlmutter", "gpus": 512, "published_pflops": 1.0}]
+    def row(gpus, fp, fp_cached, cal, cal_cached):
+        return {"machine": "frontier", "gpus": gpus,
+                "first principles": {"pflops": fp, "cached_pflops": fp_cached},
+                "calibrated": {"pflops": cal, "cached_pflops": cal_cached}}
+    rows = [row(512, 40.0, 80.0, 44.0, 44.0), row(8192, 320.0, 320.0, 176.0, 211.2),
+            {"machine": "perlmutter", "gpus": 512}]
     weak = weak_scaling(rows)
     assert weak["first principles"] == pytest.approx({"none": 50.0, "cached": 25.0})  # 320/8192 over 40/512
     assert weak["calibrated"] == pytest.approx({"none": 25.0, "cached": 30.0})
