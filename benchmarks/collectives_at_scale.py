@@ -34,13 +34,14 @@ from twin.figures import collectives_figure  # noqa: E402
 MIB = 1 << 20
 
 
-def machine_numbers(name: str) -> dict:
-    """What the machine file says about a ring crossing nodes: the NICs' rate a node, their achieved share, and the
-    ring's latencies by protocol."""
+def machine_numbers(name: str, collective: str) -> dict:
+    """What the machine file says about a ring of this kind crossing nodes: the NICs' rate a node, their achieved
+    share (the kind's own, `[collectives.nic_efficiency]`, where the file gives one), and the ring's latencies by
+    protocol."""
     m = load_machine(name)
     tuning = m.collectives
     return {"nic_gb_per_s_per_node": sum(nic.bw_bytes_per_s for nic in m.node.nics) / 1e9,
-            "nic_efficiency": m.node.link_efficiency["nic"],
+            "nic_efficiency": tuning.nic_efficiency.get(collective, m.node.link_efficiency["nic"]),
             "base_latency_us": {p: tuning.base_latency_s[("ring", p)] * 1e6 for p in tuning.protocols},
             "inter_hop_latency_us": {p: tuning.inter_hop_latency_s[p] * 1e6 for p in tuning.protocols}}
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict:
             "fit": {"base_us": fit.base_s * 1e6, "per_node_us": fit.crossing_s * 1e6,
                     "node_gb_per_s": fit.node_bytes_per_s / 1e9, "used": fit.used, "of": len(members),
                     "mean_error": fit.mean_error},
-            "machine_file": machine_numbers(machine),
+            "machine_file": machine_numbers(machine, collective),
             "twin_over_measured": _summary(rows)})
     if args.json:
         print(json.dumps(result, indent=1))

@@ -120,6 +120,7 @@ class Fabric:
         net_cap = self._layout.capacity_bytes_per_s(node.network_link_efficiency)
         self.capacity_bytes_per_s = np.concatenate([np.tile(np.asarray(cap, dtype=float), n_nodes), net_cap])
         self.link_kind = kind * n_nodes + self._layout.kinds()
+        self._capacity_by_kind: dict[str, np.ndarray] = {}  # capacity_for's
         self._names: list[str] | None = None
 
         # Local routing tables.
@@ -173,13 +174,32 @@ class Fabric:
             self._names = names + self._layout.names()
         return self._names
 
-    def efficiency_key(self, link: int) -> str:
+    def efficiency_key(self, link: int, kind: str | None = None) -> str:
         """The ``[node.link_efficiency]`` entry that scales this link's capacity: a node link's own kind, a
         network link's "network" (the NIC's where the file gives none): what `twin fit` attributes a
-        transfer's time to when it fits the collective library's achieved bandwidth per level."""
+        transfer's time to when it fits the collective library's achieved bandwidth per level. "" for a NIC
+        link under a collective `kind` with its own `[collectives.nic_efficiency]` (capacity_for): no level's
+        efficiency scales it."""
         if link < self._net_base:
+            if self.link_kind[link] == "nic" and kind in self.machine.collectives.nic_efficiency:
+                return ""
             return self.link_kind[link]
         return "network" if "network" in self.machine.node.link_efficiency else "nic"
+
+    def capacity_for(self, kind: str | None) -> np.ndarray:
+        """Per link id, what a collective of this kind achieves on it (bytes/s): `capacity_bytes_per_s`, but
+        the NICs' injection and ejection links at the kind's `[collectives.nic_efficiency]` of their peak where
+        the file gives one. None (a point-to-point transfer), or a kind without an entry: the plain capacities.
+        Memoised per kind."""
+        table = self.machine.collectives.nic_efficiency
+        if kind not in table:
+            return self.capacity_bytes_per_s
+        if kind not in self._capacity_by_kind:
+            capacity = self.capacity_bytes_per_s.copy()
+            nic = np.flatnonzero(np.array(self.link_kind[:self._net_base]) == "nic")
+            capacity[nic] *= table[kind] / self.machine.node.link_efficiency["nic"]
+            self._capacity_by_kind[kind] = capacity
+        return self._capacity_by_kind[kind]
 
     def node_of(self, gpu: int) -> int:
         return gpu // self._gpn

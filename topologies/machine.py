@@ -335,6 +335,7 @@ def _collectives(f: Fields) -> CollectiveTuning:
         protocol_bw_fraction=_per_protocol(f.table("protocol_bw_fraction"), allowed, "fraction", 1.0),
         kind_latency_s=_per_kind(f, "kind_latency_us", "nonneg", US),
         kind_bw_fraction=_per_kind(f, "kind_bw_fraction", "fraction", 1.0),
+        nic_efficiency=_per_kind(f, "nic_efficiency", "fraction", 1.0),
     )
     f.finish()
     return tuning

@@ -236,6 +236,10 @@ class CollectiveTuning:
     # Optional per collective kind (a library whose kinds differ, e.g. gloo's reduce-scatter):
     kind_latency_s: dict[str, float] = field(default_factory=dict)  # added to the algorithm's latency
     kind_bw_fraction: dict[str, float] = field(default_factory=dict)  # achieved / fitted port bandwidth
+    # Optional per collective kind: the library's achieved fraction of a NIC port's peak where it was measured
+    # apart from node.link_efficiency.nic (RCCL's all-gathers across Frontier's NICs reach twice its all-reduces'
+    # rate). Only the injection and ejection links of the NICs take it; every other link keeps its kind's.
+    nic_efficiency: dict[str, float] = field(default_factory=dict)
 
     def kind_fraction(self, kind: str) -> float:
         return self.kind_bw_fraction.get(kind, 1.0)

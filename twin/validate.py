@@ -246,14 +246,16 @@ def calibrated_files() -> dict[str, str]:
 def validate(jobs: int | None = None, progress: Callable[[str], None] | None = None,
              sections: tuple[str, ...] = ("A", "B"),
              overrides: dict[str, tuple[Override, ...]] | None = None,
-             files: dict[str, str] | None = None, calibrated: bool = False) -> Validation:
+             files: dict[str, str] | None = None, calibrated: bool = False,
+             fitted_files: dict[str, str] | None = None) -> Validation:
     """Every row of the chosen sections. With more than one job, section B's simulations (single-process
     pipelines, the slowest part) run in a second process while section A searches, and this one runs those the
     second has not started once A is done; B's rows then come from the cache they filled. `overrides` (machine
     name -> --set values) and `files` (machine name -> a machine file in place of the package's) make it a
-    what-if. `calibrated` adds the column of the fitted files."""
+    what-if. `calibrated` adds the column of the fitted files, `fitted_files` (machine name -> file) in place of
+    topologies/fitted/'s: a what-if of the calibrated column."""
     v = _validate_with(jobs, progress, sections, overrides, files)
-    fitted = calibrated_files() if calibrated else {}
+    fitted = (fitted_files or calibrated_files()) if calibrated else {}
     if not fitted:
         return v
     say = progress or (lambda _: None)

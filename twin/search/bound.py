@@ -180,7 +180,7 @@ class BoundModel:
         if key in self._lines:
             return self._lines[key]
         model, fabric = self.collectives, self.collectives.fabric
-        capacity = fabric.capacity_bytes_per_s
+        capacity = fabric.capacity_for(kind)
         lines = []
         for own in model.lowerings(mine, kind):
             try:
@@ -276,7 +276,7 @@ class BoundModel:
         key = (mine, touching, kind)
         if key not in self._stage_line_cache:
             model = self.collectives
-            capacity, end = model.fabric.capacity_bytes_per_s, model.fabric.node_link_count
+            capacity, end = model.fabric.capacity_for(kind), model.fabric.node_link_count
             lines = []
             for own in model.lowerings(mine, kind):
                 try:
@@ -349,7 +349,7 @@ class BoundModel:
         key = (touching, node, kind, algorithm, protocol)
         if key not in self._node_lines:
             model, fabric = self.collectives, self.collectives.fabric
-            capacity, fraction = fabric.capacity_bytes_per_s, model.bw_fraction(kind, protocol)
+            capacity, fraction = fabric.capacity_for(kind), model.bw_fraction(kind, protocol)
             out: dict[int, float] = {}
             for gpus in touching:
                 for phase in model.lowering(gpus, kind, algorithm).phases:

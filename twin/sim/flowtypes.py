@@ -57,7 +57,8 @@ class FlowTypes:
     s_per_byte: np.ndarray  # per row: seconds per byte alone
     keys: tuple[tuple, ...]  # per type: (family, kind, algorithm, protocol) or (family, "p2p", src, dst)
     # per row: the [node.link_efficiency] entry of its slowest link alone (Fabric.efficiency_key; "" when it
-    # loads none): the level whose achieved bandwidth sets the phase's time, which `twin fit` attributes it to
+    # loads none, or when its kind's own NIC efficiency sets that link's rate): the level whose achieved
+    # bandwidth sets the phase's time, which `twin fit` attributes it to
     bottleneck: tuple[str, ...] = ()
 
     @property
@@ -142,6 +143,7 @@ class FlowTypes:
         rows: list[Row] = []  # one per (type, phase)
         phase_rows: list[tuple[int, ...]] = []
         latencies = []
+        row_kinds: list[str | None] = []  # per row: its collective's kind (None: a transfer), for its bottleneck
         for key in keys:
             family, kind = key[0], key[1]
             instances = sym.families[family].instances
@@ -157,17 +159,17 @@ class FlowTypes:
                     lambda: _collective_rows(model, groups, kind, algorithm, protocol))
             phase_rows.append(tuple(range(len(rows), len(rows) + len(phases))))
             rows.extend(phases)
+            row_kinds.extend([None if kind == "p2p" else kind] * len(phases))
             latencies.append(latency)
         loads, s_per_byte = _compress(rows, prune=len(rows) <= _DOMINANCE_PRUNE_MAX_TYPES)
-        bottleneck = tuple(model.fabric.efficiency_key(int(links[np.argmax(values)])) if len(links) else ""
-                           for links, values in rows)
+        bottleneck = tuple(model.fabric.efficiency_key(int(links[np.argmax(values)]), kind) if len(links) else ""
+                           for (links, values), kind in zip(rows, row_kinds))
         return cls(tuple(per_op), tuple(latencies), tuple(phase_rows), loads, s_per_byte, keys, bottleneck)
 
 
-def _seconds_per_byte(model: CollectiveModel, phases, fraction: float) -> tuple[Row, ...]:
+def _seconds_per_byte(capacity: np.ndarray, phases, fraction: float) -> tuple[Row, ...]:
     """Per phase, the loaded links and seconds per buffer byte on each: its load (a vector over the links) over
-    the achieved bandwidth (the protocol's fraction of each link's capacity)."""
-    capacity = model.fabric.capacity_bytes_per_s
+    the achieved bandwidth (the protocol's fraction of each link's `capacity`, as the kind achieves it)."""
     rows = []
     for loads in phases:
         links = np.flatnonzero(loads)
@@ -179,7 +181,7 @@ def _p2p_rows(model: CollectiveModel, flows: tuple[tuple[int, int], ...]) -> tup
     """A transfer type's latency and its one phase: every concurrent instance's route (src, dst GPUs)."""
     first = model.transfer(*flows[0])
     loads = model.fabric.route_dense((src, dst, 1.0, None) for src, dst in flows)
-    return model.latency_s(first, "simple"), _seconds_per_byte(model, (loads,), 1.0)
+    return model.latency_s(first, "simple"), _seconds_per_byte(model.fabric.capacity_bytes_per_s, (loads,), 1.0)
 
 
 def _collective_rows(model: CollectiveModel, groups: tuple[tuple[int, ...], ...], kind: str, algorithm: str,
@@ -187,7 +189,8 @@ def _collective_rows(model: CollectiveModel, groups: tuple[tuple[int, ...], ...]
     """A collective type's latency and its phases: every instance's loads, summed."""
     first = model.lowering(groups[0], kind, algorithm)
     phases = model.family_loads(groups, kind, algorithm)
-    return model.latency_s(first, protocol), _seconds_per_byte(model, phases, model.bw_fraction(kind, protocol))
+    return model.latency_s(first, protocol), _seconds_per_byte(model.fabric.capacity_for(kind), phases,
+                                                               model.bw_fraction(kind, protocol))
 
 
 class _Positions:

@@ -37,7 +37,7 @@ class Lowering:
         memo = self.__dict__.get("_bottleneck")
         if memo is not None and memo[0] is fabric:
             return memo[1]
-        cap = fabric.capacity_bytes_per_s
+        cap = fabric.capacity_for(self.kind)
         value = sum(max((load / cap[link] for link, load in phase.items()), default=0.0) for phase in self.phases)
         self.__dict__["_bottleneck"] = (fabric, value)  # a frozen dataclass: memo beside the fields
         return value
