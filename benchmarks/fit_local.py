@@ -171,6 +171,15 @@ def median_launches(rounds: list[list[dict]]) -> list[dict]:
     return chosen
 
 
+def measured_on(machine_file: str) -> str:
+    """The CPU the 4-rank calibration was measured on, from its saved record (so `--reuse` names the host of the
+    measurements, not this one): the project's VM has been an Intel Xeon on some days and an AMD EPYC on others,
+    and the loop's error moves with it (docs/fit.md)."""
+    record = json.loads(Path(machine_file.replace(".toml", ".calibration.json")).read_text())
+    host = record.get("host", {})
+    return f"{host.get('cpu', 'an unrecorded CPU')} ({host.get('logical_cpus', '?')} logical CPUs)"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=7, help="measured steps per run (default 7)")
@@ -224,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(held_path).write_text(json.dumps(held, indent=1))
     machines = ("--machine", files[4]) + (("--machine", fitted[4]) if fit is not None else ())
     table = twin_json("validate", "--runs", held_path, *machines, "--json")
-    doc = {"fit": fit, "left_out": left_out, "held_out": table, "wall_s": time.perf_counter() - start}
+    doc = {"fit": fit, "left_out": left_out, "held_out": table, "host": measured_on(files[4]),
+           "wall_s": time.perf_counter() - start}
     Path(os.path.join(args.out, "results.json")).write_text(json.dumps(doc, indent=1))
     if args.json:
         print(json.dumps(doc, indent=2))
@@ -240,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     s = table["summary"]
     print(f"\nmean absolute step-time error over {len(table['rows'])} held-out plans: microbenchmarks "
           f"{s[micro]['mean_abs_pct']:.1f}%, fitted on 1-2 ranks {s[carried]['mean_abs_pct']:.1f}% (target <= 5%); "
-          f"wall {doc['wall_s']:.0f} s")
+          f"measured on {doc['host']}; wall {doc['wall_s']:.0f} s")
     return 0
 
 

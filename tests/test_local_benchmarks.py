@@ -316,3 +316,14 @@ def test_rank_drift_names_the_folder_when_a_schedule_cannot_be_read(tmp_path, ca
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"--out {tmp_path}:" in err and "gone.json" in err
+
+
+def test_fit_local_names_the_cpu_its_measurements_were_taken_on(tmp_path):
+    """The loop's error moves with the VM's CPU (Intel Xeon some days, AMD EPYC others): each run says which, from
+    the saved calibration record, so that --reuse of old measurements names their host, not this one."""
+    machine = tmp_path / "local-4.toml"
+    record = tmp_path / "local-4.calibration.json"
+    record.write_text(json.dumps({"host": {"cpu": "Intel(R) Xeon(R) Processor", "logical_cpus": 2}}))
+    assert fit_local.measured_on(str(machine)) == "Intel(R) Xeon(R) Processor (2 logical CPUs)"
+    record.write_text(json.dumps({"date": "2026-12-06"}))
+    assert fit_local.measured_on(str(machine)) == "an unrecorded CPU (? logical CPUs)"
