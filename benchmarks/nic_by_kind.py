@@ -1,6 +1,6 @@
 """Frontier's published rows with RCCL's NIC efficiency by kind of collective, as the two measurements give it.
 
-    .venv/bin/python benchmarks/nic_by_kind.py [--json]      # minutes cold (five validations), less warm
+    .venv/bin/python benchmarks/nic_by_kind.py [--json]      # 3.8 min cold (six validations), seconds warm
 
 frontier.toml's NIC efficiency (0.41) comes from AxoNN's measured RCCL
 all-reduces and times every collective across nodes. The PCCL reproducer
@@ -12,9 +12,11 @@ all-gather's and the reduce-scatter's are the PCCL fits' node bandwidths
 node's NIC peak, written as `[collectives.nic_efficiency]` into copies of
 frontier.toml and topologies/fitted/frontier.toml. It then runs `twin
 validate` three ways, first principles and calibrated: the files as they
-are, each kind at its own measured rate, and every kind at the all-gather's
-(the last session's what-if, `node.link_efficiency.nic`). A what-if: plans
-are searched again on each file; nothing here changes a machine file.
+are, each kind at its own measured rate, and the all-reduce too at the
+all-gather's (the forty-first session's what-if, `--set
+node.link_efficiency.nic=0.797`, but for point-to-point transfers, which that
+also sped). A what-if: plans are searched again on each file; nothing here
+changes a machine file.
 """
 
 from __future__ import annotations
@@ -42,16 +44,18 @@ def measured_efficiencies() -> dict[str, dict]:
     out = {}
     for kind in KINDS:
         fit, _ = fit_latency_bandwidth([e for e in load_table() if e.machine == "frontier" and e.collective == kind])
-        out[kind] = {"node_gb_per_s": fit.node_bytes_per_s / 1e9, "efficiency": round(fit.node_bytes_per_s / peak, 3)}
+        out[kind] = {"measured": kind, "node_gb_per_s": fit.node_bytes_per_s / 1e9,
+                     "efficiency": round(fit.node_bytes_per_s / peak, 3)}
     return out
 
 
 def with_table(source: Path, efficiencies: dict[str, dict], folder: Path) -> str:
-    """A copy of `source` with `[collectives.nic_efficiency]` from `efficiencies`; its path."""
+    """A copy of `source` with `[collectives.nic_efficiency]` from `efficiencies` (kind -> the measurement it takes:
+    its own, or another kind's); its path."""
     lines = ["", "[collectives.nic_efficiency]"]
     for kind, e in efficiencies.items():
         lines.append(f'{kind} = {{ value = {e["efficiency"]}, estimate = "benchmarks/nic_by_kind.py: the PCCL '
-                     f'reproducer\'s RCCL {kind}s, {e["node_gb_per_s"]:.1f} GB/s a node fitted" }}')
+                     f'reproducer\'s RCCL {e["measured"]}s, {e["node_gb_per_s"]:.1f} GB/s a node fitted" }}')
     path = folder / f"{source.parent.name}-{source.name}"
     path.write_text(source.read_text() + "\n".join(lines) + "\n")
     return str(path)
@@ -61,13 +65,12 @@ def variants(folder: Path, efficiencies: dict[str, dict]) -> dict[str, dict]:
     """validate()'s keyword arguments for each way of timing the collectives: the files as they are; each kind
     at its own measured rate; every kind (the all-reduce too) at the all-gather's."""
     every = {kind: efficiencies["all_gather"] for kind in ("all_reduce",) + KINDS}
-    out = {"files as they are": {}}
+    fitted, out = calibrated_files(), {"files as they are": {}}
     for name, table in (("each kind its own", efficiencies), ("every kind the all-gather's", every)):
         sub = folder / name.split()[0]
         sub.mkdir()
         out[name] = {"files": {"frontier": with_table(ROOT / "topologies" / "frontier.toml", table, sub)},
-                     "fitted_files": calibrated_files() | {
-                         "frontier": with_table(Path(calibrated_files()["frontier"]), table, sub)}}
+                     "fitted_files": fitted | {"frontier": with_table(Path(fitted["frontier"]), table, sub)}}
     return out
 
 
