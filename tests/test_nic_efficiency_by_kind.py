@@ -116,9 +116,10 @@ def test_the_benchmark_takes_each_kinds_rate_from_the_pccl_fit(tmp_path):
 
     found = nic_by_kind.measured_efficiencies()
     assert set(found) == {"all_gather", "reduce_scatter"}
+    all_reduces = load_machine("frontier").node.link_efficiency["nic"]  # the file's, fitted on all-reduces
     for e in found.values():
         assert e["efficiency"] == pytest.approx(e["node_gb_per_s"] / 100, abs=5e-4)
-        assert 0.41 < e["efficiency"] < 1  # faster than the all-reduces the file's 0.41 comes from
+        assert all_reduces < e["efficiency"] < 1
     ways = nic_by_kind.variants(tmp_path, found)
     assert list(ways) == ["files as they are", "each kind its own", "every kind the all-gather's"]
     assert ways["files as they are"] == {}

@@ -174,6 +174,8 @@ def test_the_calibrated_column_runs_on_the_fitted_files_and_leaves_out_rows_fitt
     monkeypatch.setattr(v, "FITTED_DIR", fitted)
     result = v.validate(calibrated=True)
     assert set(result.calibrated_files) == {"frontier", "perlmutter"}
+    what_if = v.validate(fitted_files={"frontier": str(fitted / "frontier.toml")})  # files given: the column too
+    assert set(what_if.calibrated_files) == {"frontier"}
     table = [r for r in result.rows if r.section == "A" and r.kind == "value"]
     assert all(r.error == pytest.approx(0.1) and r.calibrated_error == pytest.approx(0.0) for r in table)
     fitted_on = [r for r in result.rows if r.fitted_on]

@@ -181,9 +181,7 @@ class Fabric:
         link under a collective `kind` with its own `[collectives.nic_efficiency]` (capacity_for): no level's
         efficiency scales it."""
         if link < self._net_base:
-            if self.link_kind[link] == "nic" and kind in self.machine.collectives.nic_efficiency:
-                return ""
-            return self.link_kind[link]
+            return "" if self.link_kind[link] == "nic" and self._nic_rate_of_its_own(kind) else self.link_kind[link]
         return "network" if "network" in self.machine.node.link_efficiency else "nic"
 
     def capacity_for(self, kind: str | None) -> np.ndarray:
@@ -191,15 +189,18 @@ class Fabric:
         the NICs' injection and ejection links at the kind's `[collectives.nic_efficiency]` of their peak where
         the file gives one. None (a point-to-point transfer), or a kind without an entry: the plain capacities.
         Memoised per kind."""
-        table = self.machine.collectives.nic_efficiency
-        if kind not in table:
+        if not self._nic_rate_of_its_own(kind):
             return self.capacity_bytes_per_s
         if kind not in self._capacity_by_kind:
             capacity = self.capacity_bytes_per_s.copy()
             nic = np.flatnonzero(np.array(self.link_kind[:self._net_base]) == "nic")
-            capacity[nic] *= table[kind] / self.machine.node.link_efficiency["nic"]
+            capacity[nic] *= self.machine.collectives.nic_efficiency[kind] / self.machine.node.link_efficiency["nic"]
             self._capacity_by_kind[kind] = capacity
         return self._capacity_by_kind[kind]
+
+    def _nic_rate_of_its_own(self, kind: str | None) -> bool:
+        """Whether the file's `[collectives.nic_efficiency]` gives this kind of collective its own NIC rate."""
+        return kind in self.machine.collectives.nic_efficiency
 
     def node_of(self, gpu: int) -> int:
         return gpu // self._gpn

@@ -252,10 +252,10 @@ def validate(jobs: int | None = None, progress: Callable[[str], None] | None = N
     pipelines, the slowest part) run in a second process while section A searches, and this one runs those the
     second has not started once A is done; B's rows then come from the cache they filled. `overrides` (machine
     name -> --set values) and `files` (machine name -> a machine file in place of the package's) make it a
-    what-if. `calibrated` adds the column of the fitted files, `fitted_files` (machine name -> file) in place of
-    topologies/fitted/'s: a what-if of the calibrated column."""
+    what-if. `calibrated` adds the column of the fitted files; `fitted_files` (machine name -> file) adds it on
+    those in place of topologies/fitted/'s: a what-if of the calibrated column."""
     v = _validate_with(jobs, progress, sections, overrides, files)
-    fitted = (fitted_files or calibrated_files()) if calibrated else {}
+    fitted = fitted_files or (calibrated_files() if calibrated else {})
     if not fitted:
         return v
     say = progress or (lambda _: None)
