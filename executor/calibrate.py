@@ -66,7 +66,7 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   where the OS shares too few cores unevenly (0.14-0.27 there; 0.01-0.05
   with one rank per core; docs/fit.md). On such a host each collective
   above has the lag of its lead GEMM taken out (`lead_skew_s`), since the
-  simulator adds it to the compute before.
+  simulator adds it to the transfer after (twin.sim.compute_unit.NodeCores).
 
 The last four are ratios of two microbenchmarks each (executor.calibrate_sharing).
 executor.machinefile writes the machine file (each number "measured on
@@ -297,7 +297,8 @@ def _nnls_weighted(columns: list[np.ndarray], t: np.ndarray, w: np.ndarray) -> n
 
 def fit(samples: list[Sample], oversubscribed: bool = False) -> Fit:
     """The simulator's parameters that best explain the samples (weighted least squares; module docstring).
-    `oversubscribed`: more ranks than cores, where the simulator lets compute lag by the time-slicing skew."""
+    `oversubscribed`: more ranks than cores, where the simulator delays the transfer after compute by the
+    time-slicing skew."""
     by = {kind: [s for s in samples if s.kind == kind] for kind in {s.kind for s in samples}}
     ew, gm, at = by.get("elementwise", []), by.get("gemm", []), by.get("attention", [])
     if not ew or not gm:

@@ -2,9 +2,9 @@
 
 A calibrated rate is each rank's with every rank of the node computing at once. On 2 cores shared by 4
 ranks that is half a core; a rank computing alone gets a whole core, twice the calibrated rate; three at
-once get 2/3 of a core each, 4/3 of it (over 1 + node.timeslice_skew: more ranks computing than cores end
-with the last of them). Worked out by hand here, on hand-made schedules, in the reduced
-and the per-rank simulation; then a pipeline, whose stages idle in turn, must run faster than without
+once get 2/3 of a core each, 4/3 of it (and with more ranks computing than cores, the last of them reaches
+the transfer that follows late: node.timeslice_skew). Worked out by hand here, on hand-made schedules, in
+the reduced and the per-rank simulation; then a pipeline, whose stages idle in turn, must run faster than without
 sharing and a data-parallel plan, whose ranks compute in lockstep, exactly as fast.
 """
 
@@ -37,15 +37,45 @@ def test_a_rank_runs_at_its_share_of_the_cores(tmp_path, busy, factor):
         assert by_rank[0].end_s[0] == pytest.approx(t_gemm / factor, rel=1e-6)
 
 
-@pytest.mark.parametrize("busy, factor", [(1, 2.0), (2, 2.0), (3, 4 / 3 / 1.25), (4, 1 / 1.25)])
-def test_time_slicing_lags_compute_only_while_more_ranks_compute_than_cores(tmp_path, busy, factor):
-    """node.timeslice_skew 0.25: three or four ranks on two cores end with their last, a quarter later per
-    second of compute; one or two each have a core and do not lag."""
-    machine = quad_machine(tmp_path, shared_cores=2, timeslice_skew=0.25)
-    sched = schedule(4, {}, [((r,), [_gemm(0)]) for r in range(busy)] + [((r,), []) for r in range(busy, 4)])
+def _lagged_and_in_step(tmp_path, skew: float = 0.25):
+    """The same 4-rank machine on 2 cores with its ranks lagging by `skew` when oversubscribed, and without."""
+    (tmp_path / "lag").mkdir()
+    (tmp_path / "step").mkdir()
+    return (quad_machine(tmp_path / "lag", shared_cores=2, timeslice_skew=skew),
+            quad_machine(tmp_path / "step", shared_cores=2))
+
+
+@pytest.mark.parametrize("busy, factor", [(1, 2.0), (2, 2.0), (3, 4 / 3), (4, 1.0)])
+def test_time_slicing_delays_the_transfer_that_waits_for_the_last_rank(tmp_path, busy, factor):
+    """node.timeslice_skew 0.25: with three or four ranks computing on two cores, the last of them reaches the
+    collective after their GEMM a quarter of its time late; one or two each have a core and do not lag. The
+    GEMMs themselves run at their share of the cores either way. Two rounds: a transfer takes the lag of the
+    compute since the last one (0.5 of a GEMM in all, not 0.75)."""
+    lagged, in_step = _lagged_and_in_step(tmp_path)
+    gemm_s = _gemm_alone_s() / factor
+    lag_s = 0.25 * gemm_s if busy > 2 else 0.0
+    rounds = [_gemm(0), all_reduce(1, 4, deps=(0,)), _gemm(2, deps=(1,)), all_reduce(3, 4, deps=(2,))]
+    idle = [all_reduce(0, 4), all_reduce(1, 4, deps=(0,))]
+    sched = schedule(4, {"x": ((0, 1, 2, 3),)},
+                     [(tuple(range(busy)), rounds)] + ([(tuple(range(busy, 4)), idle)] if busy < 4 else []))
     for full in (False, True):
-        by_rank = {t.rank: t for t in simulate(sched, machine, full=full).timelines}
-        assert by_rank[0].end_s[0] == pytest.approx(_gemm_alone_s() / factor, rel=1e-6)
+        lags, steps = simulate(sched, lagged, full=full), simulate(sched, in_step, full=full)
+        assert lags.timelines[0].end_s[0] == pytest.approx(gemm_s, rel=1e-6)  # compute is not slowed
+        assert lags.step_time_s - steps.step_time_s == pytest.approx(2 * lag_s, rel=1e-6, abs=1e-12)
+
+
+def test_a_lag_is_hidden_where_compute_goes_on_beside_the_transfer(tmp_path):
+    """All four ranks compute a GEMM, start a small all-reduce and compute a second GEMM beside it: the
+    all-reduce starts a quarter of a GEMM late and still ends inside the second GEMM, so the step does not
+    move: a lag costs only what waits for the last rank."""
+    lagged, in_step = _lagged_and_in_step(tmp_path)
+    ops = [_gemm(0), all_reduce(1, 4, deps=(0,)), _gemm(2, deps=(0,))]
+    sched = schedule(4, {"x": ((0, 1, 2, 3),)}, [((0, 1, 2, 3), ops)])
+    for full in (False, True):
+        lags, steps = simulate(sched, lagged, full=full), simulate(sched, in_step, full=full)
+        assert lags.timelines[0].start_s[1] == steps.timelines[0].start_s[1]
+        assert lags.timelines[0].end_s[1] > steps.timelines[0].end_s[1] + 0.2 * _gemm_alone_s()
+        assert lags.step_time_s == pytest.approx(steps.step_time_s, rel=1e-9)
 
 
 def test_a_rank_speeds_up_when_the_others_stop(tmp_path):

@@ -29,9 +29,11 @@ class NodeCores:
     Time-slicing (`skew`, node.timeslice_skew): with more ranks computing than cores the OS shares the
     cores unevenly, and a phase of compute ends, at the collective that synchronises it, when its last rank
     is done: `skew` later per second of the mean's compute (twin calibrate measures it as the slope of a
-    4-byte all-reduce over the GEMM before it). So while busy > cores a rank runs 1 / (1 + skew) of its
-    fair share: the lockstep ranks of one class all finish with the last. With busy <= cores every rank
-    has a core and nothing lags.
+    4-byte all-reduce over the GEMM before it). The ranks compute at their fair share meanwhile (a rank's
+    own GEMMs measure so), and the time is lost only where ranks wait for the last: each unit counts
+    `skew` times the seconds it computes while busy > cores (ComputeUnit.lag_s), and the next transfer of
+    its ranks starts that much later (twin.sim.engine), which compute beside it may hide. With
+    busy <= cores every rank has a core and nothing lags.
 
     Communication the same way: a calibrated latency and link bandwidth are what each rank's transfers got
     with every rank of the node in one collective at once and none computing, so while ranks are in
@@ -63,8 +65,11 @@ class NodeCores:
 
     def factor(self) -> float:
         """A computing rank's rate over the calibrated one, at the present number of computing ranks."""
-        share = min(1.0, self.cores / max(self.busy, 1)) / self.calibrated_share
-        return share / (1.0 + self.skew) if self.busy > self.cores else share
+        return min(1.0, self.cores / max(self.busy, 1)) / self.calibrated_share
+
+    def oversubscribed(self) -> bool:
+        """Whether more ranks compute than there are cores: the OS time-slices them, and they drift apart."""
+        return self.busy > self.cores
 
     def comm_factor(self) -> float:
         """A transfer's rate over the calibrated one, at the present numbers of ranks moving data and computing."""
@@ -106,6 +111,7 @@ class ComputeUnit:
         self.home, self.shares = home, shares
         self.comm_active = 0
         self.computing = False  # in run(): what a transfer's latency pace asks of its ranks
+        self.lag_s = 0.0  # how far its last rank has fallen behind since its ranks' last transfer (NodeCores.skew)
         self._running: simpy.Process | None = None
 
     def rate(self) -> float:
@@ -121,17 +127,21 @@ class ComputeUnit:
         remaining, pieces = work_s, []
         while True:
             rate, start = self.rate(), self.env.now
+            skew = self.home.skew if self.home is not None and self.home.oversubscribed() else 0.0
             pieces.append((start, rate, work_s - remaining))
             self._running = self.env.active_process
             try:
                 yield self.env.timeout(max(remaining, 0.0) / rate)
-                self._running = None
-                self.computing = False
-                for cores, ranks in self.shares:
-                    cores.change(-ranks, self)
-                return pieces
             except simpy.Interrupt:
                 remaining -= (self.env.now - start) * rate
+                self.lag_s += (self.env.now - start) * skew
+                continue
+            self._running = None
+            self.lag_s += (self.env.now - start) * skew
+            self.computing = False
+            for cores, ranks in self.shares:
+                cores.change(-ranks, self)
+            return pieces
 
     def run_issued(self, works: list[float], issue_s: list[float]):
         """Generator: the ops of one fused run (twin.sim.engine) where a host thread issues them, op i starting

@@ -157,9 +157,16 @@ class Simulator:
 
         def transfer(members, type_id, nbytes, done):
             """A collective or point-to-point transfer: latency, then its phases as flows; on a host whose ranks
-            share cores, at the pace their cores allow, re-rated as it changes, and where the latency's pace
-            under compute is measured, the bytes first: they move while the ranks compute, the latency waits
+            share cores, after the lag time-slicing gave the members' last rank since their last transfer, at
+            the pace their cores allow, re-rated as it changes, and where the latency's pace under compute is
+            measured, the bytes first: they move while the ranks compute, the latency waits
             (twin.sim.compute_unit.NodeCores)."""
+            if shared:
+                lag = max(units[c].lag_s for c in members)
+                for c in members:
+                    units[c].lag_s = 0.0
+                if lag > 0:
+                    yield env.timeout(lag)
             for c in members:
                 units[c].comm_changed(+1, slows=not shared)
             latency, phases = flow_types.cost(type_id)
