@@ -37,12 +37,13 @@ def test_a_rank_runs_at_its_share_of_the_cores(tmp_path, busy, factor):
         assert by_rank[0].end_s[0] == pytest.approx(t_gemm / factor, rel=1e-6)
 
 
-def _lagged_and_in_step(tmp_path, skew: float = 0.25):
-    """The same 4-rank machine on 2 cores with its ranks lagging by `skew` when oversubscribed, and without."""
+def _lagged_and_in_step(tmp_path, skew: float = 0.25, cores: int = 2):
+    """The same 4-rank machine on `cores` cores with its ranks lagging by `skew` when oversubscribed, and
+    without."""
     (tmp_path / "lag").mkdir()
     (tmp_path / "step").mkdir()
-    return (quad_machine(tmp_path / "lag", shared_cores=2, timeslice_skew=skew),
-            quad_machine(tmp_path / "step", shared_cores=2))
+    return (quad_machine(tmp_path / "lag", shared_cores=cores, timeslice_skew=skew),
+            quad_machine(tmp_path / "step", shared_cores=cores))
 
 
 @pytest.mark.parametrize("busy, factor", [(1, 2.0), (2, 2.0), (3, 4 / 3), (4, 1.0)])
@@ -76,6 +77,22 @@ def test_a_lag_is_hidden_where_compute_goes_on_beside_the_transfer(tmp_path):
         assert lags.timelines[0].start_s[1] == steps.timelines[0].start_s[1]
         assert lags.timelines[0].end_s[1] > steps.timelines[0].end_s[1] + 0.2 * _gemm_alone_s()
         assert lags.step_time_s == pytest.approx(steps.step_time_s, rel=1e-9)
+
+
+def test_a_lag_that_ends_while_its_ranks_wait_for_others_costs_nothing(tmp_path):
+    """One core: ranks 0 and 1 compute a GEMM (two ranks on one core: oversubscribed, so their last rank
+    lags an eighth of a GEMM) and then wait at an all-reduce of all four for ranks 2 and 3, whose own 20 GB
+    all-reduce, without compute and so without lag, ends later than that: the lag is over before the last
+    member arrives, and the step is the same as without it."""
+    lagged, in_step = _lagged_and_in_step(tmp_path, cores=1)
+    sched = schedule(4, {"x": ((0, 1, 2, 3),), "p": ((0, 1), (2, 3))},
+                     [((0, 1), [_gemm(0), all_reduce(1, 4, deps=(0,))]),
+                      ((2, 3), [all_reduce(0, 20e9, group="p", stream="comm:p"), all_reduce(1, 4, deps=(0,))])])
+    for full in (False, True):
+        lags, steps = simulate(sched, lagged, full=full), simulate(sched, in_step, full=full)
+        first_waits = {t.rank: t for t in steps.timelines}[0]
+        assert first_waits.start_s[1] + 0.25 * first_waits.end_s[0] < steps.step_time_s  # others come later
+        assert lags.step_time_s == pytest.approx(steps.step_time_s, rel=1e-12)
 
 
 def test_a_rank_speeds_up_when_the_others_stop(tmp_path):

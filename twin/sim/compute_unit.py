@@ -31,9 +31,10 @@ class NodeCores:
     is done: `skew` later per second of the mean's compute (twin calibrate measures it as the slope of a
     4-byte all-reduce over the GEMM before it). The ranks compute at their fair share meanwhile (a rank's
     own GEMMs measure so), and the time is lost only where ranks wait for the last: each unit counts
-    `skew` times the seconds it computes while busy > cores (ComputeUnit.lag_s), and the next transfer of
-    its ranks starts that much later (twin.sim.engine), which compute beside it may hide. With
-    busy <= cores every rank has a core and nothing lags.
+    `skew` times the seconds it computes while busy > cores (ComputeUnit.lag_s), and its last rank issues
+    its next transfer that much later (twin.sim.engine): the transfer waits for it unless other members
+    arrive later still, and compute beside the transfer may hide it. With busy <= cores every rank has a
+    core and nothing lags.
 
     Communication the same way: a calibrated latency and link bandwidth are what each rank's transfers got
     with every rank of the node in one collective at once and none computing, so while ranks are in
@@ -111,7 +112,7 @@ class ComputeUnit:
         self.home, self.shares = home, shares
         self.comm_active = 0
         self.computing = False  # in run(): what a transfer's latency pace asks of its ranks
-        self.lag_s = 0.0  # how far its last rank has fallen behind since its ranks' last transfer (NodeCores.skew)
+        self.lag_s = 0.0  # how far its last rank has fallen behind since its ranks last issued a transfer
         self._running: simpy.Process | None = None
 
     def rate(self) -> float:
@@ -161,6 +162,12 @@ class ComputeUnit:
                 return run.starts, run.ends
             except simpy.Interrupt:
                 run.advance(rate, self.env.now)
+
+    def take_lag(self) -> float:
+        """The lag its last rank has gathered since its ranks last issued a transfer (NodeCores.skew); from
+        zero again."""
+        lag, self.lag_s = self.lag_s, 0.0
+        return lag
 
     def comm_changed(self, delta: int, slows: bool = True) -> None:
         """A transfer of this rank starts (+1) or ends (-1). `slows`: whether it slows compute from now on

@@ -63,6 +63,7 @@ class Rendezvous:
     arrived: int
     done: simpy.Event
     members: list[tuple[int, int]]  # (class, op id) of each arrival so far
+    ready_s: float  # when the last rank of each arrival so far has issued it (time-slicing's lag, ComputeUnit.lag_s)
 
 
 @dataclass(frozen=True)
@@ -137,36 +138,35 @@ class Simulator:
 
         def communicate(call: CommCall, member: tuple[int, int]):
             """A stream's communication op: it waits for the call's other members; the last to arrive runs the
-            transfer in its own process (a process per transfer cost an event and a generator more)."""
+            transfer in its own process (a process per transfer cost an event and a generator more). On a host
+            whose ranks share cores a class's last rank issues it the class's time-slicing lag later; a lag
+            that ends while the class waits for others costs nothing."""
+            ready_s = env.now + units[member[0]].take_lag() if shared else env.now
             rv = rendezvous.get(call.key)
             if rv is None:
                 if call.expected == 1:  # nobody to wait for, nobody waiting
                     started_by[member] = member
-                    yield from transfer(call.members, call.type_id, call.nbytes, None)
+                    yield from transfer(call.members, call.type_id, call.nbytes, None, ready_s)
                     return
-                rv = rendezvous[call.key] = Rendezvous(call.expected, 0, env.event(), [])
+                rv = rendezvous[call.key] = Rendezvous(call.expected, 0, env.event(), [], ready_s)
             rv.arrived += 1
             rv.members.append(member)
+            rv.ready_s = max(rv.ready_s, ready_s)
             if rv.arrived == rv.expected:
                 del rendezvous[call.key]
                 for m in rv.members:
                     started_by[m] = member
-                yield from transfer(call.members, call.type_id, call.nbytes, rv.done)
+                yield from transfer(call.members, call.type_id, call.nbytes, rv.done, rv.ready_s)
             else:
                 yield rv.done
 
-        def transfer(members, type_id, nbytes, done):
-            """A collective or point-to-point transfer: latency, then its phases as flows; on a host whose ranks
-            share cores, after the lag time-slicing gave the members' last rank since their last transfer, at
-            the pace their cores allow, re-rated as it changes, and where the latency's pace under compute is
-            measured, the bytes first: they move while the ranks compute, the latency waits
-            (twin.sim.compute_unit.NodeCores)."""
-            if shared:
-                lag = max(units[c].lag_s for c in members)
-                for c in members:
-                    units[c].lag_s = 0.0
-                if lag > 0:
-                    yield env.timeout(lag)
+        def transfer(members, type_id, nbytes, done, ready_s):
+            """A collective or point-to-point transfer, from `ready_s` on (its members' last rank has issued it):
+            latency, then its phases as flows; on a host whose ranks share cores, at the pace their cores allow,
+            re-rated as it changes, and where the latency's pace under compute is measured, the bytes first:
+            they move while the ranks compute, the latency waits (twin.sim.compute_unit.NodeCores)."""
+            if ready_s > env.now:
+                yield env.timeout(ready_s - env.now)
             for c in members:
                 units[c].comm_changed(+1, slows=not shared)
             latency, phases = flow_types.cost(type_id)
