@@ -1,4 +1,5 @@
-"""What the hand-written microbenchmark schedules of this host share (overlap_sizes.py, pair_under_compute.py).
+"""What the hand-written microbenchmark schedules of this host share (overlap_sizes.py, pair_under_compute.py,
+compute_beside_comm.py).
 
 Each is one schedule of the IR, run once on this host's ranks by the executor
 (torchrun, gloo), its measured steps read back on the ranks' common clock.
@@ -9,7 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from twin.ir import Schedule
+from executor.calibrate import DTYPE, TINY_BYTES
+from twin.builders.program import ProgramWriter
+from twin.ir import Collective, Elementwise, GroupAxis, Program, Schedule, StepInfo
 
 
 def parse_args(argv: list[str] | None, description: str, default_out: str, multiple: int,
@@ -38,3 +41,27 @@ def run_microbenchmark(schedule: Schedule, out_dir: str, name: str, steps: int =
     save_schedule(schedule, path)
     run_local(schedule, path, schedule.world_size, out_dir, WorkerOptions(steps=steps, warmup=warmup), wall_limit_s)
     return list(load_measured(out_dir, schedule).steps)
+
+
+class Halves:
+    """Two programs on the two halves of `nproc` ranks (`first`, `second`: their writers) that pass the same
+    synchronisations of every rank (`sync`), so their phases line up; the first half's ranks pair up on the x
+    axis (0-1, 2-3, ...)."""
+
+    def __init__(self, nproc: int) -> None:
+        self.nproc, self.axis = nproc, f"g{nproc}"
+        self.first, self.second = ProgramWriter(), ProgramWriter()
+
+    def sync(self, name: str) -> None:
+        """Every rank waits for a 4-byte all-reduce of all of them, then a tiny op makes its host wait too."""
+        for w in (self.first, self.second):
+            w.wait(w.collective(name, self.axis, Collective("all_reduce", self.axis, 4, DTYPE)))
+            w.compute(f"{name}.done", Elementwise(TINY_BYTES))
+
+    def schedule(self, model: str, label: str) -> Schedule:
+        n, half = self.nproc, self.nproc // 2
+        info = StepInfo(model=model, plan=None, label=label, global_batch=1, seq=1, flops_hardware=0.0,
+                        flops_model=0.0, memory_per_gpu_bytes=0.0)
+        groups = (GroupAxis(self.axis, (tuple(range(n)),)), GroupAxis("x", tuple((i, i + 1) for i in range(0, n, 2))))
+        return Schedule(n, groups, (Program(tuple(range(half)), tuple(self.first.ops)),
+                                    Program(tuple(range(half, n)), tuple(self.second.ops))), info)

@@ -31,9 +31,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from executor.calibrate import DTYPE, OVERLAP_GEMM, TINY_BYTES  # noqa: E402
-from local_microbenchmark import parse_args, run_microbenchmark  # noqa: E402
-from twin.builders.program import ProgramWriter  # noqa: E402
-from twin.ir import Collective, Elementwise, Gemm, GroupAxis, Program, Schedule, StepInfo  # noqa: E402
+from local_microbenchmark import Halves, parse_args, run_microbenchmark  # noqa: E402
+from twin.ir import Collective, Elementwise, Gemm, Schedule  # noqa: E402
 
 SIZES = [4 << 10, 256 << 10]
 PER_PHASE = 4  # all-reduces of the pair per phase, back to back
@@ -44,19 +43,12 @@ REPEATS = 3
 def pair_schedule(nproc: int) -> Schedule:
     """Two programs (module docstring): the first half's all-reduces, the second half's GEMMs; both pass the
     same synchronisations of every rank, so the phases line up. Ops named size.phase.repeat[.index]."""
-    axis = f"g{nproc}"
-    writers = {"pairs": ProgramWriter(), "computers": ProgramWriter()}
-
-    def sync(name: str) -> None:
-        for w in writers.values():
-            w.wait(w.collective(name, axis, Collective("all_reduce", axis, 4, DTYPE)))
-            w.compute(f"{name}.done", Elementwise(TINY_BYTES))
-
-    pairs = writers["pairs"]
+    halves = Halves(nproc)
+    pairs = halves.first
     for nbytes in SIZES:
         for rep in range(REPEATS):
             for phase in ("alone", "under"):
-                sync(f"{nbytes}.sync-{phase}.{rep}")
+                halves.sync(f"{nbytes}.sync-{phase}.{rep}")
                 for i in range(PER_PHASE):
                     op = pairs.collective(f"{nbytes}.{phase}.{rep}.{i}", "x", Collective("all_reduce", "x", nbytes,
                                                                                           DTYPE))
@@ -64,14 +56,9 @@ def pair_schedule(nproc: int) -> Schedule:
                     pairs.compute(f"{nbytes}.{phase}.{rep}.{i}.done", Elementwise(TINY_BYTES))
                 if phase == "under":
                     for g in range(GEMMS):
-                        writers["computers"].compute(f"{nbytes}.gemm{g}.{rep}", Gemm(*OVERLAP_GEMM, "NN", DTYPE))
-        sync(f"{nbytes}.sync-end")
-    half = nproc // 2
-    info = StepInfo(model="pair under compute", plan=None, label=f"a pair's all-reduce while {half} ranks compute",
-                    global_batch=1, seq=1, flops_hardware=0.0, flops_model=0.0, memory_per_gpu_bytes=0.0)
-    groups = (GroupAxis(axis, (tuple(range(nproc)),)), GroupAxis("x", tuple((i, i + 1) for i in range(0, nproc, 2))))
-    return Schedule(nproc, groups, (Program(tuple(range(half)), tuple(pairs.ops)),
-                                    Program(tuple(range(half, nproc)), tuple(writers["computers"].ops))), info)
+                        halves.second.compute(f"{nbytes}.gemm{g}.{rep}", Gemm(*OVERLAP_GEMM, "NN", DTYPE))
+        halves.sync(f"{nbytes}.sync-end")
+    return halves.schedule("pair under compute", f"a pair's all-reduce while {nproc // 2} ranks compute")
 
 
 def summarize(schedule: Schedule, steps: list[list[tuple[np.ndarray, np.ndarray]]]) -> list[dict]:

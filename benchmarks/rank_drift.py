@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -128,24 +129,31 @@ def _per_rank(run: SimRun) -> list[tuple[np.ndarray, np.ndarray]]:
     return [by_rank[r] for r in range(run.schedule.world_size)]
 
 
+def rows_of_folders(ap: argparse.ArgumentParser, folders: list[str], machine_file: str,
+                    row: Callable[[dict, Machine], dict]) -> dict[str, list[dict]]:
+    """Per fit_local folder, `row(summary, machine)` of each held-out run, with the folder's `machine_file`; a
+    folder without them, or a run whose schedule cannot be read, is one line naming the folder (exit 2)."""
+    doc = {}
+    for folder in folders:
+        held, machine = os.path.join(folder, "held-out-runs.json"), os.path.join(folder, machine_file)
+        missing = next((p for p in (held, machine) if not os.path.exists(p)), None)
+        if missing:
+            ap.error(f"--out {folder}: {missing} is missing; run benchmarks/fit_local.py --out {folder} first")
+        try:
+            file = load_machine(machine)
+            doc[folder] = [row(summary, file) for summary in json.loads(Path(held).read_text())]
+        except TwinError as e:  # a schedule of an older twin, a rank file missing: one line, exit 2
+            ap.error(f"--out {folder}: {e}")
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", action="append", help="benchmarks/fit_local.py's folder (repeatable; default "
                     "out/fit_local)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
-    folders = args.out or ["out/fit_local"]
-    doc = {}
-    for folder in folders:
-        held, machine = os.path.join(folder, "held-out-runs.json"), os.path.join(folder, "local-4.toml")
-        missing = next((p for p in (held, machine) if not os.path.exists(p)), None)
-        if missing:
-            ap.error(f"--out {folder}: {missing} is missing; run benchmarks/fit_local.py --out {folder} first")
-        try:
-            file = load_machine(machine)
-            doc[folder] = [plan_row(summary, file) for summary in json.loads(Path(held).read_text())]
-        except TwinError as e:  # a schedule of an older twin, a rank file missing: one line, exit 2
-            ap.error(f"--out {folder}: {e}")
+    doc = rows_of_folders(ap, args.out or ["out/fit_local"], "local-4.toml", plan_row)
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0

@@ -1,5 +1,5 @@
-"""The benchmarks' own logic (fit_local.py, launch_noise.py, step_intercepts.py, rank_drift.py), without executing or
-simulating."""
+"""The benchmarks' own logic (fit_local.py, launch_noise.py, step_intercepts.py, rank_drift.py, rank_phases.py), without
+executing or simulating."""
 
 from __future__ import annotations
 
@@ -19,6 +19,8 @@ from helpers import SMALL_SPEC  # noqa: E402
 from launch_noise import main as launch_noise  # noqa: E402
 from rank_drift import collective_end_spread_s, others_computing  # noqa: E402
 from rank_drift import main as rank_drift  # noqa: E402
+from rank_phases import main as rank_phases  # noqa: E402
+from rank_phases import summary_of  # noqa: E402
 from step_intercepts import _parameters_per_gpu, intercepts  # noqa: E402
 from test_sim import all_reduce, schedule  # noqa: E402
 
@@ -327,3 +329,57 @@ def test_fit_local_names_the_cpu_its_measurements_were_taken_on(tmp_path):
     assert fit_local.measured_on(str(machine)) == "Intel(R) Xeon(R) Processor (2 logical CPUs)"
     record.write_text(json.dumps({"date": "2026-12-06"}))
     assert fit_local.measured_on(str(machine)) == "an unrecorded CPU (? logical CPUs)"
+
+
+def test_rank_phases_refuses_a_folder_without_the_fitted_file(tmp_path, capsys):
+    (tmp_path / "held-out-runs.json").write_text("[]")
+    with pytest.raises(SystemExit) as stop:
+        rank_phases(["--out", str(tmp_path)])
+    assert stop.value.code == 2
+    assert "local-4-fitted.toml is missing" in capsys.readouterr().err
+
+
+def test_rank_phases_counts_the_plans_the_two_bounds_hold():
+    rows = [{"in_step_error_pct": 10.0, "scattered_error_pct": -5.0, "between": True},
+            {"in_step_error_pct": -4.0, "scattered_error_pct": -20.0, "between": False}]
+    assert summary_of(rows) == {"in_step_mean_abs_pct": 7.0, "scattered_mean_abs_pct": 12.5, "between": 1, "plans": 2}
+
+
+def test_compute_beside_comm_times_the_gemms_inside_the_all_reduces_span():
+    """benchmarks/compute_beside_comm.py: two programs that pass the IR's checks and the same synchronisations;
+    from made-up timestamps (GEMMs 20 ms idle, 30 ms beside the pairs' all-reduces, which span 300 ms: the ten
+    GEMMs inside it count, the two after do not) the ratio 1.5 and, 2 ranks computing on 2 cores, a communicating
+    rank's share of a core 0.5."""
+    from compute_beside_comm import GEMMS, REPEATS, SIZES, beside_schedule, core_share, summarize
+
+    from twin.ir import Collective
+    from twin.ir_validate import validate_schedule
+
+    schedule = beside_schedule(4)
+    validate_schedule(schedule)
+    pairs, computers = schedule.programs
+    every_rank = [[op.name for op in p.ops if isinstance(op.work, Collective) and op.work.group == "g4"]
+                  for p in (pairs, computers)]
+    assert every_rank[0] == every_rank[1]
+    timestamps = []
+    for program in schedule.programs:
+        ids = {op.name: op.id for op in program.ops}
+        start, end = np.zeros(len(program.ops)), np.zeros(len(program.ops))
+        for nbytes, count in SIZES.items():
+            for rep in range(REPEATS):
+                if program is pairs:
+                    start[ids[f"{nbytes}.beside.{rep}.ar0"]] = 100
+                    end[ids[f"{nbytes}.beside.{rep}.ar{count - 1}"]] = 100.3
+                    continue
+                for g in range(GEMMS):
+                    op = ids[f"{nbytes}.idle.{rep}.gemm{g}"]
+                    start[op], end[op] = 50 + g * 0.02, 50 + (g + 1) * 0.02
+                    op = ids[f"{nbytes}.beside.{rep}.gemm{g}"]
+                    start[op], end[op] = 100 + g * 0.03, 100 + (g + 1) * 0.03
+        timestamps.append([(start, end)])
+    rows = summarize(schedule, [timestamps[0], timestamps[0], timestamps[1], timestamps[1]], cores=2)
+    assert [r["nbytes"] for r in rows] == list(SIZES)
+    for r in rows:
+        assert (r["gemm_idle_s"], r["gemm_beside_s"], r["ratio"]) == pytest.approx((0.02, 0.03, 1.5))
+        assert r["gemms_beside"] == 10 * 2 * REPEATS and r["core_share"] == pytest.approx(0.5)
+    assert core_share(1.0, 2, 2) == 0.0 and core_share(2.0, 2, 4) == pytest.approx(3.0)

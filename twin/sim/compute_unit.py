@@ -11,7 +11,7 @@ computing ranks hold every core (NodeCores, twin.sim.network's paced flows).
 
 from __future__ import annotations
 
-from math import inf
+from math import comb, inf
 from typing import Callable
 
 import simpy
@@ -54,19 +54,45 @@ class NodeCores:
     that pace instead while its own ranks compute and computing ranks hold every core: gloo's small
     collectives barely move while their ranks run GEMMs, and run once they stop (benchmarks/overlap_sizes.py),
     while ranks that wait for a collective as others compute see only the stretch. Every start and end of
-    compute then re-rates the transfers in flight, whether or not the counts' factors change."""
+    compute then re-rates the transfers in flight, whether or not the counts' factors change.
+
+    `others_duty` (None: the above) asks the other bound: that the OS has scattered the ranks' phases, so
+    while one rank computes each other rank of the node holds a core with probability `others_duty` (the
+    fraction of the step it computes, and what collectives take: twin.sim.phases), independently of the
+    simulated ranks, which still move in step. A
+    computing rank then runs at the expected share of a core over that binomial count, and lags at `skew`
+    times the chance the count exceeds the cores. Compute's share only: transfers keep the counts above.
+    twin.sim.phases finds the duty that is consistent with the step it gives."""
 
     def __init__(self, cores: float, ranks: int, skew: float = 0.0, comm_stretch: float = 1.0,
-                 latency_pace: float | None = None) -> None:
+                 latency_pace: float | None = None, others_duty: float | None = None) -> None:
         self.cores, self.busy, self.communicating = cores, 0, 0
         self.calibrated_share = min(1.0, cores / ranks)
         self.skew, self.comm_stretch, self.latency_pace = skew, comm_stretch, latency_pace
         self.units: list[ComputeUnit] = []
         self.on_comm_change: Callable[[], None] | None = None
+        self._scattered: tuple[float, float] | None = None  # (factor, lag rate) with independent phases
+        if others_duty is not None:
+            if not 0.0 <= others_duty <= 1.0:
+                raise ValueError(f"others_duty {others_duty}: a fraction of the step, from 0 to 1")
+            chances = [comb(ranks - 1, k) * others_duty ** k * (1 - others_duty) ** (ranks - 1 - k)
+                       for k in range(ranks)]
+            share = sum(p * min(1.0, cores / (1 + k)) for k, p in enumerate(chances))
+            crowded = sum(p for k, p in enumerate(chances) if 1 + k > cores)
+            self._scattered = (share / self.calibrated_share, skew * crowded)
 
     def factor(self) -> float:
         """A computing rank's rate over the calibrated one, at the present number of computing ranks."""
+        if self._scattered is not None:
+            return self._scattered[0]
         return min(1.0, self.cores / max(self.busy, 1)) / self.calibrated_share
+
+    def lag_rate(self) -> float:
+        """Seconds of lag a computing rank gathers per second: `skew` while more ranks compute than there are
+        cores (the OS time-slices them, and they drift apart), else 0."""
+        if self._scattered is not None:
+            return self._scattered[1]
+        return self.skew if self.oversubscribed() else 0.0
 
     def oversubscribed(self) -> bool:
         """Whether more ranks compute than there are cores: the OS time-slices them, and they drift apart."""
@@ -128,7 +154,7 @@ class ComputeUnit:
         remaining, pieces = work_s, []
         while True:
             rate, start = self.rate(), self.env.now
-            skew = self.home.skew if self.home is not None and self.home.oversubscribed() else 0.0
+            skew = self.home.lag_rate() if self.home is not None else 0.0
             pieces.append((start, rate, work_s - remaining))
             self._running = self.env.active_process
             try:

@@ -97,11 +97,13 @@ class SimRun:
 class Simulator:
     def __init__(self, schedule: Schedule, machine: Machine, full: bool = False,
                  collectives: CollectiveModel | None = None, fuse: bool = True,
-                 gpus: Sequence[int] | None = None) -> None:
+                 gpus: Sequence[int] | None = None, others_duty: float | None = None) -> None:
         """`fuse=False` runs every compute op as its own timeout (see _compute_runs): the tests' reference.
         `gpus`: the GPU of each rank on the collectives' fabric, where the job is not that fabric's GPUs in rank
-        order (twin.pipeline_depth's short pipelines, on the full job's fabric and some of its nodes)."""
+        order (twin.pipeline_depth's short pipelines, on the full job's fabric and some of its nodes).
+        `others_duty`: on shared cores, the ranks' phases scattered (NodeCores; twin.sim.phases)."""
         self.schedule, self.machine, self.full, self.fuse = schedule, machine, full, fuse
+        self.others_duty = others_duty
         placed = rank_gpus(schedule.info.plan) if gpus is None else None  # dpouter's order, else rank r on GPU r
         self.gpu_of = list(gpus if gpus is not None else placed or place_ranks(schedule.world_size, machine))
         if len(self.gpu_of) != schedule.world_size:
@@ -228,7 +230,7 @@ class Simulator:
         node_of = self.fabric.node_of
         cores: dict[int, NodeCores] = defaultdict(lambda: NodeCores(
             node.shared_cores, node.gpus_per_node, node.timeslice_skew, node.comm_stretch_under_compute,
-            node.comm_latency_pace_under_compute))
+            node.comm_latency_pace_under_compute, self.others_duty))
         ranks_on: list[dict[int, int]] = [defaultdict(int) for _ in sym.representatives]
         for rank, cls in sym.class_of.items():
             ranks_on[cls][node_of(self.gpu_of[rank])] += 1
@@ -357,17 +359,20 @@ def _by_stream(program: Program) -> dict[str, list]:
 @infrequent()
 @frozen()
 def simulate(schedule: Schedule, machine: Machine, full: bool = False,
-             collectives: CollectiveModel | None = None, gpus: Sequence[int] | None = None) -> SimRun:
+             collectives: CollectiveModel | None = None, gpus: Sequence[int] | None = None,
+             others_duty: float | None = None) -> SimRun:
     """Simulate one training step; `full` simulates every rank instead of one per class.
 
     `collectives`: a CollectiveModel of this machine and world size to reuse; its
     lowerings are cached by GPU set, so simulations of many plans (twin search)
     lower each group they share once. `gpus`: each rank's GPU on that model's fabric, where the job is not all
     of the fabric's GPUs in rank order. A partial schedule (twin.build.build_stages: some pipeline stages only, for
-    the search's bounds) is refused: the missing stages' ranks would never answer.
+    the search's bounds) is refused: the missing stages' ranks would never answer. `others_duty`: on a host
+    whose ranks share its cores, each other rank computing that fraction of the time, independently
+    (twin.sim.compute_unit.NodeCores; twin.sim.phases finds it); None, the ranks in step.
     """
     covered = sum(len(program.ranks) for program in schedule.programs)
     if covered != schedule.world_size:
         raise ValueError(f"the schedule's programs cover {covered} of its {schedule.world_size} ranks: a partial "
                          "schedule (twin.build.build_stages, for bounds) cannot be simulated")
-    return Simulator(schedule, machine, full, collectives, gpus=gpus).run()
+    return Simulator(schedule, machine, full, collectives, gpus=gpus, others_duty=others_duty).run()

@@ -1,0 +1,101 @@
+"""In step or scattered? fit_local's held-out plans against both bounds of a time-sliced host.
+
+    .venv/bin/python benchmarks/rank_phases.py [--out out/fit_local] [--out ...] [--comm-share S] [--json]
+
+After `benchmarks/fit_local.py --out OUT`; measures nothing (seconds). On
+this 2-core host 4 ranks time-share the cores. The twin runs the ranks of a
+program in step: while one computes all do, each at the share of a core
+`twin calibrate` measured with all four computing at once. The other bound
+(twin.sim.phases) scatters the phases: each other rank computes, independently,
+the fraction of the step a rank computes (its duty), found as a fixed point.
+Per plan, with the fitted 4-rank file (fit_local's second column):
+
+- others computing while rank 0 runs a GEMM, measured (rank_drift.py's
+  count), beside what independence gives from the measured duty: 3 x the
+  fraction of the step rank 0 computes (in step: 3);
+- the step's error in step (the twin as it is) and scattered, and whether
+  the measured step lies between the two.
+
+--comm-share S counts each other rank as holding S of a core while it is in
+a collective, not none (benchmarks/compute_beside_comm.py measures S on
+this host; twin.sim.phases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from executor.measured import load_measured  # noqa: E402
+from rank_drift import COMPUTE, others_computing, rows_of_folders  # noqa: E402
+from twin.ir import op_class  # noqa: E402
+from twin.ir_io import load_schedule  # noqa: E402
+from twin.sim.phases import simulate_scattered  # noqa: E402
+
+
+def plan_row(summary: dict, machine, comm_share: float = 0.0) -> dict:
+    schedule = load_schedule(summary["schedule"])
+    measured = load_measured(os.path.splitext(summary["schedule"])[0], schedule)
+    step = measured.step_time_s
+    ops = schedule.programs[measured.ranks[0]["program"]].ops
+    computing_s = sum(float(measured.op_mean_s[0][op.id]) for op in ops if op_class(op.work) in COMPUTE)
+    per_rank = [measured.steps[r][measured.median_step] for r in range(schedule.world_size)]
+    bounds = simulate_scattered(schedule, machine, comm_share)
+    in_step, scattered = bounds.in_step.step_time_s, bounds.run.step_time_s
+    return {
+        "plan": os.path.splitext(os.path.basename(summary["schedule"]))[0],
+        "others_computing_measured": others_computing(schedule, per_rank),
+        "others_if_independent": (schedule.world_size - 1) * computing_s / step,
+        "duty_scattered": bounds.duty,
+        "in_step_error_pct": 100 * (in_step / step - 1),
+        "scattered_error_pct": 100 * (scattered / step - 1),
+        "between": scattered <= step <= in_step,
+    }
+
+
+def summary_of(rows: list[dict]) -> dict:
+    return {f"{k}_mean_abs_pct": float(np.mean([abs(r[f"{k}_error_pct"]) for r in rows]))
+            for k in ("in_step", "scattered")} | {"between": sum(r["between"] for r in rows), "plans": len(rows)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", action="append", help="benchmarks/fit_local.py's folder (repeatable; default "
+                    "out/fit_local)")
+    ap.add_argument("--comm-share", type=float, default=0.0,
+                    help="the share of a core a rank takes while in a collective (default 0; "
+                         "benchmarks/compute_beside_comm.py measures it)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = ap.parse_args(argv)
+    if not 0.0 <= args.comm_share <= 1.0:
+        ap.error(f"--comm-share {args.comm_share}: a share of one core, from 0 to 1")
+    rows = rows_of_folders(ap, args.out or ["out/fit_local"], "local-4-fitted.toml",
+                           lambda summary, machine: plan_row(summary, machine, args.comm_share))
+    doc = {folder: {"rows": r, "summary": summary_of(r)} for folder, r in rows.items()}
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    for folder, d in doc.items():
+        print(f"{folder} (local-4-fitted.toml; a rank in a collective takes {args.comm_share:g} of a core)")
+        print(f"  {'plan':<36}{'others computing':>19}{'step error':>20}")
+        print(f"  {'':<36}{'meas.':>9}{'indep.':>10}{'in step':>11}{'scattered':>11}  between")
+        for r in d["rows"]:
+            print(f"  {r['plan']:<36}{r['others_computing_measured']:>9.2f}{r['others_if_independent']:>10.2f}"
+                  f"{r['in_step_error_pct']:>+10.1f}%{r['scattered_error_pct']:>+10.1f}%  "
+                  f"{'yes' if r['between'] else 'no'}")
+        s = d["summary"]
+        print(f"  mean absolute error: in step {s['in_step_mean_abs_pct']:.1f}%, scattered "
+              f"{s['scattered_mean_abs_pct']:.1f}%; measured between the two in {s['between']} of {s['plans']} plans")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
