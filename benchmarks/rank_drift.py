@@ -129,13 +129,16 @@ def _per_rank(run: SimRun) -> list[tuple[np.ndarray, np.ndarray]]:
     return [by_rank[r] for r in range(run.schedule.world_size)]
 
 
-def rows_of_folders(ap: argparse.ArgumentParser, folders: list[str], machine_file: str,
+def rows_of_folders(ap: argparse.ArgumentParser, folders: list[str], machine_files: tuple[str, ...],
                     row: Callable[[dict, Machine], dict]) -> dict[str, list[dict]]:
-    """Per fit_local folder, `row(summary, machine)` of each held-out run, with the folder's `machine_file`; a
-    folder without them, or a run whose schedule cannot be read, is one line naming the folder (exit 2)."""
+    """Per fit_local folder, `row(summary, machine)` of each held-out run, with the first of `machine_files`
+    the folder has; a folder without them, or a run whose schedule cannot be read, is one line naming the
+    folder (exit 2)."""
     doc = {}
     for folder in folders:
-        held, machine = os.path.join(folder, "held-out-runs.json"), os.path.join(folder, machine_file)
+        candidates = [os.path.join(folder, name) for name in machine_files]
+        held = os.path.join(folder, "held-out-runs.json")
+        machine = next((p for p in candidates if os.path.exists(p)), " or ".join(candidates))
         missing = next((p for p in (held, machine) if not os.path.exists(p)), None)
         if missing:
             ap.error(f"--out {folder}: {missing} is missing; run benchmarks/fit_local.py --out {folder} first")
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                     "out/fit_local)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
-    doc = rows_of_folders(ap, args.out or ["out/fit_local"], "local-4.toml", plan_row)
+    doc = rows_of_folders(ap, args.out or ["out/fit_local"], ("local-4.toml",), plan_row)
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0

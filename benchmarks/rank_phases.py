@@ -8,7 +8,8 @@ program in step: while one computes all do, each at the share of a core
 `twin calibrate` measured with all four computing at once. The other bound
 (twin.sim.phases) scatters the phases: each other rank computes, independently,
 the fraction of the step a rank computes (its duty), found as a fixed point.
-Per plan, with the fitted 4-rank file (fit_local's second column):
+Per plan, with the fitted 4-rank file (fit_local's second column; the
+microbenchmarks' own where it fitted nothing):
 
 - others computing while rank 0 runs a GEMM, measured (rank_drift.py's
   count), beside what independence gives from the measured duty: 3 x the
@@ -62,7 +63,9 @@ def plan_row(summary: dict, machine, comm_share: float = 0.0) -> dict:
 
 
 def summary_of(rows: list[dict]) -> dict:
-    return {f"{k}_mean_abs_pct": float(np.mean([abs(r[f"{k}_error_pct"]) for r in rows]))
+    """Each bound's mean absolute step error (None over no plans) and in how many plans the measured step lies
+    between them."""
+    return {f"{k}_mean_abs_pct": float(np.mean([abs(r[f"{k}_error_pct"]) for r in rows])) if rows else None
             for k in ("in_step", "scattered")} | {"between": sum(r["between"] for r in rows), "plans": len(rows)}
 
 
@@ -77,14 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 0.0 <= args.comm_share <= 1.0:
         ap.error(f"--comm-share {args.comm_share}: a share of one core, from 0 to 1")
-    rows = rows_of_folders(ap, args.out or ["out/fit_local"], "local-4-fitted.toml",
+    # the fitted file, or where fit_local fitted nothing the microbenchmarks' own (its second column then)
+    rows = rows_of_folders(ap, args.out or ["out/fit_local"], ("local-4-fitted.toml", "local-4.toml"),
                            lambda summary, machine: plan_row(summary, machine, args.comm_share))
     doc = {folder: {"rows": r, "summary": summary_of(r)} for folder, r in rows.items()}
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
     for folder, d in doc.items():
-        print(f"{folder} (local-4-fitted.toml; a rank in a collective takes {args.comm_share:g} of a core)")
+        print(f"{folder} (fit_local's second column; a rank in a collective takes {args.comm_share:g} of a core)")
         print(f"  {'plan':<36}{'others computing':>19}{'step error':>20}")
         print(f"  {'':<36}{'meas.':>9}{'indep.':>10}{'in step':>11}{'scattered':>11}  between")
         for r in d["rows"]:
@@ -92,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['in_step_error_pct']:>+10.1f}%{r['scattered_error_pct']:>+10.1f}%  "
                   f"{'yes' if r['between'] else 'no'}")
         s = d["summary"]
+        if not s["plans"]:
+            print("  no held-out plans")
+            continue
         print(f"  mean absolute error: in step {s['in_step_mean_abs_pct']:.1f}%, scattered "
               f"{s['scattered_mean_abs_pct']:.1f}%; measured between the two in {s['between']} of {s['plans']} plans")
     return 0
