@@ -120,6 +120,11 @@ def _intervals(program: Program, timeline: RankTimeline, comm: bool) -> list[tup
     ]
 
 
+def compute_busy_s(program: Program, timeline: RankTimeline) -> float:
+    """Time with some compute op running (compute on two streams at once counts once)."""
+    return _union_length(_intervals(program, timeline, comm=False))
+
+
 def exposed_comm_s(program: Program, timeline: RankTimeline) -> float:
     """Time with communication in flight and the compute stream idle."""
     comm = _intervals(program, timeline, comm=True)

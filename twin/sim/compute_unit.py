@@ -59,10 +59,10 @@ class NodeCores:
     `others_duty` (None: the above) asks the other bound: that the OS has scattered the ranks' phases, so
     while one rank computes each other rank of the node holds a core with probability `others_duty` (the
     fraction of the step it computes, and what collectives take: twin.sim.phases), independently of the
-    simulated ranks, which still move in step. A
-    computing rank then runs at the expected share of a core over that binomial count, and lags at `skew`
-    times the chance the count exceeds the cores. Compute's share only: transfers keep the counts above.
-    twin.sim.phases finds the duty that is consistent with the step it gives."""
+    simulated ranks, which still move in step. A computing rank then runs at the expected share of a core
+    over that binomial count, and lags at `skew` times the chance the count exceeds the cores. Compute's
+    share only: transfers keep the counts above. twin.sim.phases finds the duty that is consistent with the
+    step it gives."""
 
     def __init__(self, cores: float, ranks: int, skew: float = 0.0, comm_stretch: float = 1.0,
                  latency_pace: float | None = None, others_duty: float | None = None) -> None:

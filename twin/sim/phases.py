@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from topologies.machine import Machine
-from twin.ir import Collective, P2P, Schedule
+from twin.ir import Schedule
+from twin.report import compute_busy_s
 from twin.sim.engine import SimRun, simulate
 
 
@@ -41,19 +42,11 @@ class ScatteredRun:
 
 
 def compute_duty(run: SimRun) -> float:
-    """The fraction of the step a rank computes (any compute op running on it), the mean over the ranks:
-    each simulated class weighs as many ranks as it stands for."""
+    """The fraction of the step a rank computes (any compute op running on it: twin.report.compute_busy_s), the
+    mean over the ranks: each simulated class weighs as many ranks as it stands for."""
     weights = np.bincount(list(run.symmetry.class_of.values()), minlength=len(run.symmetry.representatives))
-    duties = []
-    for timeline in run.timelines:
-        ops = run.schedule.programs[timeline.program].ops
-        spans = sorted((float(timeline.start_s[op.id]), float(timeline.end_s[op.id])) for op in ops
-                       if not isinstance(op.work, (Collective, P2P)))
-        busy, reach = 0.0, -np.inf
-        for start, end in spans:  # the union of the spans: compute on two streams at once counts once
-            busy += max(0.0, end - max(start, reach))
-            reach = max(reach, end)
-        duties.append(busy / run.step_time_s if run.step_time_s > 0 else 0.0)
+    step = run.step_time_s
+    duties = [compute_busy_s(run.schedule.programs[t.program], t) / step if step > 0 else 0.0 for t in run.timelines]
     class_of = run.symmetry.class_of
     return float(np.average(duties, weights=[weights[class_of[t.rank]] for t in run.timelines]))
 
@@ -70,7 +63,7 @@ def simulate_scattered(schedule: Schedule, machine: Machine, comm_share: float =
     duty = compute_duty(in_step)
     if machine.node.shared_cores <= 0:
         return ScatteredRun(in_step, duty, comm_share, in_step, 0)
-    run, rounds = in_step, 0
+    run, given, rounds = in_step, duty, 0
     while rounds < max_rounds:
         run = simulate(schedule, machine, others_duty=duty + comm_share * (1.0 - duty))
         rounds += 1
@@ -78,4 +71,4 @@ def simulate_scattered(schedule: Schedule, machine: Machine, comm_share: float =
         if abs(given - duty) < tolerance:
             break
         duty = 0.5 * (duty + given)
-    return ScatteredRun(run, compute_duty(run), comm_share, in_step, rounds)
+    return ScatteredRun(run, given, comm_share, in_step, rounds)
