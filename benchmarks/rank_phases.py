@@ -17,9 +17,12 @@ microbenchmarks' own where it fitted nothing):
 - the step's error in step (the twin as it is) and scattered, and whether
   the measured step lies between the two.
 
---comm-share S counts each other rank as holding S of a core while it is in
-a collective, not none (benchmarks/compute_beside_comm.py measures S on
-this host; twin.sim.phases).
+--comm-share S counts each other rank as holding S of a core while it moves
+bytes in a collective, not none (benchmarks/compute_beside_comm.py measures
+S on this host; twin.sim.phases): from when the collective's last member
+issued it to its end, beside no compute of its own; `--share-while
+out-of-compute` charges it on all the rank's time out of compute instead
+(the forty-fourth session's bound, docs/fit.md).
 """
 
 from __future__ import annotations
@@ -42,20 +45,21 @@ from twin.ir_io import load_schedule  # noqa: E402
 from twin.sim.phases import simulate_scattered  # noqa: E402
 
 
-def plan_row(summary: dict, machine, comm_share: float = 0.0) -> dict:
+def plan_row(summary: dict, machine, comm_share: float = 0.0, share_while: str = "moving") -> dict:
     schedule = load_schedule(summary["schedule"])
     measured = load_measured(os.path.splitext(summary["schedule"])[0], schedule)
     step = measured.step_time_s
     ops = schedule.programs[measured.ranks[0]["program"]].ops
     computing_s = sum(float(measured.op_mean_s[0][op.id]) for op in ops if op_class(op.work) in COMPUTE)
     per_rank = [measured.steps[r][measured.median_step] for r in range(schedule.world_size)]
-    bounds = simulate_scattered(schedule, machine, comm_share)
+    bounds = simulate_scattered(schedule, machine, comm_share, share_while=share_while)
     in_step, scattered = bounds.in_step.step_time_s, bounds.run.step_time_s
     return {
         "plan": os.path.splitext(os.path.basename(summary["schedule"]))[0],
         "others_computing_measured": others_computing(schedule, per_rank),
         "others_if_independent": (schedule.world_size - 1) * computing_s / step,
         "duty_scattered": bounds.duty,
+        "moving_scattered": bounds.moving,
         "in_step_error_pct": 100 * (in_step / step - 1),
         "scattered_error_pct": 100 * (scattered / step - 1),
         "between": scattered <= step <= in_step,
@@ -76,19 +80,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--comm-share", type=float, default=0.0,
                     help="the share of a core a rank takes while in a collective (default 0; "
                          "benchmarks/compute_beside_comm.py measures it)")
+    ap.add_argument("--share-while", choices=("moving", "out-of-compute"), default="moving",
+                    help="when a rank holds --comm-share of a core: while it moves bytes in a collective (default) "
+                         "or all its time out of compute (the forty-fourth session's bound)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
+    share_while = args.share_while.replace("-", "_")
     if not 0.0 <= args.comm_share <= 1.0:
         ap.error(f"--comm-share {args.comm_share}: a share of one core, from 0 to 1")
     # the fitted file, or where fit_local fitted nothing the microbenchmarks' own (its second column then)
     rows = rows_of_folders(ap, args.out or ["out/fit_local"], ("local-4-fitted.toml", "local-4.toml"),
-                           lambda summary, machine: plan_row(summary, machine, args.comm_share))
+                           lambda summary, machine: plan_row(summary, machine, args.comm_share, share_while))
     doc = {folder: {"rows": r, "summary": summary_of(r)} for folder, r in rows.items()}
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
     for folder, d in doc.items():
-        print(f"{folder} (fit_local's second column; a rank in a collective takes {args.comm_share:g} of a core)")
+        print(f"{folder} (fit_local's second column; a rank takes {args.comm_share:g} of a core while "
+              + ("it moves bytes in a collective)" if share_while == "moving" else "it does not compute)"))
         print(f"  {'plan':<36}{'others computing':>19}{'step error':>20}")
         print(f"  {'':<36}{'meas.':>9}{'indep.':>10}{'in step':>11}{'scattered':>11}  between")
         for r in d["rows"]:

@@ -13,6 +13,10 @@ small all-reduce over all ranks so the ranks enter it together:
 - collectives: all_reduce, all_gather, reduce_scatter over groups of 2, 4, ...
   up to nproc consecutive ranks, COLLECTIVE_BYTES each, each one waited for
   (a blocking collective, as most of a step's are);
+- point-to-point: a send of each P2P_BYTES from the first rank of every
+  pair of the 2-rank groups to the second, after a synchronisation so that
+  both arrive together (the schedule's second program, the pairs' second
+  ranks, receives where the first sends; nothing else differs);
 - time-slicing: GEMMs of SKEW_LEADS' sizes, each followed by a 4-byte
   all-reduce of every rank (a synchronisation);
 - overlap: a large all-reduce alone, a GEMM alone, then the same GEMM
@@ -47,6 +51,12 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   bandwidths by non-negative weighted least squares over all kinds, sizes
   and group sizes; the fastest kind's bandwidth is the per-rank port B (a
   "loopback" node switch), the others kind_bw_fraction of it;
+- p2p_latency_s: a transfer's time less its bytes at the port bandwidth,
+  the weighted mean over P2P_BYTES (a gloo send is one message, not a ring:
+  on this project's 2-core host 0.47 ms with 2 ranks and 0.88 ms with 4,
+  where the ring's base latency and one hop give 1.5 and 5.4 ms;
+  docs/fit.md). None where no pair was measured (an odd number of ranks):
+  the simulator then keeps its estimate, the ring's base plus one hop;
 - comm_compute_slowdown = 1 - (GEMM time alone) / (GEMM time under an all-reduce)
   of 64 MB, nearly all bytes: on a CPU host the simulator slows compute by it
   while a collective moves bytes, not while it waits out its latency;
@@ -86,7 +96,7 @@ import numpy as np
 from executor.calibrate_sharing import comm_compute_slowdown, comm_stretch, fit_skew, latency_pace
 from executor.calibration_samples import Sample
 from twin.builders.program import ProgramWriter
-from twin.ir import Attention, Collective, Elementwise, Gemm, GroupAxis, Program, Schedule, StepInfo
+from twin.ir import P2P, Attention, Collective, Elementwise, Gemm, GroupAxis, Op, Program, Schedule, StepInfo
 
 GEMM_SHAPES = [(m, n, k) for m in (128, 512, 1024) for n in (128, 512, 2048) for k in (128, 512, 2048) if m * n * k <= 1 << 30]
 GEMM_SHAPES += [(192, 384, 256), (320, 96, 512), (1000, 200, 300), (384, 768, 192), (96, 1536, 384)]  # tile quantization
@@ -104,6 +114,8 @@ LATENCY_BYTES = 4 << 10  # an all-reduce that is nearly all latency
 LATENCY_GEMMS = (4, (256, 512, 512))  # (how many, which shape) run while it is in flight
 LEAD_GEMM = (512, 512, 512)  # the compute op before each collective: ranks arrive with a step's skew
 SKEW_LEADS = [LEAD_GEMM, (1024, 512, 512), (1024, 1024, 512), (1024, 1024, 1024)]  # 1:2:4:8 in work
+P2P_BYTES = [1 << 10, 16 << 10, 64 << 10, 256 << 10]  # a pipeline's activations on a small host: 64-128 KB
+P2P_TAG = "calibration"
 DTYPE = "bf16"
 
 
@@ -151,6 +163,15 @@ def calibration_schedule(nproc: int, repeats: int = REPEATS) -> tuple[Schedule, 
                 w.wait(op)
                 w.compute(f"{kind}.{axis}.{nbytes}.r{rep}.done", Elementwise(TINY_BYTES))
                 what[op] = ("collective", {"kind": kind, "group_size": size, "nbytes": nbytes})
+    if 2 in sizes:
+        for rep in range(repeats):
+            for nbytes in P2P_BYTES:
+                sync(f"sync.p2p.{nbytes}.r{rep}")
+                op = w.collective(f"p2p.{nbytes}.r{rep}", "g2", P2P("send", "g2", 1, nbytes, P2P_TAG),
+                                  stream=f"p2p:{P2P_TAG}")
+                w.wait(op)
+                w.compute(f"p2p.{nbytes}.r{rep}.done", Elementwise(TINY_BYTES))
+                what[op] = ("p2p", {"nbytes": nbytes})
     if everyone:
         sync("sync.skew")
         for rep in range(repeats):
@@ -196,7 +217,19 @@ def calibration_schedule(nproc: int, repeats: int = REPEATS) -> tuple[Schedule, 
     groups = tuple(GroupAxis(f"g{s}", tuple(tuple(range(i, i + s)) for i in range(0, nproc, s))) for s in sizes)
     info = StepInfo(model="calibration", plan=None, label=f"microbenchmarks on {nproc} ranks", global_batch=1, seq=1,
                     flops_hardware=0.0, flops_model=0.0, memory_per_gpu_bytes=0.0)
-    return Schedule(nproc, groups, (Program(tuple(range(nproc)), tuple(w.ops)),), info), what
+    if 2 not in sizes:
+        return Schedule(nproc, groups, (Program(tuple(range(nproc)), tuple(w.ops)),), info), what
+    programs = (Program(tuple(range(0, nproc, 2)), tuple(w.ops)),
+                Program(tuple(range(1, nproc, 2)), tuple(_receiving(op) for op in w.ops)))
+    return Schedule(nproc, groups, programs, info), what
+
+
+def _receiving(op: Op) -> Op:
+    """The pair's second rank's op where the first's is a send: the receive from it, at the same id (so one
+    `what` names both programs' ops, and a sample is the mean of the send and the receive)."""
+    if not (isinstance(op.work, P2P) and op.work.kind == "send"):
+        return op
+    return replace(op, work=replace(op.work, kind="recv", peer=-op.work.peer))
 
 
 # ---- fitting ------------------------------------------------------------------------
@@ -224,6 +257,7 @@ class Fit:
     lead_skew_s: float = 0.0  # taken out of each collective sample: that lag behind LEAD_GEMM (oversubscribed)
     comm_stretch_under_compute: float = 1.0  # a collective's time while every rank computes / alone
     comm_latency_pace_under_compute: float | None = None  # a small collective's pace under its ranks' GEMMs; None: not measured
+    p2p_latency_s: float | None = None  # a point-to-point transfer's latency; None: not measured (no pairs)
 
 
 TILES = (1, 8, 16, 32, 64, 128, 256)
@@ -354,7 +388,19 @@ def fit(samples: list[Sample], oversubscribed: bool = False) -> Fit:
     port_bw, base, hop, kind_latency, kind_fraction = _fit_collectives(collectives, errors)
     return Fit(float(o), float(bw), float(rate), tm, tn, float(kh), layouts, a_eff, comm_compute_slowdown(by),
                float(port_bw), float(base), float(hop), errors, a_over, kind_latency, kind_fraction, skew, lead_skew,
-               comm_stretch(by), latency_pace(by))
+               comm_stretch(by), latency_pace(by), _fit_p2p_latency(by.get("p2p", []), port_bw, errors))
+
+
+def _fit_p2p_latency(transfers: list[Sample], port_bw: float, errors: dict) -> float | None:
+    """A point-to-point transfer's latency: the weighted mean of each size's time less its bytes at the port
+    bandwidth (twin.sim.collectives times a transfer so), at least 0; None without transfers."""
+    if not transfers:
+        return None
+    t, w = _arrays(transfers)
+    wire = np.array([s.params["nbytes"] for s in transfers], float) / port_bw
+    latency = max(float(np.average(t - wire, weights=w)), 0.0)
+    errors["p2p"] = _rel_rms(latency + wire, t, w)
+    return latency
 
 
 def _fit_collectives(cm: list[Sample], errors: dict) -> tuple[float, float, float, dict, dict]:

@@ -241,6 +241,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"  collectives: {f.port_bw_bytes_per_s / 1e9:.3f} GB/s per rank, latency {f.base_latency_s * 1e6:.0f} us + "
           f"{f.hop_latency_s * 1e6:.0f} us per ring step; per kind "
           + ", ".join(f"{k} +{f.kind_latency_s.get(k, 0) * 1e6:.0f} us x{v:.2f} bandwidth" for k, v in f.kind_bw_fraction.items()))
+    if f.p2p_latency_s is not None:
+        print(f"  point-to-point: latency {f.p2p_latency_s * 1e6:.0f} us (one message, not a ring's base and hop)")
     print("  the simulator on this file vs the microbenchmarks (median |error|):")
     for kind, row in doc["simulator_vs_measured"].items():
         print(f"    {kind:<16}{100 * row['median_abs_error']:6.1f}%  ({row['samples']} points)")

@@ -152,6 +152,10 @@ def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local")
         f"simple = {est(1.0, 'the fitted port bandwidth is the achieved one')}",
         "",
     ]
+    if f.p2p_latency_s is not None:
+        lines += ["[collectives.p2p_latency_us]",
+                  f"simple = {num(f.p2p_latency_s * 1e6, 'a send of 1-256 KB from one rank of each pair to the other, both ready, less its bytes at the port bandwidth: one message, not a ring')}",
+                  ""]
     if f.kind_latency_s:
         lines.append("[collectives.kind_latency_us]")
         lines += [f"{k} = {num(v * 1e6, 'fitted base latency of this kind above base_latency_us')}" for k, v in f.kind_latency_s.items()]
@@ -189,6 +193,8 @@ def check_with_simulator(machine_path: str, samples: list[Sample], lead_skew_s: 
             gpus = tuple(range(p["group_size"]))
             lowering, protocol = collectives.choose(gpus, p["kind"], p["nbytes"])
             pred = collectives.time_alone_s(lowering, protocol, p["nbytes"]) + lead_skew_s
+        elif s.kind == "p2p":
+            pred = collectives.time_alone_s(collectives.transfer(0, 1), machine.collectives.protocols[0], p["nbytes"])
         else:
             continue
         rows.append({"kind": s.kind, **p, "measured_s": s.time_s, "simulated_s": pred,

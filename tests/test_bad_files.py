@@ -145,6 +145,9 @@ MACHINE_CASES = [
                  machines, "'network.switch_latency_us' is not a known field", id="removed-switch-latency"),
     pytest.param(machine_adding('kind = "dragonfly"', 'nic_latency_us = { value = 2.6, source = "x" }'),
                  machines, "'network.nic_latency_us' is not a known field", id="removed-nic-latency"),
+    pytest.param(text_file("machine.toml", FRONTIER + '\n[collectives.p2p_latency_us]\nsimple = { value = 30, '
+                                           'source = "x" }\n'), machines,
+                 "'collectives.p2p_latency_us.ll' is missing for an allowed protocol", id="p2p-latency-protocol"),
     pytest.param(text_file("machine.toml", FRONTIER + '\n[extras]\nnote = "x"\n'), machines,
                  "'extras' is not a known field", id="unknown-table"),
     pytest.param(text_file("machine.toml", FRONTIER.replace("[[node.nics]]", _GEMM_ENTRY.replace(

@@ -73,6 +73,9 @@ def synthetic_samples(truth: dict, nproc: int = 4):
         out.append(Sample("overlap_comm_alone", {"nbytes": cal.OVERLAP_BYTES, "group_size": nproc}, 0.08, 0.0, 3))
         out.append(Sample("overlap_comm", {"nbytes": cal.OVERLAP_BYTES, "group_size": nproc}, 0.08 * truth["stretch"],
                               0.0, 3))
+    if "p2p" in truth:  # one message: its latency and its bytes at the port bandwidth
+        out += [Sample("p2p", {"nbytes": b}, truth["p2p"] + b / truth["port"], 0.01 * truth["p2p"], 10)
+                for b in cal.P2P_BYTES]
     if "latency_pace" in truth:  # a 4 ms all-reduce over four 2 ms GEMMs, ending its rest alone after them
         count, (m, n, k) = cal.LATENCY_GEMMS
         params = {"nbytes": cal.LATENCY_BYTES, "group_size": nproc}
@@ -108,6 +111,7 @@ def test_calibration_fit_recovers_known_parameters_and_the_simulator_agrees(tmp_
     assert f.kind_bw_fraction == pytest.approx(truth["kind_fraction"], rel=1e-3)
     assert f.comm_compute_slowdown == pytest.approx(0.2)
     assert (f.timeslice_skew, f.comm_stretch_under_compute) == (0.0, 1.0)  # neither measured: nothing changes
+    assert f.p2p_latency_s is None  # no pair measured: the file keeps the simulator's estimate
     path = tmp_path / "mine.toml"
     host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
     doc = write_machine(str(path), f, samples, host, "float32", date="2026-01-01")
@@ -117,6 +121,48 @@ def test_calibration_fit_recovers_known_parameters_and_the_simulator_agrees(tmp_
     assert machine.node.gpus_per_node == 4 and machine.node.switch.kind == "loopback"
     assert all(s.source or s.estimate for s in machine.sources.values())
     assert json.loads((tmp_path / "mine.calibration.json").read_text())["date"] == "2026-01-01"
+
+
+def test_a_measured_point_to_point_latency_replaces_the_rings_in_the_file_and_the_simulator(tmp_path):
+    """gloo's send is one message, not a ring: the calibration fits its own latency (the time less the bytes
+    at the port bandwidth), writes it, and the simulator times a transfer with it instead of the ring's base
+    latency plus one hop, which a file without it keeps."""
+    from executor import calibrate as cal
+    from executor.machinefile import write_machine
+    from topologies.fabric import Fabric
+    from twin.builders.program import ProgramWriter
+    from twin.ir import P2P, GroupAxis, Program, Schedule, StepInfo
+    from twin.sim.collectives import CollectiveModel
+    from twin.sim.engine import simulate
+
+    truth = known_parameters(p2p=30e-6)
+    samples = synthetic_samples(truth)
+    f = cal.fit(samples)
+    assert f.p2p_latency_s == pytest.approx(30e-6, rel=1e-6)
+    host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
+    # every rank in a transfer at once, as the calibration measured it: the pairs' first ranks send 64 KB
+    w = ProgramWriter()
+    w.wait(w.collective("send", "g2", P2P("send", "g2", 1, 64 << 10, "t"), stream="p2p:t"))
+    info = StepInfo(model="m", plan=None, label="p", global_batch=1, seq=1, flops_hardware=0.0, flops_model=0.0,
+                    memory_per_gpu_bytes=0.0)
+    received = tuple(replace(op, work=replace(op.work, kind="recv", peer=-1)) for op in w.ops)
+    pairs = Schedule(4, (GroupAxis("g2", ((0, 1), (2, 3))),),
+                     (Program((0, 2), tuple(w.ops)), Program((1, 3), received)), info)
+    transfer_s = {}
+    for name, fitted in (("measured", f), ("estimated", replace(f, p2p_latency_s=None))):
+        path = tmp_path / f"{name}.toml"
+        doc = write_machine(str(path), fitted, samples, host, "float32", date="2026-01-01")
+        machine = load_machine(str(path))
+        model = CollectiveModel(Fabric(machine, 4))
+        transfer_s[name] = model.time_alone_s(model.transfer(0, 1), "simple", 64 << 10)
+        assert simulate(pairs, machine).step_time_s == pytest.approx(transfer_s[name], rel=1e-6)
+        p2p = [p for p in doc["predictions"] if p["kind"] == "p2p"]
+        assert len(p2p) == len(cal.P2P_BYTES)
+        if name == "measured":
+            assert max(abs(p["error"]) for p in doc["predictions"]) < 0.01
+            assert machine.collectives.p2p_latency_s == pytest.approx({"simple": 30e-6})
+    assert transfer_s["measured"] == pytest.approx(30e-6 + (64 << 10) / 1e9, rel=1e-6)
+    assert transfer_s["estimated"] == pytest.approx(100e-6 + 50e-6 + (64 << 10) / 1e9, rel=1e-3)  # base + hop
 
 
 def test_the_compute_fit_weighs_every_microbenchmark_alike_whatever_its_scatter():
@@ -231,7 +277,7 @@ def test_the_committed_local_machine_is_calibrated_and_exports_a_step():
 
 
 def test_calibration_schedule_is_a_valid_schedule():
-    from executor.calibrate import calibration_schedule
+    from executor.calibrate import P2P_BYTES, calibration_schedule
     from twin.ir_validate import validate_schedule
 
     s, what = calibration_schedule(4, repeats=1)
@@ -244,3 +290,16 @@ def test_calibration_schedule_is_a_valid_schedule():
     layouts = {p["layout"] for k, p in what.values() if k == "gemm"}
     assert layouts == {"NN", "NT", "TN"}
     assert {p["group_size"] for k, p in what.values() if k == "collective"} == {2, 4}
+    # the pairs' first ranks send where their second receive, at the same ids; nothing else differs
+    senders, receivers = s.programs
+    assert (senders.ranks, receivers.ranks) == ((0, 2), (1, 3))
+    transfers = [i for i, (k, _) in what.items() if k == "p2p"]
+    assert sorted(p["nbytes"] for k, p in what.values() if k == "p2p") == sorted(P2P_BYTES)
+    for a, b in zip(senders.ops, receivers.ops):
+        if a.id in transfers:
+            assert (a.work.kind, a.work.peer, b.work.kind, b.work.peer) == ("send", 1, "recv", -1)
+            assert (a.work.group, a.work.nbytes, a.work.tag) == (b.work.group, b.work.nbytes, b.work.tag)
+        else:
+            assert a == b
+    odd, odd_what = calibration_schedule(3, repeats=1)  # no pairs: one program, no transfer measured
+    assert len(odd.programs) == 1 and "p2p" not in {k for k, _ in odd_what.values()}

@@ -16,7 +16,7 @@ from test_sim import REFERENCE, _gemm_alone_s, all_reduce, schedule
 from twin.ir import Gemm, Op
 from twin.sim.compute_unit import NodeCores
 from twin.sim.engine import simulate
-from twin.sim.phases import compute_duty, simulate_scattered
+from twin.sim.phases import compute_duty, moving_duty, simulate_scattered
 
 
 @pytest.mark.parametrize("duty, factor, crowded", [
@@ -95,3 +95,34 @@ def test_ranks_that_hold_a_whole_core_in_collectives_give_the_step_in_step(tmp_p
     assert steps[0] < steps[1] < steps[2] == pytest.approx(in_step)
     with pytest.raises(ValueError, match="comm_share"):
         simulate_scattered(sched, machine, comm_share=1.5)
+
+
+def test_a_rank_moves_bytes_only_after_the_last_member_issued_the_transfer(tmp_path):
+    """Rank 0 runs a GEMM, then an all-reduce that ranks 1-3 issued at once: they wait at the rendezvous until
+    the GEMM ends, and every rank moves bytes only from then to the transfer's end. So the moving fraction is
+    the transfer over the step on every rank, where all time out of compute counts the waits too."""
+    machine = quad_machine(tmp_path)
+    sched = schedule(4, {"x": ((0, 1, 2, 3),)}, [((0,), [_gemm(0), all_reduce(1, 4e8, deps=(0,))]),
+                                                  ((1, 2, 3), [all_reduce(0, 4e8)])])
+    for full in (False, True):
+        run = simulate(sched, machine, full=full)
+        gemm_s = run.timelines[0].end_s[0]
+        transfer_s = run.step_time_s - gemm_s
+        assert gemm_s == pytest.approx(_gemm_alone_s(), rel=1e-6) and transfer_s > 0
+        assert moving_duty(run) == pytest.approx(transfer_s / run.step_time_s)
+        assert compute_duty(run) == pytest.approx(gemm_s / run.step_time_s / 4)
+
+
+def test_a_share_charged_while_moving_bytes_lies_between_none_and_all_time_out_of_compute(tmp_path):
+    """The same step scattered on 2 shared cores: ranks 1-3 wait most of it, so a share held only while they
+    move bytes slows rank 0's GEMM less than one held all their time out of compute."""
+    machine = quad_machine(tmp_path, shared_cores=2)
+    sched = schedule(4, {"x": ((0, 1, 2, 3),)}, [((0,), [_gemm(0), all_reduce(1, 4e8, deps=(0,))]),
+                                                  ((1, 2, 3), [all_reduce(0, 4e8)])])
+    none, moving, out = (simulate_scattered(sched, machine, comm_share=share, share_while=where)
+                         for share, where in ((0.0, "moving"), (0.8, "moving"), (0.8, "out_of_compute")))
+    assert none.run.step_time_s < moving.run.step_time_s < out.run.step_time_s
+    assert moving.held == pytest.approx(moving.duty + 0.8 * moving.moving)
+    assert out.held == pytest.approx(out.duty + 0.8 * (1 - out.duty))
+    with pytest.raises(ValueError, match="share_while"):
+        simulate_scattered(sched, machine, share_while="waiting")

@@ -336,6 +336,8 @@ def _collectives(f: Fields) -> CollectiveTuning:
         kind_latency_s=_per_kind(f, "kind_latency_us", "nonneg", US),
         kind_bw_fraction=_per_kind(f, "kind_bw_fraction", "fraction", 1.0),
         nic_efficiency=_per_kind(f, "nic_efficiency", "fraction", 1.0),
+        p2p_latency_s=(_per_protocol(f.table("p2p_latency_us"), allowed, "nonneg", US) if f.has("p2p_latency_us")
+                       else {}),
     )
     f.finish()
     return tuning

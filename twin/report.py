@@ -127,9 +127,14 @@ def compute_busy_s(program: Program, timeline: RankTimeline) -> float:
 
 def exposed_comm_s(program: Program, timeline: RankTimeline) -> float:
     """Time with communication in flight and the compute stream idle."""
-    comm = _intervals(program, timeline, comm=True)
+    return exposed_s(program, timeline, _intervals(program, timeline, comm=True))
+
+
+def exposed_s(program: Program, timeline: RankTimeline, spans: list[tuple[float, float]]) -> float:
+    """Time inside `spans` (start, end) with no compute op of the rank running: exposed_comm_s for spans of
+    the caller's choosing (twin.sim.phases counts only the part of each transfer after its rendezvous)."""
     compute = _intervals(program, timeline, comm=False)
-    return _union_length(comm + compute) - _union_length(compute)
+    return _union_length(list(spans) + compute) - _union_length(compute)
 
 
 def exposed_comm_by_pass(program: Program, timeline: RankTimeline) -> dict[str, float]:
