@@ -78,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", action="append", help="benchmarks/fit_local.py's folder (repeatable; default "
                     "out/fit_local)")
     ap.add_argument("--comm-share", type=float, default=0.0,
-                    help="the share of a core a rank takes while in a collective (default 0; "
-                         "benchmarks/compute_beside_comm.py measures it)")
+                    help="the share of a core a rank takes in a collective (default 0; "
+                         "benchmarks/compute_beside_comm.py measures it; when: --share-while)")
     ap.add_argument("--share-while", choices=("moving", "out-of-compute"), default="moving",
                     help="when a rank holds --comm-share of a core: while it moves bytes in a collective (default) "
                          "or all its time out of compute (the forty-fourth session's bound)")

@@ -165,6 +165,26 @@ def test_a_measured_point_to_point_latency_replaces_the_rings_in_the_file_and_th
     assert transfer_s["estimated"] == pytest.approx(100e-6 + 50e-6 + (64 << 10) / 1e9, rel=1e-3)  # base + hop
 
 
+def test_a_point_to_point_latency_measured_inside_a_node_leaves_transfers_between_nodes_estimated(tmp_path):
+    """twin calibrate measures the latency on one host: a transfer that leaves the node keeps the ring's base
+    latency plus an inter-node hop."""
+    from topologies.fabric import Fabric
+    from twin.sim.collectives import CollectiveModel
+
+    path = tmp_path / "frontier-p2p.toml"
+    path.write_text((Path(__file__).resolve().parent.parent / "topologies" / "frontier.toml").read_text()
+                    + '\n[collectives.p2p_latency_us]\nll = { value = 2, source = "t" }\n'
+                      'simple = { value = 3, source = "t" }\n')
+    machine = load_machine(str(path))
+    model = CollectiveModel(Fabric(machine, 16))
+    per_node = machine.node.gpus_per_node
+    t = machine.collectives
+    for protocol in ("ll", "simple"):
+        assert model.latency_s(model.transfer(0, 1), protocol) == pytest.approx({"ll": 2e-6, "simple": 3e-6}[protocol])
+        between = t.base_latency_s[("ring", protocol)] + t.inter_hop_latency_s[protocol]
+        assert model.latency_s(model.transfer(0, per_node), protocol) == pytest.approx(between)
+
+
 def test_the_compute_fit_weighs_every_microbenchmark_alike_whatever_its_scatter():
     """With more ranks than cores a microbenchmark's standard error comes from a few launches' scatter and
     is itself noisy; weighted by it, the grid search's discrete choice of tiles followed the noise (a 4-rank

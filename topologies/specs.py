@@ -240,8 +240,9 @@ class CollectiveTuning:
     # apart from node.link_efficiency.nic (RCCL's all-gathers across Frontier's NICs reach twice its all-reduces'
     # rate). Only the injection and ejection links of the NICs take it; every other link keeps its kind's.
     nic_efficiency: dict[str, float] = field(default_factory=dict)
-    # Optional per protocol: a point-to-point transfer's latency where it was measured (twin calibrate on a CPU
-    # host: a gloo send is one message, far below a ring's base latency); absent: the ring's base plus one hop.
+    # Optional per protocol: a point-to-point transfer's latency inside a node where it was measured (twin
+    # calibrate on a CPU host: a gloo send is one message, far below a ring's base latency); absent, and for a
+    # transfer between nodes: the ring's base plus one hop.
     p2p_latency_s: dict[str, float] = field(default_factory=dict)
 
     def kind_fraction(self, kind: str) -> float:

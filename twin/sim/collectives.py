@@ -214,8 +214,8 @@ class CollectiveModel:
     def _algorithm_latency_s(self, lowering: Lowering, protocol: str) -> float:
         t = self.tuning
         intra, inter = t.intra_hop_latency_s[protocol], t.inter_hop_latency_s[protocol]
-        if lowering.algorithm == "p2p" and protocol in t.p2p_latency_s:  # measured (twin calibrate)
-            return t.p2p_latency_s[protocol]
+        if lowering.algorithm == "p2p" and lowering.n_nodes == 1 and protocol in t.p2p_latency_s:
+            return t.p2p_latency_s[protocol]  # measured inside one node (twin calibrate)
         if lowering.algorithm in ("p2p", "neighbour"):  # [estimate] NCCL's ring base latency plus one hop
             # (a shift's sends all run at once: one hop, inter-node where the group spans nodes)
             return t.base_latency_s[("ring", protocol)] + (inter if lowering.n_nodes > 1 else intra)
