@@ -97,13 +97,18 @@ def test_ranks_that_hold_a_whole_core_in_collectives_give_the_step_in_step(tmp_p
         simulate_scattered(sched, machine, comm_share=1.5)
 
 
+def _ranks_waiting_for_rank_0():
+    """Rank 0 runs a GEMM and then an all-reduce of all four, which ranks 1-3 issue at once."""
+    return schedule(4, {"x": ((0, 1, 2, 3),)}, [((0,), [_gemm(0), all_reduce(1, 4e8, deps=(0,))]),
+                                                 ((1, 2, 3), [all_reduce(0, 4e8)])])
+
+
 def test_a_rank_moves_bytes_only_after_the_last_member_issued_the_transfer(tmp_path):
     """Rank 0 runs a GEMM, then an all-reduce that ranks 1-3 issued at once: they wait at the rendezvous until
     the GEMM ends, and every rank moves bytes only from then to the transfer's end. So the moving fraction is
     the transfer over the step on every rank, where all time out of compute counts the waits too."""
     machine = quad_machine(tmp_path)
-    sched = schedule(4, {"x": ((0, 1, 2, 3),)}, [((0,), [_gemm(0), all_reduce(1, 4e8, deps=(0,))]),
-                                                  ((1, 2, 3), [all_reduce(0, 4e8)])])
+    sched = _ranks_waiting_for_rank_0()
     for full in (False, True):
         run = simulate(sched, machine, full=full)
         gemm_s = run.timelines[0].end_s[0]
@@ -117,8 +122,7 @@ def test_a_share_charged_while_moving_bytes_lies_between_none_and_all_time_out_o
     """The same step scattered on 2 shared cores: ranks 1-3 wait most of it, so a share held only while they
     move bytes slows rank 0's GEMM less than one held all their time out of compute."""
     machine = quad_machine(tmp_path, shared_cores=2)
-    sched = schedule(4, {"x": ((0, 1, 2, 3),)}, [((0,), [_gemm(0), all_reduce(1, 4e8, deps=(0,))]),
-                                                  ((1, 2, 3), [all_reduce(0, 4e8)])])
+    sched = _ranks_waiting_for_rank_0()
     none, moving, out = (simulate_scattered(sched, machine, comm_share=share, share_while=where)
                          for share, where in ((0.0, "moving"), (0.8, "moving"), (0.8, "out_of_compute")))
     assert none.run.step_time_s < moving.run.step_time_s < out.run.step_time_s
