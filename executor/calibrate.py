@@ -74,8 +74,14 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   time over the GEMM's before it (3-32 ms of compute on a 2-core host with
   4 ranks): how far the last rank lags the mean, per second of compute,
   where the OS shares too few cores unevenly (0.14-0.27 there; 0.01-0.05
-  with one rank per core; docs/fit.md). On such a host each collective
-  above has the lag of its lead GEMM taken out (`lead_skew_s`), since the
+  with one rank per core; docs/fit.md);
+- timeslice_lag_s: the same line's value at no compute less the time of
+  the small all-reduce of every rank right after a synchronisation (the
+  latency microbenchmark alone): the lag that does not grow with the
+  compute, 2-5 ms there, reached at timeslice_lag_after_s, the shortest
+  GEMM measured (linearly from 0 below it: benchmarks/collective_after.py
+  finds no lag after a 1 MB copy). On such a host each collective above
+  has the lag of its lead GEMM taken out (`lead_skew_s`), since the
   simulator adds it to the transfer after (twin.sim.compute_unit.NodeCores).
 
 The last four are ratios of two microbenchmarks each (executor.calibrate_sharing).
@@ -258,6 +264,8 @@ class Fit:
     comm_stretch_under_compute: float = 1.0  # a collective's time while every rank computes / alone
     comm_latency_pace_under_compute: float | None = None  # a small collective's pace under its ranks' GEMMs; None: not measured
     p2p_latency_s: float | None = None  # a point-to-point transfer's latency; None: not measured (no pairs)
+    timeslice_lag_s: float = 0.0  # the last rank's lag at a synchronisation beyond the skew's, after compute ...
+    timeslice_lag_after_s: float = 0.0  # ... this long (linearly from 0 below it)
 
 
 TILES = (1, 8, 16, 32, 64, 128, 256)
@@ -381,14 +389,15 @@ def fit(samples: list[Sample], oversubscribed: bool = False) -> Fit:
         raise ValueError("calibration: the element-wise times leave no room for any bandwidth; measurements look broken")
     _, o, bw, rate, (tm, tn, kh), layouts, a_eff, a_over, errors = best
 
-    skew, lead_s = fit_skew(by.get("skew_lead", []), by.get("skew_sync", []), LEAD_GEMM)
-    lead_skew = skew * lead_s if oversubscribed else 0.0
+    lag = fit_skew(by.get("skew_lead", []), by.get("skew_sync", []), LEAD_GEMM, by.get("latency_comm_alone", []))
+    lead_skew = lag.after(lag.lead_s) if oversubscribed else 0.0
     # (a sample shorter than the lag is noise: it keeps a twentieth of itself)
     collectives = [replace(s, time_s=max(s.time_s - lead_skew, 0.05 * s.time_s)) for s in by.get("collective", [])]
     port_bw, base, hop, kind_latency, kind_fraction = _fit_collectives(collectives, errors)
     return Fit(float(o), float(bw), float(rate), tm, tn, float(kh), layouts, a_eff, comm_compute_slowdown(by),
-               float(port_bw), float(base), float(hop), errors, a_over, kind_latency, kind_fraction, skew, lead_skew,
-               comm_stretch(by), latency_pace(by), _fit_p2p_latency(by.get("p2p", []), port_bw, errors))
+               float(port_bw), float(base), float(hop), errors, a_over, kind_latency, kind_fraction, lag.skew,
+               lead_skew, comm_stretch(by), latency_pace(by), _fit_p2p_latency(by.get("p2p", []), port_bw, errors),
+               lag.floor_s, lag.floor_after_s)
 
 
 def _fit_p2p_latency(transfers: list[Sample], port_bw: float, errors: dict) -> float | None:

@@ -73,6 +73,8 @@ def refit_saved(calibration_json: str, output: str, lag: bool = True, stretch: b
     host = {**doc["host"], "launches": len(per_launch) if per_launch else doc["host"].get("launches", 1)}
     fitted = fit(samples, oversubscribed=lag and _oversubscribed(host))
     fitted = replace(fitted, timeslice_skew=fitted.timeslice_skew if lag else 0.0,
+                     timeslice_lag_s=fitted.timeslice_lag_s if lag else 0.0,
+                     timeslice_lag_after_s=fitted.timeslice_lag_after_s if lag else 0.0,
                      comm_stretch_under_compute=fitted.comm_stretch_under_compute if stretch else 1.0,
                      comm_latency_pace_under_compute=fitted.comm_latency_pace_under_compute if latency else None)
     write_machine(output, fitted, samples, host, doc["dtype"], doc["date"],

@@ -5,15 +5,19 @@ each is a ratio of two of the calibration's own microbenchmarks (executor.
 calibrate's module docstring says which), not a model fitted over many:
 the GEMM's slowdown under an all-reduce, the all-reduce's stretch under
 GEMMs, a small all-reduce's latency pace under its ranks' GEMMs, and the
-time-slicing lag of the last rank at a synchronisation. Each takes the
+time-slicing lag of the last rank at a synchronisation (a line over four
+GEMM sizes, less the synchronisation right after another). Each takes the
 samples by kind (`by`) and says what it is without its measurements.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from executor.calibration_samples import Sample
+from twin.sim.compute_unit import timeslice_lag_s
 
 
 def _mean(by: dict[str, list[Sample]], kind: str) -> float | None:
@@ -47,13 +51,35 @@ def latency_pace(by: dict[str, list[Sample]]) -> float | None:
     return float(np.clip(pace, 0.0, 1.0))
 
 
-def fit_skew(leads: list[Sample], syncs: list[Sample], lead_shape: tuple[int, int, int]) -> tuple[float, float]:
-    """(the slope of the synchronising all-reduce's time over its lead GEMM's, the `lead_shape` GEMM's time):
-    0 and 0 without the measurements (one rank, or an older schedule), and never below 0."""
+@dataclass(frozen=True)
+class Lag:
+    """How far the last rank reaches a synchronisation behind the mean after a phase of compute on an
+    oversubscribed host: `floor_s` once the phase is `floor_after_s` long (linearly from 0 below it), plus
+    `skew` per second of the phase. `lead_s`: the lead GEMM's time before each collective microbenchmark."""
+
+    skew: float = 0.0
+    lead_s: float = 0.0
+    floor_s: float = 0.0
+    floor_after_s: float = 0.0
+
+    def after(self, compute_s: float) -> float:
+        """The lag after `compute_s` of compute, as the simulator takes it (twin.sim.compute_unit)."""
+        return timeslice_lag_s(compute_s, self.skew, self.floor_s, self.floor_after_s)
+
+
+def fit_skew(leads: list[Sample], syncs: list[Sample], lead_shape: tuple[int, int, int],
+             synchronised: list[Sample] = ()) -> Lag:
+    """The lag (Lag) from the synchronising all-reduces after GEMMs of several sizes: `skew` their time's
+    least-squares slope over the GEMM's, the floor the line's value at no GEMM less the time of a small
+    all-reduce of every rank right after a synchronisation (`synchronised`: the latency microbenchmark alone,
+    where the last rank has nothing to lag behind), reached at the shortest GEMM measured. Nothing without the
+    measurements (one rank, or an older schedule); never below 0."""
     lead_of = {(s.params["m"], s.params["n"], s.params["k"]): s.time_s for s in leads}
     pairs = [(lead_of[key], s.time_s) for s in syncs if (key := (s.params["m"], s.params["n"], s.params["k"])) in lead_of]
     if len(pairs) < 2:
-        return 0.0, 0.0
+        return Lag()
     lead, sync = np.array(pairs).T
-    slope = float(np.polyfit(lead, sync, 1)[0]) if np.ptp(lead) > 0 else 0.0
-    return max(slope, 0.0), lead_of.get(lead_shape, 0.0)
+    slope, intercept = np.polyfit(lead, sync, 1) if np.ptp(lead) > 0 else (0.0, float(np.mean(sync)))
+    alone = _mean({"alone": list(synchronised)}, "alone")
+    floor = max(float(intercept) - alone, 0.0) if alone is not None else 0.0
+    return Lag(max(float(slope), 0.0), lead_of.get(lead_shape, 0.0), floor, float(lead.min()) if floor else 0.0)

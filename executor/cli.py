@@ -236,6 +236,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           + (f"; a small one's latency at {f.comm_latency_pace_under_compute:.2f} of its pace alone"
              if f.comm_latency_pace_under_compute is not None else ""))
     print(f"  time-slicing: the last rank lags {100 * f.timeslice_skew:.1f}% of the compute before a synchronisation"
+          + (f" plus {f.timeslice_lag_s * 1e6:.0f} us after {f.timeslice_lag_after_s * 1e6:.0f} us of it"
+             if f.timeslice_lag_s else "")
           + (f" (taken out of each collective: {f.lead_skew_s * 1e6:.0f} us)" if f.lead_skew_s else
              " (unused: no more ranks than cores)" if f.timeslice_skew else ""))
     print(f"  collectives: {f.port_bw_bytes_per_s / 1e9:.3f} GB/s per rank, latency {f.base_latency_s * 1e6:.0f} us + "

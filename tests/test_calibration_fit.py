@@ -59,7 +59,8 @@ def synthetic_samples(truth: dict, nproc: int = 4):
                 traffic = (2 if ar else 1) * (size - 1) / size * nbytes
                 t = (truth["base"] + truth["kind_latency"][kind] + steps * truth["hop"]
                      + traffic / (truth["port"] * truth["kind_fraction"][kind]))
-                t += truth.get("skew", 0.0) * gemm_s(*cal.LEAD_GEMM)  # the last rank's lag behind the lead GEMM
+                # the last rank's lag behind the lead GEMM (the shortest of the skew's: the floor's all there)
+                t += truth.get("skew", 0.0) * gemm_s(*cal.LEAD_GEMM) + truth.get("lag_floor", 0.0)
                 out.append(Sample("collective", {"kind": kind, "group_size": size, "nbytes": nbytes}, t, 0.01 * t, 10))
     if "skew" in truth:
         for m, n, k in cal.SKEW_LEADS:
@@ -232,6 +233,34 @@ def test_calibration_measures_an_oversubscribed_hosts_lag_and_stretch(tmp_path):
     node = load_machine(str(path)).node
     assert (node.timeslice_skew, node.comm_stretch_under_compute) == pytest.approx((0.25, 3.5))
     assert cal.fit([s for s in samples if not s.kind.startswith("skew")]).timeslice_skew == 0.0  # not measured
+
+
+def test_the_lag_that_does_not_grow_with_the_compute_is_the_lines_intercept_over_a_synchronised_all_reduce(
+        tmp_path):
+    """The synchronising all-reduce after GEMMs of four sizes lies on a line whose value at no GEMM is 2 ms above
+    the same all-reduce right after a synchronisation (the latency microbenchmark alone): the floor of the
+    lag, reached at the shortest GEMM measured, is 2 ms; the collectives behind their lead GEMM (the shortest)
+    have it taken out with the skew's; the file carries it. Without the synchronised all-reduce it is 0."""
+    from executor import calibrate as cal
+    from executor.calibration_samples import Sample
+    from executor.machinefile import write_machine
+
+    truth = known_parameters(skew=0.25, sync_base=400e-6 + 2e-3, lag_floor=2e-3)
+    synchronised = Sample("latency_comm_alone", {"nbytes": cal.LATENCY_BYTES, "group_size": 4}, 400e-6)
+    samples = synthetic_samples(truth) + [synchronised]
+    lead_s = next(s.time_s for s in samples if s.kind == "skew_lead" and s.params == dict(zip("mnk", cal.LEAD_GEMM)))
+    f = cal.fit(samples, oversubscribed=True)
+    assert (f.timeslice_skew, f.timeslice_lag_s, f.timeslice_lag_after_s) == pytest.approx((0.25, 2e-3, lead_s))
+    assert f.lead_skew_s == pytest.approx(2e-3 + 0.25 * lead_s)
+    assert (f.base_latency_s, f.hop_latency_s, f.port_bw_bytes_per_s) == pytest.approx((100e-6, 50e-6, 1e9), rel=1e-3)
+    path = tmp_path / "floor.toml"
+    host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
+    doc = write_machine(str(path), f, samples, host, "float32", date="2026-01-01")
+    assert max(abs(p["error"]) for p in doc["predictions"]) < 0.01
+    node = load_machine(str(path)).node
+    assert (node.timeslice_lag_s, node.timeslice_lag_after_s) == pytest.approx((2e-3, lead_s), rel=1e-5)  # 6 digits
+    unsynchronised = cal.fit(synthetic_samples(truth), oversubscribed=True)
+    assert (unsynchronised.timeslice_lag_s, unsynchronised.timeslice_lag_after_s) == (0.0, 0.0)
 
 
 def test_several_calibration_launches_are_fitted_by_their_median():

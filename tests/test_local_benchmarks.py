@@ -389,3 +389,41 @@ def test_compute_beside_comm_times_the_gemms_inside_the_all_reduces_span():
         assert (r["gemm_idle_s"], r["gemm_beside_s"], r["ratio"]) == pytest.approx((0.02, 0.03, 1.5))
         assert r["gemms_beside"] == 10 * 2 * REPEATS and r["core_share"] == pytest.approx(0.5)
     assert core_share(1.0, 2, 2) == 0.0 and core_share(2.0, 2, 4) == pytest.approx(3.0)
+
+
+def test_collective_after_times_each_collective_in_its_condition(capsys):
+    """benchmarks/collective_after.py: one program that passes the IR's checks, each timed collective right after
+    what its condition says (a synchronisation of every rank, itself, a copy, a GEMM); from made-up timestamps
+    where a collective takes 1 ms after a GEMM and 0.5 ms otherwise, the summary reads those back per
+    collective and condition, in CONDITIONS order; an odd rank count is refused."""
+    from collective_after import CHAIN, CONDITIONS, KINDS, REPEATS, SIZES, after_schedule, main as collective_after
+    from collective_after import summarize
+
+    from twin.ir import Collective, Elementwise, Gemm
+    from twin.ir_validate import validate_schedule
+
+    schedule, timed = after_schedule(4)
+    validate_schedule(schedule)
+    (program,) = schedule.programs
+    ops = program.ops
+    before = {"sync": Collective, "itself": Collective, "copy": Elementwise, "gemm-synced": Gemm, "gemm-chain": Gemm}
+    for op_id, (condition, group, kind, nbytes) in timed.items():
+        previous = ops[op_id - 1].work if condition not in ("sync", "itself") else ops[op_id - 2].work
+        assert isinstance(previous, before[condition]), (condition, ops[op_id - 1].name)
+        if condition == "sync":
+            assert previous.group == "g4" and previous.nbytes == 4
+        if condition == "itself":
+            assert (previous.kind, previous.nbytes) == (kind, nbytes)
+    counts = [list(timed.values()).count(c) for c in {*timed.values()}]
+    assert set(counts) == {REPEATS, REPEATS * CHAIN}
+    start, end = np.zeros(len(ops)), np.zeros(len(ops))
+    for op_id, (condition, *_) in timed.items():
+        end[op_id] = 0.001 if condition.startswith("gemm") else 0.0005
+    rows = summarize(timed, [[(start, end)]] * 4)
+    assert len(rows) == 2 * len(KINDS) * len(SIZES) * len(CONDITIONS)
+    assert [r["condition"] for r in rows[:len(CONDITIONS)]] == list(CONDITIONS)
+    for r in rows:
+        assert r["mean_s"] == pytest.approx(0.001 if r["condition"].startswith("gemm") else 0.0005)
+    with pytest.raises(SystemExit) as exit_:
+        collective_after(["--nproc", "3"])
+    assert exit_.value.code == 2 and "--nproc" in capsys.readouterr().err

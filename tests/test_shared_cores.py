@@ -65,6 +65,26 @@ def test_time_slicing_delays_the_transfer_that_waits_for_the_last_rank(tmp_path,
         assert lags.step_time_s - steps.step_time_s == pytest.approx(2 * lag_s, rel=1e-6, abs=1e-12)
 
 
+@pytest.mark.parametrize("busy, after_gemms, ramp", [(4, 0.5, 1.0), (4, 1.1, 1 / 1.1), (3, 1.1, 0.75 / 1.1),
+                                                    (2, 0.5, 0.0)])
+def test_the_lag_that_does_not_grow_with_the_compute_builds_up_to_its_floor(tmp_path, busy, after_gemms, ramp):
+    """node.timeslice_lag_us: beyond the skew's quarter of the compute, the last rank lags a fixed tenth of a
+    GEMM once more ranks than cores have computed `after_gemms` GEMMs' time, linearly from none below it: a
+    whole tenth after a GEMM where half of one suffices; 1 / 1.1 of it where 1.1 are needed; with three ranks
+    on two cores, whose GEMM takes 3/4 of the calibrated time, 0.75 / 1.1; with two ranks, none."""
+    gemm_s = _gemm_alone_s()
+    (tmp_path / "floor").mkdir()
+    floored = quad_machine(tmp_path / "floor", shared_cores=2, timeslice_skew=0.25,
+                           timeslice_lag_us=0.1 * gemm_s * 1e6, timeslice_lag_after_us=after_gemms * gemm_s * 1e6)
+    lagged, _ = _lagged_and_in_step(tmp_path)
+    ops = [_gemm(0), all_reduce(1, 4, deps=(0,))]
+    sched = schedule(4, {"x": ((0, 1, 2, 3),)},
+                     [(tuple(range(busy)), ops)] + ([(tuple(range(busy, 4)), [all_reduce(0, 4)])] if busy < 4 else []))
+    for full in (False, True):
+        floors, lags = simulate(sched, floored, full=full), simulate(sched, lagged, full=full)
+        assert floors.step_time_s - lags.step_time_s == pytest.approx(0.1 * gemm_s * ramp, rel=1e-6, abs=1e-12)
+
+
 def test_a_lag_is_hidden_where_compute_goes_on_beside_the_transfer(tmp_path):
     """All four ranks compute a GEMM, start a small all-reduce and compute a second GEMM beside it: the
     all-reduce starts a quarter of a GEMM late and still ends inside the second GEMM, so the step does not
@@ -286,7 +306,8 @@ def test_shared_cores_must_be_positive(tmp_path):
 
 
 _FIELD_OF = {"timeslice_skew": "timeslice_skew", "comm_stretch": "comm_stretch_under_compute",
-             "latency_pace": "comm_latency_pace_under_compute"}  # helper arg -> key
+             "latency_pace": "comm_latency_pace_under_compute", "timeslice_lag_us": "timeslice_lag_us",
+             "timeslice_lag_after_us": "timeslice_lag_after_us"}  # helper arg -> key
 
 
 @pytest.mark.parametrize("cores, argument, value, says", [
@@ -294,7 +315,9 @@ _FIELD_OF = {"timeslice_skew": "timeslice_skew", "comm_stretch": "comm_stretch_u
     (0, "timeslice_skew", 0.2, "add node.shared_cores"), (2, "comm_stretch", 0.5, "must be >= 1"),
     (2, "comm_stretch", 101, "above the physical limit"), (0, "comm_stretch", 2, "add node.shared_cores"),
     (2, "latency_pace", -0.1, r"in \[0, 1\]"), (2, "latency_pace", 1.5, r"in \[0, 1\]"),
-    (0, "latency_pace", 0.0, "add node.shared_cores")])
+    (0, "latency_pace", 0.0, "add node.shared_cores"), (2, "timeslice_lag_us", -1, "must be >= 0"),
+    (0, "timeslice_lag_us", 100, "add node.shared_cores"),
+    (0, "timeslice_lag_after_us", 100, "add node.shared_cores")])
 def test_the_oversubscribed_hosts_numbers_are_checked(tmp_path, cores, argument, value, says):
     from topologies.errors import InputError
     with pytest.raises(InputError, match=f"{_FIELD_OF[argument]}.*{says}"):

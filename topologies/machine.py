@@ -205,13 +205,16 @@ def _node(f: Fields) -> NodeSpec:
     switch = _switch(f.table("switch")) if f.has("switch") else None
     shared_cores = f.number("shared_cores", "positive") if f.has("shared_cores") else 0.0
     skew = f.number("timeslice_skew", "nonneg") if f.has("timeslice_skew") else 0.0
+    lag = f.number("timeslice_lag_us", "nonneg") * US if f.has("timeslice_lag_us") else 0.0
+    lag_after = f.number("timeslice_lag_after_us", "nonneg") * US if f.has("timeslice_lag_after_us") else 0.0
     stretch = f.number("comm_stretch_under_compute") if f.has("comm_stretch_under_compute") else 1.0
     if stretch < 1:
         f.fail("comm_stretch_under_compute", f"must be >= 1 (a time over the time alone), got {stretch:g}")
     latency_pace = (f.number("comm_latency_pace_under_compute", "share") if f.has("comm_latency_pace_under_compute")
                     else None)
     for key, value, alone in (("timeslice_skew", skew, 0.0), ("comm_stretch_under_compute", stretch, 1.0),
-                              ("comm_latency_pace_under_compute", latency_pace, None)):
+                              ("comm_latency_pace_under_compute", latency_pace, None), ("timeslice_lag_us", lag, 0.0),
+                              ("timeslice_lag_after_us", lag_after, 0.0)):
         if value != alone and not shared_cores:
             f.fail(key, "applies only to ranks that share cores; add node.shared_cores or remove it")
     ef = f.table("link_efficiency")
@@ -224,7 +227,8 @@ def _node(f: Fields) -> NodeSpec:
     if switch is None:
         _check_connected(f, n, links)
     f.finish()
-    return NodeSpec(n, tuple(links), tuple(nics), eff, switch, shared_cores, skew, stretch, latency_pace)
+    return NodeSpec(n, tuple(links), tuple(nics), eff, switch, shared_cores, skew, stretch, latency_pace, lag,
+                    lag_after)
 
 
 def _switch(f: Fields) -> NodeSwitch:

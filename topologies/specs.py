@@ -155,6 +155,11 @@ class NodeSpec:
     # all-reduce issued before GEMMs. None (not measured): the latency is stretched as the bytes are. Set, the
     # simulator moves a transfer's bytes first and its latency after (twin.sim.engine; docs/fit.md).
     comm_latency_pace_under_compute: float | None = None
+    # With shared cores: the part of the last rank's lag (timeslice_skew's) that does not grow with the compute
+    # before the synchronisation, reached once more ranks than cores have computed `timeslice_lag_after_s`
+    # (linearly from 0 below it); twin calibrate measures both (executor.calibrate_sharing.Lag).
+    timeslice_lag_s: float = 0.0
+    timeslice_lag_after_s: float = 0.0
 
     @property
     def network_link_efficiency(self) -> float:

@@ -17,6 +17,17 @@ from typing import Callable
 import simpy
 
 
+def timeslice_lag_s(crowded_s: float, skew: float, floor_s: float = 0.0, floor_after_s: float = 0.0) -> float:
+    """How far the last rank reaches a synchronisation behind the mean after `crowded_s` seconds of compute
+    with more ranks than cores: `skew` per second, plus `floor_s` (the part that does not grow with the compute)
+    once they reach `floor_after_s`, linearly from 0 below it; none without such compute. twin calibrate
+    measures the three (executor.calibrate_sharing.fit_skew)."""
+    if crowded_s <= 0:
+        return 0.0
+    ramp = min(1.0, crowded_s / floor_after_s) if floor_after_s > 0 else 1.0
+    return skew * crowded_s + floor_s * ramp
+
+
 class NodeCores:
     """The cores a CPU host's ranks share (the machine's node.shared_cores), as a processor-sharing resource.
 
@@ -30,11 +41,12 @@ class NodeCores:
     cores unevenly, and a phase of compute ends, at the collective that synchronises it, when its last rank
     is done: `skew` later per second of the mean's compute (twin calibrate measures it as the slope of a
     4-byte all-reduce over the GEMM before it). The ranks compute at their fair share meanwhile (a rank's
-    own GEMMs measure so), and the time is lost only where ranks wait for the last: each unit counts
-    `skew` times the seconds it computes while busy > cores (ComputeUnit.lag_s), and its last rank issues
-    its next transfer that much later (twin.sim.engine): the transfer waits for it unless other members
-    arrive later still, and compute beside the transfer may hide it. With busy <= cores every rank has a
-    core and nothing lags.
+    own GEMMs measure so), and the time is lost only where ranks wait for the last: each unit counts the
+    seconds it computes while busy > cores (ComputeUnit.crowded_s), and its last rank issues its next
+    transfer `lag_after` of them later (twin.sim.engine): `skew` per second, plus `lag_floor` (node.
+    timeslice_lag_s, the lag that does not grow with the compute) once they reach `lag_floor_after`,
+    linearly from 0 below it. The transfer waits for it unless other members arrive later still, and
+    compute beside the transfer may hide it. With busy <= cores every rank has a core and nothing lags.
 
     Communication the same way: a calibrated latency and link bandwidth are what each rank's transfers got
     with every rank of the node in one collective at once and none computing, so while ranks are in
@@ -65,13 +77,15 @@ class NodeCores:
     step it gives."""
 
     def __init__(self, cores: float, ranks: int, skew: float = 0.0, comm_stretch: float = 1.0,
-                 latency_pace: float | None = None, others_duty: float | None = None) -> None:
+                 latency_pace: float | None = None, others_duty: float | None = None, lag_floor: float = 0.0,
+                 lag_floor_after: float = 0.0) -> None:
         self.cores, self.busy, self.communicating = cores, 0, 0
         self.calibrated_share = min(1.0, cores / ranks)
         self.skew, self.comm_stretch, self.latency_pace = skew, comm_stretch, latency_pace
+        self.lag_floor, self.lag_floor_after = lag_floor, lag_floor_after
         self.units: list[ComputeUnit] = []
         self.on_comm_change: Callable[[], None] | None = None
-        self._scattered: tuple[float, float] | None = None  # (factor, lag rate) with independent phases
+        self._scattered: tuple[float, float] | None = None  # (factor, crowding) with independent phases
         if others_duty is not None:
             if not 0.0 <= others_duty <= 1.0:
                 raise ValueError(f"others_duty {others_duty}: a fraction of the step, from 0 to 1")
@@ -79,7 +93,7 @@ class NodeCores:
                        for k in range(ranks)]
             share = sum(p * min(1.0, cores / (1 + k)) for k, p in enumerate(chances))
             crowded = sum(p for k, p in enumerate(chances) if 1 + k > cores)
-            self._scattered = (share / self.calibrated_share, skew * crowded)
+            self._scattered = (share / self.calibrated_share, crowded)
 
     def factor(self) -> float:
         """A computing rank's rate over the calibrated one, at the present number of computing ranks."""
@@ -87,12 +101,21 @@ class NodeCores:
             return self._scattered[0]
         return min(1.0, self.cores / max(self.busy, 1)) / self.calibrated_share
 
-    def lag_rate(self) -> float:
-        """Seconds of lag a computing rank gathers per second: `skew` while more ranks compute than there are
-        cores (the OS time-slices them, and they drift apart), else 0."""
+    def crowding(self) -> float:
+        """How much of a second a computing rank counts toward its lag per second: 1 while more ranks compute
+        than there are cores (the OS time-slices them, and they drift apart), else 0; scattered, the chance of
+        that."""
         if self._scattered is not None:
             return self._scattered[1]
-        return self.skew if self.oversubscribed() else 0.0
+        return 1.0 if self.oversubscribed() else 0.0
+
+    def lag_rate(self) -> float:
+        """Seconds of lag a computing rank gathers per second beyond the floor: `skew` x crowding()."""
+        return self.skew * self.crowding()
+
+    def lag_after(self, crowded_s: float) -> float:
+        """The last rank's lag after `crowded_s` seconds of oversubscribed compute (timeslice_lag_s)."""
+        return timeslice_lag_s(crowded_s, self.skew, self.lag_floor, self.lag_floor_after)
 
     def oversubscribed(self) -> bool:
         """Whether more ranks compute than there are cores: the OS time-slices them, and they drift apart."""
@@ -138,7 +161,7 @@ class ComputeUnit:
         self.home, self.shares = home, shares
         self.comm_active = 0
         self.computing = False  # in run(): what a transfer's latency pace asks of its ranks
-        self.lag_s = 0.0  # how far its last rank has fallen behind since its ranks last issued a transfer
+        self.crowded_s = 0.0  # its oversubscribed compute since its ranks last issued a transfer (NodeCores)
         self._running: simpy.Process | None = None
 
     def rate(self) -> float:
@@ -154,17 +177,17 @@ class ComputeUnit:
         remaining, pieces = work_s, []
         while True:
             rate, start = self.rate(), self.env.now
-            skew = self.home.lag_rate() if self.home is not None else 0.0
+            crowding = self.home.crowding() if self.home is not None else 0.0
             pieces.append((start, rate, work_s - remaining))
             self._running = self.env.active_process
             try:
                 yield self.env.timeout(max(remaining, 0.0) / rate)
             except simpy.Interrupt:
                 remaining -= (self.env.now - start) * rate
-                self.lag_s += (self.env.now - start) * skew
+                self.crowded_s += (self.env.now - start) * crowding
                 continue
             self._running = None
-            self.lag_s += (self.env.now - start) * skew
+            self.crowded_s += (self.env.now - start) * crowding
             self.computing = False
             for cores, ranks in self.shares:
                 cores.change(-ranks, self)
@@ -190,10 +213,10 @@ class ComputeUnit:
                 run.advance(rate, self.env.now)
 
     def take_lag(self) -> float:
-        """The lag its last rank has gathered since its ranks last issued a transfer (NodeCores.skew); from
+        """The lag its last rank has gathered since its ranks last issued a transfer (NodeCores.lag_after); from
         zero again."""
-        lag, self.lag_s = self.lag_s, 0.0
-        return lag
+        crowded, self.crowded_s = self.crowded_s, 0.0
+        return self.home.lag_after(crowded) if self.home is not None else 0.0
 
     def comm_changed(self, delta: int, slows: bool = True) -> None:
         """A transfer of this rank starts (+1) or ends (-1). `slows`: whether it slows compute from now on

@@ -63,7 +63,7 @@ class Rendezvous:
     arrived: int
     done: simpy.Event
     members: list[tuple[int, int]]  # (class, op id) of each arrival so far
-    ready_s: float  # when the last rank of each arrival so far has issued it (time-slicing's lag, ComputeUnit.lag_s)
+    ready_s: float  # when the last rank of each arrival so far has issued it (time-slicing's lag, ComputeUnit.take_lag)
 
 
 @dataclass(frozen=True)
@@ -230,7 +230,7 @@ class Simulator:
         node_of = self.fabric.node_of
         cores: dict[int, NodeCores] = defaultdict(lambda: NodeCores(
             node.shared_cores, node.gpus_per_node, node.timeslice_skew, node.comm_stretch_under_compute,
-            node.comm_latency_pace_under_compute, self.others_duty))
+            node.comm_latency_pace_under_compute, self.others_duty, node.timeslice_lag_s, node.timeslice_lag_after_s))
         ranks_on: list[dict[int, int]] = [defaultdict(int) for _ in sym.representatives]
         for rank, cls in sym.class_of.items():
             ranks_on[cls][node_of(self.gpu_of[rank])] += 1
