@@ -84,7 +84,8 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   has the lag of its lead GEMM taken out (`lead_skew_s`), since the
   simulator adds it to the transfer after (twin.sim.compute_unit.NodeCores).
 
-The last four are ratios of two microbenchmarks each (executor.calibrate_sharing).
+The last five come from executor.calibrate_sharing: ratios of two microbenchmarks each, and the lag's
+line over four GEMM sizes beside the synchronised all-reduce.
 executor.machinefile writes the machine file (each number "measured on
 <host> by twin calibrate on <date>") and, beside it, NAME.calibration.json
 with every measurement, the fitted value and what the simulator's own models
