@@ -33,7 +33,7 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
 - kernel_overhead_s, GEMM rate R, tile sizes, k_half (compute_units = 1: one
   process is one stream of kernels, no waves) by a grid search minimising the
   RMS relative error of element-wise, GEMM and attention times together,
-  every time weighted alike (`_relative`): not by its standard error, which
+  every time weighted alike (`relative_weights`): not by its standard error, which
   with more ranks than cores comes from a few launches' scatter and is too
   noisy to decide a discrete choice of tiles by (on this project's 2-core
   host, weighted so, 4-rank launches of one calibration chose tiles from 1x1
@@ -102,6 +102,8 @@ import numpy as np
 
 from executor.calibrate_sharing import comm_compute_slowdown, comm_stretch, fit_skew, latency_pace
 from executor.calibration_samples import Sample
+from executor.weighted_least_squares import (chi2, inverse_variance, nnls_weighted, rel_rms, relative_weights,
+                                             scale_nonneg)
 from twin.builders.program import ProgramWriter
 from twin.ir import P2P, Attention, Collective, Elementwise, Gemm, GroupAxis, Op, Program, Schedule, StepInfo
 
@@ -256,7 +258,7 @@ class Fit:
     port_bw_bytes_per_s: float
     base_latency_s: float
     hop_latency_s: float
-    rms_relative_error: dict  # per category, of the fit itself (_rel_rms)
+    rms_relative_error: dict  # per category, of the fit itself (rel_rms)
     attention_overhead_s: float = 0.0
     kind_latency_s: dict = field(default_factory=dict)  # collective kind -> latency above base_latency_s
     kind_bw_fraction: dict = field(default_factory=dict)  # collective kind -> bandwidth / port_bw
@@ -272,7 +274,6 @@ class Fit:
 TILES = (1, 8, 16, 32, 64, 128, 256)
 K_HALVES = (0.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0)
 OVERHEADS_S = tuple(np.concatenate([[0.0], np.geomspace(1e-6, 3e-4, 50)]))
-REL_FLOOR = 0.05  # every mean is trusted to 5% at best, however many samples it has
 
 
 def _shape_eff(m, n, k, tm: int, tn: int, kh: float) -> np.ndarray:
@@ -286,58 +287,6 @@ def _shape_eff(m, n, k, tm: int, tn: int, kh: float) -> np.ndarray:
     return raw(np.asarray(m, float), np.asarray(n, float), np.asarray(k, float)) / raw(D, D, D)
 
 
-def _arrays(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
-    """(mean times, inverse-variance weights) with the REL_FLOOR floor on each mean's error."""
-    t = np.array([s.time_s for s in samples])
-    sigma = np.sqrt(np.array([s.sem_s for s in samples]) ** 2 + (REL_FLOOR * t) ** 2)
-    return t, 1.0 / sigma ** 2
-
-
-def _relative(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
-    """(mean times, weights 1 / t^2): least squares on these is least squares on relative errors, each
-    microbenchmark counting alike whatever its measured scatter (the compute fit's weighting)."""
-    t = np.array([s.time_s for s in samples])
-    return t, 1.0 / t ** 2
-
-
-def _chi2(pred: np.ndarray, t: np.ndarray, w: np.ndarray) -> float:
-    return float(np.sum(w * (pred - t) ** 2))
-
-
-def _rel_rms(pred: np.ndarray, t: np.ndarray, w: np.ndarray) -> float:
-    """Weighted RMS relative error: what each fit achieves on its own data."""
-    if not len(t):
-        return 0.0
-    return float(np.sqrt(np.sum(w * t ** 2 * ((pred - t) / t) ** 2) / np.sum(w * t ** 2)))
-
-
-def _scale(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
-    """x >= 0 minimising sum w (a x - y)^2."""
-    den = float(np.sum(w * a * a))
-    return max(float(np.sum(w * a * y)) / den, 0.0) if den > 0 else 0.0
-
-
-def _nnls_weighted(columns: list[np.ndarray], t: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Non-negative x minimising sum w (A x - t)^2: every subset of columns, the best feasible one."""
-    sw = np.sqrt(w)
-    A = np.stack(columns, axis=1) * sw[:, None]
-    b = t * sw
-    best, best_err = np.zeros(len(columns)), float("inf")
-    for mask in itertools.product((True, False), repeat=len(columns)):
-        idx = [i for i, on in enumerate(mask) if on]
-        if not idx:
-            continue
-        x_sub, *_ = np.linalg.lstsq(A[:, idx], b, rcond=None)
-        if (x_sub < 0).any():
-            continue
-        x = np.zeros(len(columns))
-        x[idx] = x_sub
-        err = float(np.sum((A @ x - b) ** 2))
-        if err < best_err:
-            best, best_err = x, err
-    return best
-
-
 def fit(samples: list[Sample], oversubscribed: bool = False) -> Fit:
     """The simulator's parameters that best explain the samples (weighted least squares; module docstring).
     `oversubscribed`: more ranks than cores, where the simulator delays the transfer after compute by the
@@ -346,20 +295,20 @@ def fit(samples: list[Sample], oversubscribed: bool = False) -> Fit:
     ew, gm, at = by.get("elementwise", []), by.get("gemm", []), by.get("attention", [])
     if not ew or not gm:
         raise ValueError("calibration needs element-wise and GEMM measurements")
-    ew_t, ew_w = _relative(ew)
+    ew_t, ew_w = relative_weights(ew)
     ew_b = np.array([s.params["nbytes"] for s in ew], float)
-    g_t, g_w = _relative(gm)
+    g_t, g_w = relative_weights(gm)
     g_m, g_n, g_k = (np.array([s.params[d] for s in gm], float) for d in "mnk")
     g_f = 2 * g_m * g_n * g_k
     g_bytes = 2 * (g_m * g_k + g_k * g_n + g_m * g_n)  # twin.sim.compute counts 2-byte operands
     g_lay = np.array([s.params["layout"] for s in gm])
-    a_t, a_w = _relative(at)
+    a_t, a_w = relative_weights(at)
     a_f = np.array([Attention(s.params["batch"], s.params["seq"], s.params["heads"], s.params["head_dim"],
                               s.params["backward"], True).flops for s in at])
     effs = {(tm, tn, kh): _shape_eff(g_m, g_n, g_k, tm, tn, kh) for tm, tn, kh in itertools.product(TILES, TILES, K_HALVES)}
     best = None
     for o in OVERHEADS_S:
-        inv_bw = _scale(ew_b, ew_t - o, ew_w)
+        inv_bw = scale_nonneg(ew_b, ew_t - o, ew_w)
         if inv_bw <= 0:
             continue
         ew_pred = o + ew_b * inv_bw
@@ -370,20 +319,20 @@ def fit(samples: list[Sample], oversubscribed: bool = False) -> Fit:
             inv_rates, pred = {}, np.empty_like(g_t)
             for lay in ("NN", "NT", "TN"):
                 sel = g_lay == lay
-                inv_rates[lay] = _scale(work[sel], g_t[sel] - o, g_w[sel]) or 1e-30
+                inv_rates[lay] = scale_nonneg(work[sel], g_t[sel] - o, g_w[sel]) or 1e-30
                 pred[sel] = np.maximum(work[sel] * inv_rates[lay], mem[sel]) + o
-            chi = _chi2(pred, g_t, g_w)
+            chi = chi2(pred, g_t, g_w)
             if g_best is None or chi < g_best[0]:
                 g_best = (chi, shape, inv_rates, pred)
         g_chi, shape, inv_rates, g_pred = g_best
         fastest = min(inv_rates.values())
-        a_over, inv_ae = _nnls_weighted([np.ones_like(a_t), a_f * fastest], a_t - o, a_w) if at else (0.0, 1.0)
+        a_over, inv_ae = nnls_weighted([np.ones_like(a_t), a_f * fastest], a_t - o, a_w) if at else (0.0, 1.0)
         a_eff = float(np.clip(1.0 / inv_ae, 1e-3, 1.0)) if inv_ae > 0 else 1.0
         a_pred = a_f * fastest / a_eff + a_over + o
-        total = _chi2(ew_pred, ew_t, ew_w) + g_chi + _chi2(a_pred, a_t, a_w)
+        total = chi2(ew_pred, ew_t, ew_w) + g_chi + chi2(a_pred, a_t, a_w)
         if best is None or total < best[0]:
-            errors = {"elementwise": _rel_rms(ew_pred, ew_t, ew_w), "gemm": _rel_rms(g_pred, g_t, g_w),
-                      "attention": _rel_rms(a_pred, a_t, a_w)}
+            errors = {"elementwise": rel_rms(ew_pred, ew_t, ew_w), "gemm": rel_rms(g_pred, g_t, g_w),
+                      "attention": rel_rms(a_pred, a_t, a_w)}
             best = (total, o, 1.0 / inv_bw, 1.0 / fastest, shape, {lay: fastest / inv for lay, inv in inv_rates.items()},
                     a_eff, float(a_over), errors)
     if best is None:
@@ -406,10 +355,10 @@ def _fit_p2p_latency(transfers: list[Sample], port_bw: float, errors: dict) -> f
     bandwidth (twin.sim.collectives times a transfer so), at least 0; None without transfers."""
     if not transfers:
         return None
-    t, w = _arrays(transfers)
+    t, w = inverse_variance(transfers)
     wire = np.array([s.params["nbytes"] for s in transfers], float) / port_bw
     latency = max(float(np.average(t - wire, weights=w)), 0.0)
-    errors["p2p"] = _rel_rms(latency + wire, t, w)
+    errors["p2p"] = rel_rms(latency + wire, t, w)
     return latency
 
 
@@ -423,7 +372,7 @@ def _fit_collectives(cm: list[Sample], errors: dict) -> tuple[float, float, floa
     """
     if not cm:
         return 1e12, 0.0, 0.0, {}, {}
-    c_t, c_w = _arrays(cm)
+    c_t, c_w = inverse_variance(cm)
     n = np.array([s.params["group_size"] for s in cm], float)
     kind = np.array([s.params["kind"] for s in cm])
     ar = kind == "all_reduce"
@@ -431,9 +380,9 @@ def _fit_collectives(cm: list[Sample], errors: dict) -> tuple[float, float, floa
     traffic = np.where(ar, 2 * (n - 1) / n, (n - 1) / n) * np.array([s.params["nbytes"] for s in cm], float)
     kinds = sorted(set(kind))
     masks = [(kind == k).astype(float) for k in kinds]
-    x = _nnls_weighted([*masks, steps, *(m * traffic for m in masks)], c_t, c_w)
+    x = nnls_weighted([*masks, steps, *(m * traffic for m in masks)], c_t, c_w)
     bases, hop, inv = x[:len(kinds)], x[len(kinds)], x[len(kinds) + 1:]
-    errors["collective"] = _rel_rms(sum(m * (b + i * traffic) for m, b, i in zip(masks, bases, inv)) + steps * hop, c_t, c_w)
+    errors["collective"] = rel_rms(sum(m * (b + i * traffic) for m, b, i in zip(masks, bases, inv)) + steps * hop, c_t, c_w)
     base = float(min(bases))
     positive = [i for i in inv if i > 0]
     fastest = min(positive) if positive else 1e-12
