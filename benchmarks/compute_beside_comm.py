@@ -15,7 +15,10 @@ beside (only the GEMMs that lie wholly inside the all-reduces' span), their
 ratio, and the share of a core one rank in the all-reduces takes, from the
 ratio: with h ranks computing on `cores` cores, each gets min(1, cores / h)
 of a core idle and cores / (h + h * share) beside. benchmarks/rank_phases.py
---comm-share takes it. Nothing is simulated or fitted.
+--comm-share takes it. Nothing is simulated or fitted. `twin calibrate` now
+measures one size of it (64 KB, executor.calibrate's BESIDE_GEMMS) into
+node.comm_core_share, which the simulator uses; this benchmark keeps the
+three sizes.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from executor.calibrate import DTYPE, OVERLAP_GEMM, TINY_BYTES  # noqa: E402
+from executor.calibrate_sharing import core_share  # noqa: E402
 from local_microbenchmark import Halves, parse_args, run_microbenchmark  # noqa: E402
 from twin.ir import Collective, Elementwise, Gemm, Schedule  # noqa: E402
 
@@ -59,14 +63,6 @@ def beside_schedule(nproc: int) -> Schedule:
         halves.sync(f"{nbytes}.sync-end")
     half = nproc // 2
     return halves.schedule("compute beside comm", f"{half} ranks' GEMMs beside {half} in all-reduces")
-
-
-def core_share(ratio: float, computing: int, cores: float) -> float:
-    """The share of a core one communicating rank takes, from the computing ranks' GEMM time beside `computing`
-    such ranks over idle: each computing rank gets min(1, cores / computing) idle and cores / (computing +
-    computing * share) beside (where that is under a core). 0 where the GEMMs were no slower."""
-    demand = ratio * cores / min(1.0, cores / computing)
-    return max(0.0, demand / computing - 1.0)
 
 
 def summarize(schedule: Schedule, steps: list[list[tuple[np.ndarray, np.ndarray]]], cores: float) -> list[dict]:

@@ -1,7 +1,7 @@
 """Fit on one and two ranks of this host, predict four: the executor closes `twin fit`'s loop (issue 13).
 
     .venv/bin/python benchmarks/fit_local.py [--steps 7] [--launches 1] [--calibration-launches 3]
-                                             [--out out/fit_local] [--reuse] [--json]
+                                             [--out out/fit_local] [--reuse] [--set FIELD=VALUE] [--json]
 
 1. `twin calibrate` (microbenchmarks only) at 2 and at 4 ranks, each the
    median of --calibration-launches launches (`twin calibrate --launches`):
@@ -22,7 +22,10 @@
 
 With --reuse nothing is measured: steps 1, 2 and 4 take OUT's saved
 calibrations (refitted by this code: executor.calibrate_host.refit_saved)
-and runs, and only the fit and the predictions run again.
+and runs, and only the fit and the predictions run again. --set FIELD=VALUE
+(repeatable) replaces a number of both machine files for the fit and the
+predictions, a what-if (e.g. a number an older calibration did not measure),
+not written into OUT's machine files.
 
 Nothing measured at 4 ranks enters the fit. On a 2-core host, 4 ranks share
 the cores two by two, which no per-device number can express exactly (see
@@ -80,7 +83,8 @@ def twin_json(*argv: str) -> dict | list:
     return json.loads(out.getvalue())
 
 
-def fit_refusing_less(machine: str, runs: str, params: list[str], output: str) -> tuple[dict | None, list[str]]:
+def fit_refusing_less(machine: str, runs: str, params: list[str], output: str,
+                      what_if: tuple[str, ...] = ()) -> tuple[dict | None, list[str]]:
     """`twin fit` with `params`; where it refuses one (on a bound, no effect, not told apart from another), that
     one is left out and the fit run again, so the table says what the runs could pin down. (fit, left out); the
     fit None where every parameter was refused (the held-out plans are then predicted from the microbenchmarks
@@ -89,7 +93,7 @@ def fit_refusing_less(machine: str, runs: str, params: list[str], output: str) -
     while params:
         try:
             return twin_json("fit", "--machine", machine, "--runs", runs, "--params", ",".join(params), "-o", output,
-                             "--json"), left_out
+                             *what_if, "--json"), left_out
         except TwinFailed as e:
             named = [p for p in params if p in str(e)]
             if not named:
@@ -128,15 +132,17 @@ def measure(plans: list[tuple[str, str, int]], ranks: int, machine_path: str, ou
     return summaries
 
 
-def fit_and_carry(files: dict[int, str], runs: str) -> tuple[dict | None, list[str], dict[int, str]]:
+def fit_and_carry(files: dict[int, str], runs: str,
+                  what_if: tuple[str, ...] = ()) -> tuple[dict | None, list[str], dict[int, str]]:
     """`twin fit` on the calibration runs with the 2-rank file (fit_refusing_less), then what it fitted carried
     to the 4-rank file: (fit, left out, {2: fitted 2-rank file, 4: fitted 4-rank file}); where nothing could be
-    fitted the 4-rank "fitted" file is the microbenchmarks' own."""
+    fitted the 4-rank "fitted" file is the microbenchmarks' own. `what_if`: --set arguments for both fits."""
     fitted = {n: path.replace(".toml", "-fitted.toml") for n, path in files.items()}
-    fit, left_out = fit_refusing_less(files[2], runs, PARAMS, fitted[2])
+    fit, left_out = fit_refusing_less(files[2], runs, PARAMS, fitted[2], what_if)
     if fit is not None:
         carried = ",".join(p["path"] for p in fit["parameters"])
-        twin_json("fit", "--machine", files[4], "--from", fitted[2], "--params", carried, "-o", fitted[4], "--json")
+        twin_json("fit", "--machine", files[4], "--from", fitted[2], "--params", carried, "-o", fitted[4], *what_if,
+                  "--json")
     else:
         fitted[4] = files[4]  # nothing to carry: the second column is the microbenchmarks' again
     return fit, left_out, fitted
@@ -194,8 +200,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", action="store_true",
                     help="measure nothing: fit OUT's saved calibrations and runs again with this code and predict the "
                          "same held-out runs (seconds; what a change of the model does to the same measurements)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="what-if: replace a number of both machine files for the fit and the predictions "
+                         "(repeatable), e.g. node.comm_core_share=0.63; the microbenchmark files keep the measured ones")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    what_if = tuple(arg for value in args.set for arg in ("--set", value))
+    try:
+        return _run(ap, args, what_if)
+    except TwinFailed as e:  # a bad --set, a saved file this twin cannot read: its one line, exit 2
+        ap.error(str(e).removeprefix("twin: error: "))
+
+
+def _run(ap: argparse.ArgumentParser, args: argparse.Namespace, what_if: tuple[str, ...]) -> int:
     for flag, value in (("--launches", args.launches), ("--calibration-launches", args.calibration_launches)):
         if value < 1:
             ap.error(f"{flag} {value}: at least 1")
@@ -224,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                        + measure([(m, p, b) for m, p, b in PLANS[2]], 2, files[2], args.out, args.steps,
                                  args.quiet_wait))
         Path(runs).write_text(json.dumps(calibration, indent=1))
-    fit, left_out, fitted = fit_and_carry(files, runs)
+    fit, left_out, fitted = fit_and_carry(files, runs, what_if)
 
     if not args.reuse:
         held = median_launches([measure([(m, p, b) for m, p, b in PLANS[4]], 4, files[4],
@@ -232,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                                 for k in range(args.launches)])
         Path(held_path).write_text(json.dumps(held, indent=1))
     machines = ("--machine", files[4]) + (("--machine", fitted[4]) if fit is not None else ())
-    table = twin_json("validate", "--runs", held_path, *machines, "--json")
+    table = twin_json("validate", "--runs", held_path, *machines, *what_if, "--json")
     doc = {"fit": fit, "left_out": left_out, "held_out": table, "host": measured_on(files[4]),
            "wall_s": time.perf_counter() - start}
     Path(os.path.join(args.out, "results.json")).write_text(json.dumps(doc, indent=1))

@@ -11,9 +11,9 @@ calibrate` measured with all four computing at once (NodeCores). This
 reads the per-rank timings saved for each held-out plan (the launch its
 summary names: fit_local's median launch) and prints, per plan:
 
-- how far apart the ranks leave a collective: the spread (latest minus
-  earliest) of its members' end times, the mean over the collectives of
-  the measured steps;
+- how far apart the ranks reach and leave a collective: the spread
+  (latest minus earliest) of its members' start and end times, the mean
+  over the collectives of the measured steps;
 - while rank 0 runs a GEMM, how many of the other ranks compute too
   (element-wise, GEMM or attention), measured and as the twin simulates
   every rank (`simulate(full=True)`): 3 where all four keep in step;
@@ -46,9 +46,10 @@ from twin.sim.engine import SimRun, simulate  # noqa: E402
 COMPUTE = {"gemm", "elementwise", "attention"}
 
 
-def collective_end_spread_s(schedule: Schedule, measured: Measured) -> float:
-    """Mean over the collectives of every measured step of (latest - earliest) end among one instance's members,
-    where they all run one program (their op ids then name the same call). NaN without such a collective."""
+def collective_spread_s(schedule: Schedule, measured: Measured, edge: int = 1) -> float:
+    """Mean over the collectives of every measured step of (latest - earliest) end (`edge` 1; 0: start, how far
+    apart the members reach it) among one instance's members, where they all run one program (their op ids
+    then name the same call). NaN without such a collective."""
     program_of = schedule.program_of()
     spreads = []
     for index, program in enumerate(schedule.programs):
@@ -58,7 +59,7 @@ def collective_end_spread_s(schedule: Schedule, measured: Measured) -> float:
         for step in zip(*measured.steps):  # per step: (start, end) per rank
             for op in ops:
                 for members in axes.get(op.work.group, ()):
-                    ends = [step[r][1][op.id] for r in members]
+                    ends = [step[r][edge][op.id] for r in members]
                     spreads.append(max(ends) - min(ends))
     return float(np.mean(spreads)) if spreads else float("nan")
 
@@ -113,7 +114,8 @@ def plan_row(summary: dict, machine: Machine) -> dict:
     per_rank_measured = [measured.steps[r][measured.median_step] for r in range(schedule.world_size)]
     return {
         "plan": os.path.splitext(os.path.basename(schedule_path))[0],
-        "collective_end_spread_ms": 1e3 * collective_end_spread_s(schedule, measured),
+        "collective_start_spread_ms": 1e3 * collective_spread_s(schedule, measured, edge=0),
+        "collective_end_spread_ms": 1e3 * collective_spread_s(schedule, measured),
         "others_computing_measured": others_computing(schedule, per_rank_measured),
         "others_computing_twin": others_computing(schedule, _per_rank(full)),
         "gemm_rate_over_calibrated_measured": gemm_rate(schedule, measured.ranks[0]["program"],
@@ -162,10 +164,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     for folder, rows in doc.items():
         print(f"{folder} (machine file local-4.toml; GEMM rates over its calibrated one)")
-        print(f"  {'plan':<36}{'end spread':>11}{'others computing':>18}{'GEMM rate':>15}{'step':>8}")
-        print(f"  {'':<36}{'ms':>11}{'meas.':>9}{'twin':>9}{'meas.':>8}{'twin':>7}{'error':>8}")
+        print(f"  {'plan':<36}{'spread at':>9}{'end':>6}{'others computing':>18}{'GEMM rate':>15}{'step':>8}")
+        print(f"  {'':<36}{'start ms':>9}{'ms':>6}{'meas.':>9}{'twin':>9}{'meas.':>8}{'twin':>7}{'error':>8}")
         for r in rows:
-            print(f"  {r['plan']:<36}{r['collective_end_spread_ms']:>11.2f}{r['others_computing_measured']:>9.2f}"
+            print(f"  {r['plan']:<36}{r['collective_start_spread_ms']:>9.2f}{r['collective_end_spread_ms']:>6.2f}"
+                  f"{r['others_computing_measured']:>9.2f}"
                   f"{r['others_computing_twin']:>9.2f}{r['gemm_rate_over_calibrated_measured']:>8.2f}"
                   f"{r['gemm_rate_over_calibrated_twin']:>7.2f}{r['step_error_pct']:>+7.1f}%")
     return 0

@@ -22,7 +22,13 @@ small all-reduce over all ranks so the ranks enter it together:
 - overlap: a large all-reduce alone, a GEMM alone, then the same GEMM
   while the same all-reduce runs;
 - latency under compute: a small all-reduce of every rank alone, then
-  issued before LATENCY_GEMMS that every rank runs and waited for after.
+  issued before LATENCY_GEMMS that every rank runs and waited for after;
+- core share (4k ranks): the first program's ranks run BESIDE_GEMMS GEMMs
+  while the second's wait at the next synchronisation, then again while
+  the second's run all-reduces of BESIDE_BYTES in their own pairs, back to
+  back, for longer than the GEMMs take (the second program runs a tiny op
+  at each id where the first runs a GEMM, and the first a tiny op where the
+  second runs an all-reduce; `_beside_section`).
 
 Each op is repeated; its time is the mean over repeats, steps and ranks
 (executor.calibration_samples.collect).
@@ -61,8 +67,8 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   of 64 MB, nearly all bytes: on a CPU host the simulator slows compute by it
   while a collective moves bytes, not while it waits out its latency;
 - comm_stretch_under_compute = (the all-reduce's time while every rank
-  computes) / (its time alone), at least 1: on a host with more ranks than
-  cores gloo's threads then wait for cores (2.6-3.4 with 4 ranks on this
+  computes) / (its time alone), at least 1: on a host with at least as many
+  ranks as cores gloo's threads then wait for cores (2.6-3.4 with 4 ranks on this
   project's 2-core host, 1.1-1.2 with 2; docs/fit.md);
 - comm_latency_pace_under_compute: how much of the small all-reduce's time
   alone went by while the GEMMs over it ran, per second of them: 0 where
@@ -73,18 +79,26 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
 - timeslice_skew: the least-squares slope of the synchronising all-reduce's
   time over the GEMM's before it (3-32 ms of compute on a 2-core host with
   4 ranks): how far the last rank lags the mean, per second of compute,
-  where the OS shares too few cores unevenly (0.14-0.27 there; 0.01-0.05
-  with one rank per core; docs/fit.md);
+  where the OS shares the cores unevenly (0.14-0.28 there; with 2 ranks on
+  its 2 cores 0.03-0.14, which the simulator now lags too: every core held
+  leaves none for gloo's and the executor's own threads; docs/fit.md);
 - timeslice_lag_s: the same line's value at no compute less the time of
   the small all-reduce of every rank right after a synchronisation (the
   latency microbenchmark alone): the lag that does not grow with the
   compute, 2-5 ms there, reached at timeslice_lag_after_s, the shortest
   GEMM measured (linearly from 0 below it: benchmarks/collective_after.py
-  finds no lag after a 1 MB copy). On such a host each collective above
-  has the lag of its lead GEMM taken out (`lead_skew_s`), since the
-  simulator adds it to the transfer after (twin.sim.compute_unit.NodeCores).
+  finds no lag after a 1 MB copy). On a host with at least as many ranks
+  as cores each collective above has the lag of its lead GEMM taken out
+  (`lead_skew_s`), since the simulator adds it to the transfer after
+  (twin.sim.compute_unit.NodeCores);
+- comm_core_share: the share of a core a rank moving bytes takes from the
+  ranks computing beside it, from the core-share GEMMs' time beside the
+  all-reduces over their time beside waiting ranks (0.67-0.81 with 4 ranks on
+  this project's 2-core host; waiting takes none); None where the
+  computing half leaves a core free (the movers' threads run there unseen)
+  or fewer than 4k ranks ran.
 
-The last five come from executor.calibrate_sharing: ratios of two microbenchmarks each, and the lag's
+The last six come from executor.calibrate_sharing: ratios of two microbenchmarks each, and the lag's
 line over four GEMM sizes beside the synchronised all-reduce.
 executor.machinefile writes the machine file (each number "measured on
 <host> by twin calibrate on <date>") and, beside it, NAME.calibration.json
@@ -100,9 +114,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from executor.calibrate_sharing import comm_compute_slowdown, comm_stretch, fit_skew, latency_pace
+from executor.calibrate_collectives import fit_collectives, fit_p2p_latency
+from executor.calibrate_sharing import comm_compute_slowdown, comm_stretch, fit_skew, latency_pace, mover_share
 from executor.calibration_samples import Sample
-from executor.weighted_least_squares import (chi2, inverse_variance, nnls_weighted, rel_rms, relative_weights,
+from executor.weighted_least_squares import (chi2, nnls_weighted, rel_rms, relative_weights,
                                              scale_nonneg)
 from twin.builders.program import ProgramWriter
 from twin.ir import P2P, Attention, Collective, Elementwise, Gemm, GroupAxis, Op, Program, Schedule, StepInfo
@@ -125,6 +140,9 @@ LEAD_GEMM = (512, 512, 512)  # the compute op before each collective: ranks arri
 SKEW_LEADS = [LEAD_GEMM, (1024, 512, 512), (1024, 1024, 512), (1024, 1024, 1024)]  # 1:2:4:8 in work
 P2P_BYTES = [1 << 10, 16 << 10, 64 << 10, 256 << 10]  # a pipeline's activations on a small host: 64-128 KB
 P2P_TAG = "calibration"
+# Half the ranks run BESIDE_GEMMS GEMMs while the other half waits, then while it runs BESIDE_ALL_REDUCES all-reduces
+# of BESIDE_BYTES in pairs, back to back (they outlast the GEMMs): what a rank moving bytes takes of the cores
+BESIDE_GEMMS, BESIDE_ALL_REDUCES, BESIDE_BYTES = 4, 200, 64 << 10
 DTYPE = "bf16"
 
 
@@ -228,9 +246,39 @@ def calibration_schedule(nproc: int, repeats: int = REPEATS) -> tuple[Schedule, 
                     flops_hardware=0.0, flops_model=0.0, memory_per_gpu_bytes=0.0)
     if 2 not in sizes:
         return Schedule(nproc, groups, (Program(tuple(range(nproc)), tuple(w.ops)),), info), what
+    second = _beside_section(w, what, sync, nproc, repeats) if nproc % 4 == 0 else {}
+    if second:
+        pairs = tuple(pair for i in range(0, nproc, 4) for pair in ((i, i + 2), (i + 1, i + 3)))
+        groups += (GroupAxis(BESIDE_AXIS, pairs),)
     programs = (Program(tuple(range(0, nproc, 2)), tuple(w.ops)),
-                Program(tuple(range(1, nproc, 2)), tuple(_receiving(op) for op in w.ops)))
+                Program(tuple(range(1, nproc, 2)), tuple(second.get(op.id, _receiving(op)) for op in w.ops)))
     return Schedule(nproc, groups, programs, info), what
+
+
+BESIDE_AXIS = "h"  # the pairs of the second program's ranks (1-3, 5-7, ...) that move bytes beside the first's GEMMs
+
+
+def _beside_section(w: ProgramWriter, what: dict, sync, nproc: int, repeats: int) -> dict[int, Op]:
+    """The core-share microbenchmark (BESIDE_GEMMS): written as the first program's ops, the even ranks, which
+    compute; returns the second program's (the odd ranks') op at each id where it differs: a tiny op where the
+    first computes, an all-reduce in its pairs where the first has a tiny op. Its GEMMs count only on the first
+    program's ranks (`what`'s "program")."""
+    second: dict[int, Op] = {}
+    params = {"m": OVERLAP_GEMM[0], "n": OVERLAP_GEMM[1], "k": OVERLAP_GEMM[2], "computing": nproc // 2, "program": 0}
+    work = Collective("all_reduce", BESIDE_AXIS, BESIDE_BYTES, DTYPE)
+    for rep in range(repeats):
+        for phase in ("idle", "moving"):
+            sync(f"sync.beside.{phase}.r{rep}")
+            for g in range(BESIDE_GEMMS):
+                op = w.compute(f"beside.{phase}.r{rep}.gemm{g}", Gemm(*OVERLAP_GEMM, "NN", DTYPE))
+                what[op] = (f"beside_{phase}", params)
+                second[op] = replace(w.ops[op], name=f"beside.{phase}.r{rep}.tiny{g}", work=Elementwise(TINY_BYTES))
+            for i in range(BESIDE_ALL_REDUCES if phase == "moving" else 0):
+                op = w.compute(f"beside.r{rep}.tiny{i}", Elementwise(TINY_BYTES))
+                second[op] = replace(w.ops[op], name=f"beside.r{rep}.ar{i}", stream=f"comm:{BESIDE_AXIS}", work=work)
+                w.wait(op)
+                w.compute(f"beside.r{rep}.ar{i}.done", Elementwise(TINY_BYTES))
+    return second
 
 
 def _receiving(op: Op) -> Op:
@@ -269,6 +317,7 @@ class Fit:
     p2p_latency_s: float | None = None  # a point-to-point transfer's latency; None: not measured (no pairs)
     timeslice_lag_s: float = 0.0  # the last rank's lag at a synchronisation beyond the skew's, after compute ...
     timeslice_lag_after_s: float = 0.0  # ... this long (linearly from 0 below it)
+    comm_core_share: float | None = None  # of a core, a rank moving bytes beside others' compute; None: not measured
 
 
 TILES = (1, 8, 16, 32, 64, 128, 256)
@@ -287,10 +336,10 @@ def _shape_eff(m, n, k, tm: int, tn: int, kh: float) -> np.ndarray:
     return raw(np.asarray(m, float), np.asarray(n, float), np.asarray(k, float)) / raw(D, D, D)
 
 
-def fit(samples: list[Sample], oversubscribed: bool = False) -> Fit:
+def fit(samples: list[Sample], oversubscribed: bool = False, cores: float | None = None) -> Fit:
     """The simulator's parameters that best explain the samples (weighted least squares; module docstring).
-    `oversubscribed`: more ranks than cores, where the simulator delays the transfer after compute by the
-    time-slicing skew."""
+    `oversubscribed`: at least as many ranks as cores, where the simulator delays the transfer after compute
+    by the time-slicing lag; `cores`: the host's, for the share of a core a rank moving bytes takes."""
     by = {kind: [s for s in samples if s.kind == kind] for kind in {s.kind for s in samples}}
     ew, gm, at = by.get("elementwise", []), by.get("gemm", []), by.get("attention", [])
     if not ew or not gm:
@@ -343,49 +392,8 @@ def fit(samples: list[Sample], oversubscribed: bool = False) -> Fit:
     lead_skew = lag.after(lag.lead_s) if oversubscribed else 0.0
     # (a sample shorter than the lag is noise: it keeps a twentieth of itself)
     collectives = [replace(s, time_s=max(s.time_s - lead_skew, 0.05 * s.time_s)) for s in by.get("collective", [])]
-    port_bw, base, hop, kind_latency, kind_fraction = _fit_collectives(collectives, errors)
+    port_bw, base, hop, kind_latency, kind_fraction = fit_collectives(collectives, errors)
     return Fit(float(o), float(bw), float(rate), tm, tn, float(kh), layouts, a_eff, comm_compute_slowdown(by),
                float(port_bw), float(base), float(hop), errors, a_over, kind_latency, kind_fraction, lag.skew,
-               lead_skew, comm_stretch(by), latency_pace(by), _fit_p2p_latency(by.get("p2p", []), port_bw, errors),
-               lag.floor_s, lag.floor_after_s)
-
-
-def _fit_p2p_latency(transfers: list[Sample], port_bw: float, errors: dict) -> float | None:
-    """A point-to-point transfer's latency: the weighted mean of each size's time less its bytes at the port
-    bandwidth (twin.sim.collectives times a transfer so), at least 0; None without transfers."""
-    if not transfers:
-        return None
-    t, w = inverse_variance(transfers)
-    wire = np.array([s.params["nbytes"] for s in transfers], float) / port_bw
-    latency = max(float(np.average(t - wire, weights=w)), 0.0)
-    errors["p2p"] = rel_rms(latency + wire, t, w)
-    return latency
-
-
-def _fit_collectives(cm: list[Sample], errors: dict) -> tuple[float, float, float, dict, dict]:
-    """(port bandwidth, base latency, hop latency, extra latency per kind, bandwidth fraction per kind).
-
-    Each kind gets its own base latency and bandwidth, one hop latency shared:
-    a library's kinds need not be alike (gloo's reduce-scatter moves about an
-    all-reduce's bytes, not an all-gather's). The fastest kind's bandwidth is
-    the port's; the others are fractions of it; the lowest base is the base.
-    """
-    if not cm:
-        return 1e12, 0.0, 0.0, {}, {}
-    c_t, c_w = inverse_variance(cm)
-    n = np.array([s.params["group_size"] for s in cm], float)
-    kind = np.array([s.params["kind"] for s in cm])
-    ar = kind == "all_reduce"
-    steps = np.where(ar, 2 * (n - 1), n - 1)  # NCCL's ring steps (twin.sim.lowerings.ring_steps)
-    traffic = np.where(ar, 2 * (n - 1) / n, (n - 1) / n) * np.array([s.params["nbytes"] for s in cm], float)
-    kinds = sorted(set(kind))
-    masks = [(kind == k).astype(float) for k in kinds]
-    x = nnls_weighted([*masks, steps, *(m * traffic for m in masks)], c_t, c_w)
-    bases, hop, inv = x[:len(kinds)], x[len(kinds)], x[len(kinds) + 1:]
-    errors["collective"] = rel_rms(sum(m * (b + i * traffic) for m, b, i in zip(masks, bases, inv)) + steps * hop, c_t, c_w)
-    base = float(min(bases))
-    positive = [i for i in inv if i > 0]
-    fastest = min(positive) if positive else 1e-12
-    kind_latency = {k: float(b - base) for k, b in zip(kinds, bases)}
-    kind_fraction = {k: float(fastest / i) if i > 0 else 1.0 for k, i in zip(kinds, inv)}
-    return 1.0 / fastest, base, float(hop), kind_latency, kind_fraction
+               lead_skew, comm_stretch(by), latency_pace(by), fit_p2p_latency(by.get("p2p", []), port_bw, errors),
+               lag.floor_s, lag.floor_after_s, mover_share(by, cores))

@@ -39,12 +39,12 @@ def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = R
         start = time.perf_counter()
         run_local(schedule, path, nproc, launch_dir, opts, wall_limit_s)
         measured = load_measured(launch_dir, schedule)
-        per_launch.append(collect(list(measured.steps), what))
+        per_launch.append(collect(list(measured.steps), what, [schedule.program_of()[r] for r in range(nproc)]))
         if on_launch is not None:
             on_launch(k, time.perf_counter() - start)
     samples = combine_launches(per_launch)
     host = {**host_description(nproc), "compute_nice": getattr(opts, "compute_nice", 0), "launches": launches}
-    fitted = fit(samples, oversubscribed=_oversubscribed(host))
+    fitted = fit(samples, oversubscribed=_oversubscribed(host), cores=host["logical_cpus"])
     doc = write_machine(output, fitted, samples, host, measured.dtype,
                         launch_samples=per_launch if launches > 1 else None)
     return fitted, doc, measured
@@ -71,7 +71,7 @@ def refit_saved(calibration_json: str, output: str, lag: bool = True, stretch: b
     else:
         per_launch, samples = None, [Sample(**s) for s in doc["samples"]]
     host = {**doc["host"], "launches": len(per_launch) if per_launch else doc["host"].get("launches", 1)}
-    fitted = fit(samples, oversubscribed=lag and _oversubscribed(host))
+    fitted = fit(samples, oversubscribed=lag and _oversubscribed(host), cores=host["logical_cpus"])
     fitted = replace(fitted, timeslice_skew=fitted.timeslice_skew if lag else 0.0,
                      timeslice_lag_s=fitted.timeslice_lag_s if lag else 0.0,
                      timeslice_lag_after_s=fitted.timeslice_lag_after_s if lag else 0.0,
@@ -88,5 +88,6 @@ def launch_dirs(out_dir: str, launches: int) -> list[str]:
 
 
 def _oversubscribed(host: dict) -> bool:
-    """More ranks than the host's logical CPUs: where the simulator applies the time-slicing lag."""
-    return host["nproc"] > host["logical_cpus"]
+    """At least as many ranks as the host's logical CPUs: where the simulator applies the time-slicing lag
+    (ranks computing on every core drift apart: twin.sim.compute_unit.NodeCores)."""
+    return host["nproc"] >= host["logical_cpus"]

@@ -6,7 +6,8 @@ calibrate's module docstring says which), not a model fitted over many:
 the GEMM's slowdown under an all-reduce, the all-reduce's stretch under
 GEMMs, a small all-reduce's latency pace under its ranks' GEMMs, and the
 time-slicing lag of the last rank at a synchronisation (a line over four
-GEMM sizes, less the synchronisation right after another). Each takes the
+GEMM sizes, less the synchronisation right after another), and the share of
+a core a rank moving bytes takes from the ranks computing beside it. Each takes the
 samples by kind (`by`) and says what it is without its measurements.
 """
 
@@ -49,6 +50,28 @@ def latency_pace(by: dict[str, list[Sample]]) -> float | None:
     span = by["latency_comm"][0].params["gemms"] * gemm
     pace = alone / during if during <= span else (alone - (during - span)) / span
     return float(np.clip(pace, 0.0, 1.0))
+
+
+def core_share(ratio: float, computing: int, cores: float) -> float:
+    """The share of a core one rank moving bytes takes, from the computing ranks' GEMM time beside as many such
+    ranks over their time beside idle ones: each computing rank gets min(1, cores / computing) of a core beside
+    idle ranks and cores / (computing + computing x share) beside moving ones (where that is under a core:
+    twin.sim.compute_unit.NodeCores.load). 0 where the GEMMs were no slower."""
+    demand = ratio * cores / min(1.0, cores / computing)
+    return max(0.0, demand / computing - 1.0)
+
+
+def mover_share(by: dict[str, list[Sample]], cores: float | None) -> float | None:
+    """The share of a core a rank takes while its transfers move bytes and it computes nothing (core_share of
+    the beside microbenchmark), in [0, 1]; None unmeasured, or where the computing half of the ranks leaves a
+    core free (then the moving ranks' threads run there and the GEMMs cannot show what they take)."""
+    idle, moving = _mean(by, "beside_idle"), _mean(by, "beside_moving")
+    if not idle or not moving or not cores:
+        return None
+    computing = by["beside_idle"][0].params["computing"]
+    if computing < cores:
+        return None
+    return float(np.clip(core_share(moving / idle, computing, cores), 0.0, 1.0))
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,15 @@ import numpy as np
 class Sample:
     """One microbenchmark: what it ran, its mean time and the standard error of that mean."""
 
-    kind: str  # gemm | elementwise | attention | collective | overlap_alone | overlap_during
+    kind: str  # gemm | elementwise | attention | collective | overlap_alone | overlap_during | beside_idle ...
     params: dict
     time_s: float
     sem_s: float = 0.0
     count: int = 1
 
 
-def collect(steps: list[list[tuple[np.ndarray, np.ndarray]]], what: dict[int, tuple[str, dict]]) -> list[Sample]:
+def collect(steps: list[list[tuple[np.ndarray, np.ndarray]]], what: dict[int, tuple[str, dict]],
+            program_of: list[int] | None = None) -> list[Sample]:
     """Mean and its standard error over repeats, steps and ranks of each microbenchmark.
 
     `steps[r][s]` is rank r's (start, end) arrays of step s. The mean, not
@@ -32,14 +33,17 @@ def collect(steps: list[list[tuple[np.ndarray, np.ndarray]]], what: dict[int, tu
     for a time slice, and a step pays those slices on average, so the expected
     time is what a step-time prediction needs; the standard error says how far
     to trust it (the collective fit weighs by it). Overlap GEMMs count only when they ran
-    entirely inside the large all-reduce.
+    entirely inside the large all-reduce. A microbenchmark whose params name a "program" counts only on
+    that program's ranks (`program_of`: each rank's program; None: every rank).
     """
     big = next((i for i, (k, _) in what.items() if k == "overlap_comm"), None)
     values: dict[str, tuple[str, dict, list[float]]] = {}
-    for rank_steps in steps:
+    for rank, rank_steps in enumerate(steps):
         for start, end in rank_steps:
             for op_id, (kind, params) in what.items():
                 if kind == "overlap_during" and not (start[op_id] >= start[big] and end[op_id] <= end[big]):
+                    continue
+                if program_of is not None and params.get("program", program_of[rank]) != program_of[rank]:
                     continue
                 key = json.dumps([kind, params], sort_keys=True)
                 values.setdefault(key, (kind, params, []))[2].append(float(end[op_id] - start[op_id]))

@@ -239,7 +239,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           + (f" plus {f.timeslice_lag_s * 1e6:.0f} us after {f.timeslice_lag_after_s * 1e6:.0f} us of it"
              if f.timeslice_lag_s else "")
           + (f" (taken out of each collective: {f.lead_skew_s * 1e6:.0f} us)" if f.lead_skew_s else
-             " (unused: no more ranks than cores)" if f.timeslice_skew else ""))
+             " (unused: fewer ranks than cores)" if f.timeslice_skew else ""))
+    if f.comm_core_share is not None:
+        print(f"  a rank moving bytes takes {f.comm_core_share:.2f} of a core from the ranks computing beside it")
     print(f"  collectives: {f.port_bw_bytes_per_s / 1e9:.3f} GB/s per rank, latency {f.base_latency_s * 1e6:.0f} us + "
           f"{f.hop_latency_s * 1e6:.0f} us per ring step; per kind "
           + ", ".join(f"{k} +{f.kind_latency_s.get(k, 0) * 1e6:.0f} us x{v:.2f} bandwidth" for k, v in f.kind_bw_fraction.items()))

@@ -104,10 +104,13 @@ def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local")
         f"comm_stretch_under_compute = {num(f.comm_stretch_under_compute, 'a 64 MB all-reduce of every rank while every rank runs GEMMs / the same all-reduce alone (at least 1): the collectives above run this many times longer while computing ranks hold every core')}",
         *([f"comm_latency_pace_under_compute = {num(f.comm_latency_pace_under_compute, 'of a 4 KB all-reduce of every rank issued before every rank runs GEMMs and waited for after: its time alone that went by during the GEMMs per second of them (0: it waited for them to end); the simulator moves a transfer bytes first and lets its latency go at this pace while its ranks compute and computing ranks hold every core')}"]
           if f.comm_latency_pace_under_compute is not None else []),
-        f"timeslice_skew = {num(f.timeslice_skew, 'slope of a 4-byte all-reduce of every rank over the GEMM before it (4 sizes): the last rank lags the mean by this per second of compute when more ranks compute than there are cores; the collectives above have that lag behind their lead GEMM taken out')}",
-        *([f"timeslice_lag_us = {num(f.timeslice_lag_s * 1e6, 'the same line at no GEMM less a 4 KB all-reduce of every rank right after a synchronisation: the lag that does not grow with the compute, once more ranks than cores have computed timeslice_lag_after_us')}",
+        f"timeslice_skew = {num(f.timeslice_skew, 'slope of a 4-byte all-reduce of every rank over the GEMM before it (4 sizes): the last rank lags the mean by this per second of compute while the ranks hold every core; with at least as many ranks as cores the collectives above have that lag behind their lead GEMM taken out')}",
+        *([f"timeslice_lag_us = {num(f.timeslice_lag_s * 1e6, 'the same line at no GEMM less a 4 KB all-reduce of every rank right after a synchronisation: the lag that does not grow with the compute, once ranks holding every core have computed timeslice_lag_after_us')}",
            f"timeslice_lag_after_us = {num(f.timeslice_lag_after_s * 1e6, 'the shortest GEMM before the all-reduce (linearly from no lag below it)')}"]
           if f.timeslice_lag_s > 0 else []),
+        (f"comm_core_share = {num(f.comm_core_share, 'half the ranks GEMMs while the other half runs 64 KB all-reduces in pairs, back to back, over the same GEMMs while it waits: the share of a core each rank moving bytes takes from the computing ranks (the simulator counts it in their load while it computes nothing)')}"
+         if f.comm_core_share is not None else
+         f"comm_core_share = {est(0.0, 'not measured (it needs 4k ranks, half of them holding every core): a rank moving bytes is taken to leave the computing ranks their cores')}"),
         "",
         "# gloo over loopback: every rank has one port of the measured bandwidth to a switch vertex.",
         "[node.switch]",

@@ -263,6 +263,45 @@ def test_the_lag_that_does_not_grow_with_the_compute_is_the_lines_intercept_over
     assert (unsynchronised.timeslice_lag_s, unsynchronised.timeslice_lag_after_s) == (0.0, 0.0)
 
 
+@pytest.mark.parametrize("cores, moving_ms, share", [(2, 16.0, 0.6), (2, 9.0, 0.0), (4, 16.0, None)])
+def test_the_share_of_a_core_a_rank_moving_bytes_takes_is_measured_beside_half_the_ranks_computing(
+        tmp_path, cores, moving_ms, share):
+    """Two of four ranks run GEMMs of 10 ms while the other two wait, 16 ms while those run all-reduces in
+    pairs: on 2 cores the two computing ranks got a core each and then 2 / 3.2, so each rank moving bytes took
+    0.6 of a core (node.comm_core_share, which the written file carries); GEMMs no slower, 0; on 4 cores the
+    computing half leaves cores free, where the movers' threads run unseen: not measured, written as a 0
+    estimate (so a what-if can --set it)."""
+    from executor import calibrate as cal
+    from executor.calibration_samples import Sample
+    from executor.machinefile import write_machine
+
+    params = {"m": 512, "n": 1024, "k": 1024, "computing": 2, "program": 0}
+    beside = [Sample("beside_idle", params, 10e-3), Sample("beside_moving", params, moving_ms * 1e-3)]
+    samples = synthetic_samples(known_parameters()) + beside
+    f = cal.fit(samples, oversubscribed=True, cores=cores)
+    assert f.comm_core_share == (pytest.approx(share) if share is not None else None)
+    assert cal.fit(synthetic_samples(known_parameters()), oversubscribed=True, cores=2).comm_core_share is None
+    path = tmp_path / "share.toml"
+    host = {"cpu": "test CPU", "logical_cpus": cores, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
+    write_machine(str(path), f, samples, host, "float32", date="2026-01-01")
+    assert load_machine(str(path)).node.comm_core_share == pytest.approx(share or 0.0, abs=1e-6)
+    assert ("comm_core_share = { value = 0.0, estimate = \"not measured" in path.read_text()) == (share is None)
+
+
+def test_a_microbenchmark_of_one_program_is_timed_on_its_ranks_only():
+    """collect: the core-share GEMMs run on the first program's ranks (0 and 2); the second's (1 and 3) run a
+    tiny op at the same id, which must not dilute them; without the ranks' programs every rank counts."""
+    from executor.calibration_samples import collect
+
+    what = {0: ("beside_idle", {"m": 1, "n": 1, "k": 1, "computing": 2, "program": 0}), 1: ("gemm", {"m": 1})}
+    ends = {0: [10e-3, 1e-6], 1: [1e-6, 5e-3], 2: [12e-3, 1e-6], 3: [1e-6, 7e-3]}
+    steps = [[(np.zeros(2), np.array(ends[r]))] for r in range(4)]
+    by = {s.kind: s for s in collect(steps, what, [0, 1, 0, 1])}
+    assert (by["beside_idle"].time_s, by["beside_idle"].count) == (pytest.approx(11e-3), 2)
+    assert by["gemm"].count == 4  # no program named: every rank
+    assert {s.kind: s.count for s in collect(steps, what)}["beside_idle"] == 4
+
+
 def test_several_calibration_launches_are_fitted_by_their_median():
     """`twin calibrate --launches 3`: each microbenchmark's time is the median of the launches' means, so one
     launch with every time 30% long (the host in an odd moment) changes nothing, and the median's error is the
@@ -326,7 +365,7 @@ def test_the_committed_local_machine_is_calibrated_and_exports_a_step():
 
 
 def test_calibration_schedule_is_a_valid_schedule():
-    from executor.calibrate import P2P_BYTES, calibration_schedule
+    from executor.calibrate import BESIDE_ALL_REDUCES, BESIDE_BYTES, P2P_BYTES, calibration_schedule
     from twin.ir_validate import validate_schedule
 
     s, what = calibration_schedule(4, repeats=1)
@@ -339,16 +378,29 @@ def test_calibration_schedule_is_a_valid_schedule():
     layouts = {p["layout"] for k, p in what.values() if k == "gemm"}
     assert layouts == {"NN", "NT", "TN"}
     assert {p["group_size"] for k, p in what.values() if k == "collective"} == {2, 4}
-    # the pairs' first ranks send where their second receive, at the same ids; nothing else differs
+    # the pairs' first ranks send where their second receive, at the same ids; beside the first program's core-
+    # share GEMMs the second runs tiny ops, then all-reduces in its own pairs where the first runs tiny ops;
+    # nothing else differs
     senders, receivers = s.programs
     assert (senders.ranks, receivers.ranks) == ((0, 2), (1, 3))
     transfers = [i for i, (k, _) in what.items() if k == "p2p"]
     assert sorted(p["nbytes"] for k, p in what.values() if k == "p2p") == sorted(P2P_BYTES)
+    beside = {i for i, (k, _) in what.items() if k.startswith("beside_")}
+    assert sorted(k for k, _ in what.values() if k.startswith("beside_")) == ["beside_idle"] * 4 + ["beside_moving"] * 4
+    assert all(p["program"] == 0 and p["computing"] == 2 for k, p in what.values() if k.startswith("beside_"))
+    moving = []
     for a, b in zip(senders.ops, receivers.ops):
         if a.id in transfers:
             assert (a.work.kind, a.work.peer, b.work.kind, b.work.peer) == ("send", 1, "recv", -1)
             assert (a.work.group, a.work.nbytes, a.work.tag) == (b.work.group, b.work.nbytes, b.work.tag)
-        else:
-            assert a == b
+        elif a.id in beside:
+            assert (type(a.work).__name__, type(b.work).__name__, a.deps) == ("Gemm", "Elementwise", b.deps)
+        elif a != b:
+            assert (type(a.work).__name__, b.work.kind, b.work.group) == ("Elementwise", "all_reduce", "h")
+            assert a.deps == b.deps
+            moving.append(b)
+    assert len(moving) == BESIDE_ALL_REDUCES and {op.work.nbytes for op in moving} == {BESIDE_BYTES}
+    assert [g for g in s.groups if g.name == "h"][0].instances == ((0, 2), (1, 3))
+    assert not any(g.name == "h" for g in calibration_schedule(6, repeats=1)[0].groups)  # halves of pairs: 4k ranks
     odd, odd_what = calibration_schedule(3, repeats=1)  # no pairs: one program, no transfer measured
     assert len(odd.programs) == 1 and "p2p" not in {k for k, _ in odd_what.values()}

@@ -17,7 +17,7 @@ import fit_local  # noqa: E402
 from fit_local import median_launches  # noqa: E402
 from helpers import SMALL_SPEC  # noqa: E402
 from launch_noise import main as launch_noise  # noqa: E402
-from rank_drift import collective_end_spread_s, others_computing  # noqa: E402
+from rank_drift import collective_spread_s, others_computing  # noqa: E402
 from rank_drift import main as rank_drift  # noqa: E402
 from rank_phases import main as rank_phases  # noqa: E402
 from rank_phases import summary_of  # noqa: E402
@@ -298,7 +298,8 @@ def test_rank_drift_spreads_each_collectives_end_over_its_own_members():
 
     steps = [step([2.0, 2.1, 2.0, 2.4], [3.0, 3.0, 3.2, 3.1]), step([2.0] * 4, [3.0] * 4)]
     measured = SimpleNamespace(steps=tuple(tuple(s[r] for s in steps) for r in range(4)))
-    assert collective_end_spread_s(sched, measured) == pytest.approx(0.7 / 6)
+    assert collective_spread_s(sched, measured) == pytest.approx(0.7 / 6)
+    assert collective_spread_s(sched, measured, edge=0) == 0.0  # every member reached each at 0
 
 
 def test_rank_drift_refuses_a_folder_without_held_out_runs(tmp_path, capsys):

@@ -2,9 +2,9 @@
 
 With 4 ranks on 2 cores and each other rank computing with probability u, independently, the number of
 others computing beside a rank is binomial(3, u); the rank gets min(1, 2 / (1 + k)) of a core, the
-calibrated share is half a core, and it lags while 1 + k > 2. Worked out by hand at u = 0, 1/2 and 1,
-then on hand-made schedules: a GEMM with every other rank idle for good (u = 0) runs twice as fast as in
-step, and the fixed point's duty is the one its step gives.
+calibrated share is half a core, and it lags while 1 + k >= 2 (every core held). Worked out by hand at
+u = 0, 1/2 and 1, then on hand-made schedules: a GEMM with every other rank idle for good (u = 0) runs twice
+as fast as in step, and the fixed point's duty is the one its step gives.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from twin.sim.phases import compute_duty, moving_duty, simulate_scattered
 @pytest.mark.parametrize("duty, factor, crowded", [
     (0.0, 2.0, 0.0),  # alone: a whole core, twice the calibrated half
     (1.0, 1.0, 1.0),  # all four always: the calibrated share, always lagging
-    # k = 0..3 with chances 1/8, 3/8, 3/8, 1/8: shares 1, 1, 2/3, 1/2 -> 0.8125 of a core; 1 + k > 2 half the time
-    (0.5, 2 * 0.8125, 0.5),
+    # k = 0..3 with chances 1/8, 3/8, 3/8, 1/8: shares 1, 1, 2/3, 1/2 -> 0.8125 of a core; 1 + k >= 2 7/8 of the time
+    (0.5, 2 * 0.8125, 7 / 8),
 ])
 def test_a_rank_gets_the_expected_share_over_the_others_it_meets(duty, factor, crowded):
     cores = NodeCores(2, 4, skew=0.2, others_duty=duty)
@@ -33,12 +33,18 @@ def test_a_rank_gets_the_expected_share_over_the_others_it_meets(duty, factor, c
     assert cores.factor() == pytest.approx(factor)
 
 
-def test_in_step_the_lag_runs_only_while_the_cores_are_oversubscribed():
-    cores = NodeCores(2, 4, skew=0.2)
-    cores.busy = 2
+def test_in_step_the_lag_runs_only_while_the_ranks_hold_every_core():
+    """One rank computing leaves a core free; two hold both; one computing beside two ranks moving bytes at
+    half a core each holds them too (load 2); no rank computing, nothing lags."""
+    cores = NodeCores(2, 4, skew=0.2, mover_share=0.5)
+    cores.busy = 1
     assert cores.lag_rate() == 0.0
-    cores.busy = 3
+    cores.movers = 2
     assert cores.lag_rate() == pytest.approx(0.2)
+    cores.busy, cores.movers = 2, 0
+    assert cores.lag_rate() == pytest.approx(0.2)
+    cores.busy, cores.movers = 0, 4
+    assert cores.lag_rate() == 0.0
 
 
 @pytest.mark.parametrize("duty", [-0.1, 1.5])

@@ -2,7 +2,7 @@
 
 A calibrated rate is each rank's with every rank of the node computing at once. On 2 cores shared by 4
 ranks that is half a core; a rank computing alone gets a whole core, twice the calibrated rate; three at
-once get 2/3 of a core each, 4/3 of it (and with more ranks computing than cores, the last of them reaches
+once get 2/3 of a core each, 4/3 of it (and with the ranks holding every core, the last of them reaches
 the transfer that follows late: node.timeslice_skew). Worked out by hand here, on hand-made schedules, in
 the reduced and the per-rank simulation; then a pipeline, whose stages idle in turn, must run faster than without
 sharing and a data-parallel plan, whose ranks compute in lockstep, exactly as fast.
@@ -48,13 +48,13 @@ def _lagged_and_in_step(tmp_path, skew: float = 0.25, cores: int = 2):
 
 @pytest.mark.parametrize("busy, factor", [(1, 2.0), (2, 2.0), (3, 4 / 3), (4, 1.0)])
 def test_time_slicing_delays_the_transfer_that_waits_for_the_last_rank(tmp_path, busy, factor):
-    """node.timeslice_skew 0.25: with three or four ranks computing on two cores, the last of them reaches the
-    collective after their GEMM a quarter of its time late; one or two each have a core and do not lag. The
-    GEMMs themselves run at their share of the cores either way. Two rounds: a transfer takes the lag of the
-    compute since the last one (0.5 of a GEMM in all, not 0.75)."""
+    """node.timeslice_skew 0.25: with two, three or four ranks computing on two cores, every core held, the
+    last of them reaches the collective after their GEMM a quarter of its time late; one leaves a core free for
+    the other threads and does not lag. The GEMMs themselves run at their share of the cores either way. Two
+    rounds: a transfer takes the lag of the compute since the last one (0.5 of a GEMM in all, not 0.75)."""
     lagged, in_step = _lagged_and_in_step(tmp_path)
     gemm_s = _gemm_alone_s() / factor
-    lag_s = 0.25 * gemm_s if busy > 2 else 0.0
+    lag_s = 0.25 * gemm_s if busy >= 2 else 0.0
     rounds = [_gemm(0), all_reduce(1, 4, deps=(0,)), _gemm(2, deps=(1,)), all_reduce(3, 4, deps=(2,))]
     idle = [all_reduce(0, 4), all_reduce(1, 4, deps=(0,))]
     sched = schedule(4, {"x": ((0, 1, 2, 3),)},
@@ -66,12 +66,13 @@ def test_time_slicing_delays_the_transfer_that_waits_for_the_last_rank(tmp_path,
 
 
 @pytest.mark.parametrize("busy, after_gemms, ramp", [(4, 0.5, 1.0), (4, 1.1, 1 / 1.1), (3, 1.1, 0.75 / 1.1),
-                                                    (2, 0.5, 0.0)])
+                                                    (2, 1.1, 0.5 / 1.1), (1, 0.5, 0.0)])
 def test_the_lag_that_does_not_grow_with_the_compute_builds_up_to_its_floor(tmp_path, busy, after_gemms, ramp):
     """node.timeslice_lag_us: beyond the skew's quarter of the compute, the last rank lags a fixed tenth of a
-    GEMM once more ranks than cores have computed `after_gemms` GEMMs' time, linearly from none below it: a
+    GEMM once ranks holding every core have computed `after_gemms` GEMMs' time, linearly from none below it: a
     whole tenth after a GEMM where half of one suffices; 1 / 1.1 of it where 1.1 are needed; with three ranks
-    on two cores, whose GEMM takes 3/4 of the calibrated time, 0.75 / 1.1; with two ranks, none."""
+    on two cores, whose GEMM takes 3/4 of the calibrated time, 0.75 / 1.1; with two, a core each, half the
+    time: 0.5 / 1.1; with one, which leaves a core free, none."""
     gemm_s = _gemm_alone_s()
     (tmp_path / "floor").mkdir()
     floored = quad_machine(tmp_path / "floor", shared_cores=2, timeslice_skew=0.25,
@@ -113,6 +114,35 @@ def test_a_lag_that_ends_while_its_ranks_wait_for_others_costs_nothing(tmp_path)
         first_waits = {t.rank: t for t in steps.timelines}[0]
         assert first_waits.start_s[1] + 0.25 * first_waits.end_s[0] < steps.step_time_s  # others come later
         assert lags.step_time_s == pytest.approx(steps.step_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("others, factor", [("moving", 2 / 3 / 0.5), ("waiting", 2.0), ("computing", 1.0)])
+def test_a_rank_moving_bytes_takes_its_share_of_the_cores_from_the_ranks_computing_beside_it(tmp_path, others,
+                                                                                            factor):
+    """node.comm_core_share 0.5, 2 cores: ranks 0 and 1 compute a GEMM while ranks 2 and 3 run a 20 GB
+    all-reduce in their pair (moving bytes all along): the load is 2 + 2 x 0.5 = 3 cores' worth, so each GEMM
+    gets 2/3 of a core where calibration gave it half, 4/3 of the calibrated rate. Ranks 2 and 3 waiting at an
+    all-reduce of all four, which 0 and 1 join after their GEMM, take nothing: a core each, twice the rate;
+    computing themselves, the calibrated rate."""
+    machine = quad_machine(tmp_path, slowdown=0.0, shared_cores=2, comm_core_share=0.5)
+    beside = {"moving": [all_reduce(0, 20e9, group="p", stream="comm:p")], "waiting": [all_reduce(0, 4)],
+              "computing": [_gemm(0)]}[others]
+    sched = schedule(4, {"x": ((0, 1, 2, 3),), "p": ((0, 1), (2, 3))},
+                     [((0, 1), [_gemm(0), all_reduce(1, 4, deps=(0,))] if others == "waiting" else [_gemm(0)]),
+                      ((2, 3), beside)])
+    for full in (False, True):
+        run = simulate(sched, machine, full=full)
+        assert run.timelines[0].end_s[0] == pytest.approx(_gemm_alone_s() / factor, rel=1e-6)
+
+
+def test_a_rank_that_computes_beside_its_own_transfer_is_not_counted_twice(tmp_path):
+    """The share counts a rank that moves bytes and computes nothing: all four ranks computing a GEMM beside
+    their own all-reduce load the cores with the four GEMMs alone (its own transfer slows a rank by the
+    device's comm_compute_slowdown, 0 here), so the GEMM runs at the calibrated rate."""
+    machine = quad_machine(tmp_path, slowdown=0.0, shared_cores=2, comm_core_share=0.5)
+    sched = schedule(4, {"x": ((0, 1, 2, 3),)}, [((0, 1, 2, 3), [all_reduce(0, 20e9), _gemm(1)])])
+    run = simulate(sched, machine, full=True)
+    assert run.timelines[0].end_s[1] == pytest.approx(_gemm_alone_s(), rel=1e-6)
 
 
 def test_a_rank_speeds_up_when_the_others_stop(tmp_path):
@@ -307,7 +337,7 @@ def test_shared_cores_must_be_positive(tmp_path):
 
 _FIELD_OF = {"timeslice_skew": "timeslice_skew", "comm_stretch": "comm_stretch_under_compute",
              "latency_pace": "comm_latency_pace_under_compute", "timeslice_lag_us": "timeslice_lag_us",
-             "timeslice_lag_after_us": "timeslice_lag_after_us"}  # helper arg -> key
+             "timeslice_lag_after_us": "timeslice_lag_after_us", "comm_core_share": "comm_core_share"}  # arg -> key
 
 
 @pytest.mark.parametrize("cores, argument, value, says", [
@@ -317,7 +347,8 @@ _FIELD_OF = {"timeslice_skew": "timeslice_skew", "comm_stretch": "comm_stretch_u
     (2, "latency_pace", -0.1, r"in \[0, 1\]"), (2, "latency_pace", 1.5, r"in \[0, 1\]"),
     (0, "latency_pace", 0.0, "add node.shared_cores"), (2, "timeslice_lag_us", -1, "must be >= 0"),
     (0, "timeslice_lag_us", 100, "add node.shared_cores"),
-    (0, "timeslice_lag_after_us", 100, "add node.shared_cores")])
+    (0, "timeslice_lag_after_us", 100, "add node.shared_cores"), (2, "comm_core_share", 1.2, r"in \[0, 1\]"),
+    (0, "comm_core_share", 0.5, "add node.shared_cores")])
 def test_the_oversubscribed_hosts_numbers_are_checked(tmp_path, cores, argument, value, says):
     from topologies.errors import InputError
     with pytest.raises(InputError, match=f"{_FIELD_OF[argument]}.*{says}"):

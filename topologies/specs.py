@@ -160,6 +160,10 @@ class NodeSpec:
     # (linearly from 0 below it); twin calibrate measures both (executor.calibrate_sharing.Lag).
     timeslice_lag_s: float = 0.0
     timeslice_lag_after_s: float = 0.0
+    # With shared cores: the share of a core a rank takes while its transfers move bytes and it computes
+    # nothing (gloo's threads copy and reduce on the cores; a rank that waits for the others takes none), from
+    # the ranks computing beside it; twin calibrate measures it (executor.calibrate_sharing.mover_share).
+    comm_core_share: float = 0.0
 
     @property
     def network_link_efficiency(self) -> float:

@@ -19,7 +19,7 @@ import simpy
 
 def timeslice_lag_s(crowded_s: float, skew: float, floor_s: float = 0.0, floor_after_s: float = 0.0) -> float:
     """How far the last rank reaches a synchronisation behind the mean after `crowded_s` seconds of compute
-    with more ranks than cores: `skew` per second, plus `floor_s` (the part that does not grow with the compute)
+    whose ranks held every core: `skew` per second, plus `floor_s` (the part that does not grow with the compute)
     once they reach `floor_after_s`, linearly from 0 below it; none without such compute. twin calibrate
     measures the three (executor.calibrate_sharing.fit_skew)."""
     if crowded_s <= 0:
@@ -32,21 +32,29 @@ class NodeCores:
     """The cores a CPU host's ranks share (the machine's node.shared_cores), as a processor-sharing resource.
 
     A calibrated device rate is what each rank got with every rank of the node computing at once (twin
-    calibrate runs its microbenchmarks so). With `busy` ranks computing, each gets min(1, cores / busy) of a
+    calibrate runs its microbenchmarks so). With `busy` ranks computing, each gets min(1, cores / load) of a
     core where calibration gave it min(1, cores / ranks), so its rate is scaled by the ratio: on 2 cores
     shared by 4 ranks, a rank computing while its pipeline neighbour waits runs twice as fast as calibrated.
-    A change of `busy` re-arms every running unit whose rate it sets (`units`).
+    The load is `busy` plus `mover_share` (node.comm_core_share) for each rank that moves bytes in a transfer
+    and computes nothing meanwhile (`movers`): gloo's threads copy and reduce on the same cores, where a rank
+    that waits for a collective's other members takes none (twin calibrate measures the share with half the
+    ranks computing beside the other half's all-reduces). So a rank computing while its pipeline neighbour's
+    transfers run gets less than the neighbour's core. A change of either count re-arms every running unit
+    whose rate it sets (`units`).
 
-    Time-slicing (`skew`, node.timeslice_skew): with more ranks computing than cores the OS shares the
-    cores unevenly, and a phase of compute ends, at the collective that synchronises it, when its last rank
-    is done: `skew` later per second of the mean's compute (twin calibrate measures it as the slope of a
-    4-byte all-reduce over the GEMM before it). The ranks compute at their fair share meanwhile (a rank's
-    own GEMMs measure so), and the time is lost only where ranks wait for the last: each unit counts the
-    seconds it computes while busy > cores (ComputeUnit.crowded_s), and its last rank issues its next
+    Time-slicing (`skew`, node.timeslice_skew): with the ranks' load holding every core the OS shares the
+    cores unevenly (among the ranks, and with the collective library's and the executor's own threads), and
+    a phase of compute ends, at the collective that synchronises it, when its last rank is done: `skew`
+    later per second of the mean's compute (twin calibrate measures it as the slope of a 4-byte all-reduce
+    over the GEMM before it; 2 ranks on 2 cores lag too, 0.13 s per second on this project's host). The
+    ranks compute at their fair share meanwhile (a rank's own GEMMs measure so), and the time is lost only
+    where ranks wait for the last: each unit counts the seconds it computes while load >= cores
+    (ComputeUnit.crowded_s), and its last rank issues its next
     transfer `lag_after` of them later (twin.sim.engine): `skew` per second, plus `lag_floor` (node.
     timeslice_lag_s, the lag that does not grow with the compute) once they reach `lag_floor_after`,
     linearly from 0 below it. The transfer waits for it unless other members arrive later still, and
-    compute beside the transfer may hide it. With busy <= cores every rank has a core and nothing lags.
+    compute beside the transfer may hide it. With load < cores a core is free for the other threads and
+    nothing lags.
 
     Communication the same way: a calibrated latency and link bandwidth are what each rank's transfers got
     with every rank of the node in one collective at once and none computing, so while ranks are in
@@ -55,11 +63,10 @@ class NodeCores:
     all-reduce while the other stage waits takes half its calibrated time, and two all-reduces of every rank
     on two groups at once take as long as one after the other, as measured (benchmarks/overlap_sizes.py).
     While computing ranks hold every core, gloo's threads also wait for cores: a transfer then takes
-    `comm_stretch` times as long
-    (node.comm_stretch_under_compute, which twin calibrate measures on an all-reduce with and without every
-    rank computing: the condition busy >= cores, as with one rank per core, where time-slicing, busy > cores,
-    does not lag). A change of either count re-rates the transfers in flight
-    (`on_comm_change`: twin.sim.network.FlowNetwork.repace). Compute under communication keeps the device's
+    `comm_stretch` times as long (node.comm_stretch_under_compute, which twin calibrate measures on an
+    all-reduce with and without every rank computing: the condition busy >= cores, where the ranks lag too).
+    A change of either count re-rates the transfers in flight (`on_comm_change`: twin.sim.network.
+    FlowNetwork.repace). Compute under communication keeps the device's
     own comm_compute_slowdown (ComputeUnit.rate).
 
     A transfer's latency, where `latency_pace` is measured (node.comm_latency_pace_under_compute), goes at
@@ -78,8 +85,9 @@ class NodeCores:
 
     def __init__(self, cores: float, ranks: int, skew: float = 0.0, comm_stretch: float = 1.0,
                  latency_pace: float | None = None, others_duty: float | None = None, lag_floor: float = 0.0,
-                 lag_floor_after: float = 0.0) -> None:
+                 lag_floor_after: float = 0.0, mover_share: float = 0.0) -> None:
         self.cores, self.busy, self.communicating = cores, 0, 0
+        self.movers, self.mover_share = 0, mover_share
         self.calibrated_share = min(1.0, cores / ranks)
         self.skew, self.comm_stretch, self.latency_pace = skew, comm_stretch, latency_pace
         self.lag_floor, self.lag_floor_after = lag_floor, lag_floor_after
@@ -92,19 +100,23 @@ class NodeCores:
             chances = [comb(ranks - 1, k) * others_duty ** k * (1 - others_duty) ** (ranks - 1 - k)
                        for k in range(ranks)]
             share = sum(p * min(1.0, cores / (1 + k)) for k, p in enumerate(chances))
-            crowded = sum(p for k, p in enumerate(chances) if 1 + k > cores)
+            crowded = sum(p for k, p in enumerate(chances) if 1 + k >= cores)
             self._scattered = (share / self.calibrated_share, crowded)
 
     def factor(self) -> float:
-        """A computing rank's rate over the calibrated one, at the present number of computing ranks."""
+        """A computing rank's rate over the calibrated one, at the present load (computing and moving ranks)."""
         if self._scattered is not None:
             return self._scattered[0]
-        return min(1.0, self.cores / max(self.busy, 1)) / self.calibrated_share
+        return min(1.0, self.cores / max(self.load(), 1)) / self.calibrated_share
+
+    def load(self) -> float:
+        """Cores' worth the ranks ask for: each computing rank one, each rank that moves bytes and does not
+        compute `mover_share` (gloo's threads copying and reducing on the cores)."""
+        return self.busy + self.mover_share * self.movers
 
     def crowding(self) -> float:
-        """How much of a second a computing rank counts toward its lag per second: 1 while more ranks compute
-        than there are cores (the OS time-slices them, and they drift apart), else 0; scattered, the chance of
-        that."""
+        """How much of a second a computing rank counts toward its lag per second: 1 while the load holds every
+        core (the OS time-slices the ranks, and they drift apart), else 0; scattered, the chance of that."""
         if self._scattered is not None:
             return self._scattered[1]
         return 1.0 if self.oversubscribed() else 0.0
@@ -118,8 +130,9 @@ class NodeCores:
         return timeslice_lag_s(crowded_s, self.skew, self.lag_floor, self.lag_floor_after)
 
     def oversubscribed(self) -> bool:
-        """Whether more ranks compute than there are cores: the OS time-slices them, and they drift apart."""
-        return self.busy > self.cores
+        """Whether ranks compute and the ranks' demand holds every core: the OS time-slices them with each other
+        and with the collective library's threads, and they drift apart."""
+        return self.busy > 0 and self.load() >= self.cores
 
     def comm_factor(self) -> float:
         """A transfer's rate over the calibrated one, at the present numbers of ranks moving data and computing."""
@@ -132,10 +145,13 @@ class NodeCores:
             return self.comm_factor()
         return min(1.0, self.cores / max(self.communicating, 1)) / self.calibrated_share * self.latency_pace
 
-    def change(self, delta: int, source: "ComputeUnit") -> None:
-        before, comm_before = self.factor(), self.comm_factor()
+    def change(self, delta: int, source: "ComputeUnit", movers: int = 0) -> None:
+        """`delta` ranks start (+) or stop (-) computing and `movers` ranks start or stop moving bytes beside
+        no compute of their own: the running units re-arm where their rate or crowding changes."""
+        before, comm_before = (self.factor(), self.crowding()), self.comm_factor()
         self.busy += delta
-        if self.factor() != before:
+        self.movers += movers
+        if (self.factor(), self.crowding()) != before:
             for unit in self.units:
                 if unit is not source:
                     unit.rate_changed()
@@ -160,6 +176,7 @@ class ComputeUnit:
         self.env, self.slowdown = env, slowdown
         self.home, self.shares = home, shares
         self.comm_active = 0
+        self.transfers = 0  # its transfers in flight, from when their last member issued them (comm_changed)
         self.computing = False  # in run(): what a transfer's latency pace asks of its ranks
         self.crowded_s = 0.0  # its oversubscribed compute since its ranks last issued a transfer (NodeCores)
         self._running: simpy.Process | None = None
@@ -172,8 +189,9 @@ class ComputeUnit:
         """Generator: `yield from unit.run(seconds)` inside the compute stream's process. Returns the pieces it
         ran at one rate, (start time, rate, work done before it), which place the ends of fused ops."""
         self.computing = True
+        moving = self.transfers > 0  # it stops counting as a rank that moves bytes beside compute
         for cores, ranks in self.shares:
-            cores.change(+ranks, self)
+            cores.change(+ranks, self, -ranks if moving else 0)
         remaining, pieces = work_s, []
         while True:
             rate, start = self.rate(), self.env.now
@@ -189,8 +207,9 @@ class ComputeUnit:
             self._running = None
             self.crowded_s += (self.env.now - start) * crowding
             self.computing = False
+            moving = self.transfers > 0
             for cores, ranks in self.shares:
-                cores.change(-ranks, self)
+                cores.change(-ranks, self, ranks if moving else 0)
             return pieces
 
     def run_issued(self, works: list[float], issue_s: list[float]):
@@ -223,6 +242,11 @@ class ComputeUnit:
         (False where the caller marks the span that does, with `slowed`)."""
         for cores, ranks in self.shares:  # every transfer of a rank counts: they share its progress
             cores.communicating += delta * ranks
+        was_moving = self.transfers > 0
+        self.transfers += delta
+        if not self.computing and (self.transfers > 0) != was_moving:
+            for cores, ranks in self.shares:
+                cores.change(0, self, ranks if delta > 0 else -ranks)
         for cores, _ in self.shares:
             if cores.on_comm_change is not None:
                 cores.on_comm_change()

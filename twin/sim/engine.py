@@ -230,7 +230,8 @@ class Simulator:
         node_of = self.fabric.node_of
         cores: dict[int, NodeCores] = defaultdict(lambda: NodeCores(
             node.shared_cores, node.gpus_per_node, node.timeslice_skew, node.comm_stretch_under_compute,
-            node.comm_latency_pace_under_compute, self.others_duty, node.timeslice_lag_s, node.timeslice_lag_after_s))
+            node.comm_latency_pace_under_compute, self.others_duty, node.timeslice_lag_s, node.timeslice_lag_after_s,
+            node.comm_core_share))
         ranks_on: list[dict[int, int]] = [defaultdict(int) for _ in sym.representatives]
         for rank, cls in sym.class_of.items():
             ranks_on[cls][node_of(self.gpu_of[rank])] += 1
