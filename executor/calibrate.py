@@ -93,7 +93,7 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   (twin.sim.compute_unit.NodeCores);
 - comm_core_share: the share of a core a rank moving bytes takes from the
   ranks computing beside it, from the core-share GEMMs' time beside the
-  all-reduces over their time beside waiting ranks (0.67-0.81 with 4 ranks on
+  all-reduces over their time beside waiting ranks (0.67-0.83 with 4 ranks on
   this project's 2-core host; waiting takes none); None where the
   computing half leaves a core free (the movers' threads run there unseen)
   or fewer than 4k ranks ran.
