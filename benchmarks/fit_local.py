@@ -24,8 +24,8 @@ With --reuse nothing is measured: steps 1, 2 and 4 take OUT's saved
 calibrations (refitted by this code: executor.calibrate_host.refit_saved)
 and runs, and only the fit and the predictions run again. --set FIELD=VALUE
 (repeatable) replaces a number of both machine files for the fit and the
-predictions, a what-if (e.g. a number an older calibration did not measure),
-not written into OUT's machine files.
+predictions, a what-if (e.g. a number an older calibration did not measure):
+OUT/local-N.toml keep the measured numbers, the fitted files carry the what-if.
 
 Nothing measured at 4 ranks enters the fit. On a 2-core host, 4 ranks share
 the cores two by two, which no per-device number can express exactly (see
