@@ -35,6 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from executor.calibrate import DTYPE, LEAD_GEMM, TINY_BYTES  # noqa: E402
+from executor.microbenchmark_ops import synchronise  # noqa: E402
 from local_microbenchmark import parse_args, run_microbenchmark  # noqa: E402
 from twin.builders.program import ProgramWriter  # noqa: E402
 from twin.ir import Collective, Elementwise, Gemm, GroupAxis, Program, Schedule, StepInfo  # noqa: E402
@@ -53,10 +54,6 @@ def after_schedule(nproc: int) -> tuple[Schedule, dict[int, tuple[str, str, str,
     w, timed = ProgramWriter(), {}
     everyone = f"g{nproc}"
 
-    def sync(name: str) -> None:
-        w.wait(w.collective(name, everyone, Collective("all_reduce", everyone, 4, DTYPE)))
-        w.compute(f"{name}.done", Elementwise(TINY_BYTES))
-
     def collective(name: str, axis: str, kind: str, nbytes: int, condition: str) -> None:
         op = w.collective(name, axis, Collective(kind, axis, nbytes, DTYPE))
         w.wait(op)
@@ -68,15 +65,15 @@ def after_schedule(nproc: int) -> tuple[Schedule, dict[int, tuple[str, str, str,
             for kind in KINDS:
                 for nbytes in SIZES:
                     at = f"{axis}.{kind}.{nbytes}.{rep}"
-                    sync(f"sync.{at}")
+                    synchronise(w, f"sync.{at}", everyone)
                     collective(f"after-sync.{at}", axis, kind, nbytes, "sync")
                     collective(f"after-itself.{at}", axis, kind, nbytes, "itself")
                     w.compute(f"copy.{at}", Elementwise(COPY_BYTES))
                     collective(f"after-copy.{at}", axis, kind, nbytes, "copy")
-                    sync(f"sync-gemm.{at}")
+                    synchronise(w, f"sync-gemm.{at}", everyone)
                     w.compute(f"gemm-synced.{at}", Gemm(*LEAD_GEMM, "NN", DTYPE))
                     collective(f"after-gemm-synced.{at}", axis, kind, nbytes, "gemm-synced")
-                    sync(f"sync-chain.{at}")
+                    synchronise(w, f"sync-chain.{at}", everyone)
                     for i in range(CHAIN):
                         w.compute(f"gemm-chain.{at}.{i}", Gemm(*LEAD_GEMM, "NN", DTYPE))
                         collective(f"after-gemm-chain.{at}.{i}", axis, kind, nbytes, "gemm-chain")

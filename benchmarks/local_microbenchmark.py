@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from executor.calibrate import DTYPE, TINY_BYTES
+from executor.microbenchmark_ops import synchronise
 from twin.builders.program import ProgramWriter
-from twin.ir import Collective, Elementwise, GroupAxis, Program, Schedule, StepInfo
+from twin.ir import GroupAxis, Program, Schedule, StepInfo
 
 
 def parse_args(argv: list[str] | None, description: str, default_out: str, multiple: int,
@@ -55,8 +55,7 @@ class Halves:
     def sync(self, name: str) -> None:
         """Every rank waits for a 4-byte all-reduce of all of them, then a tiny op makes its host wait too."""
         for w in (self.first, self.second):
-            w.wait(w.collective(name, self.axis, Collective("all_reduce", self.axis, 4, DTYPE)))
-            w.compute(f"{name}.done", Elementwise(TINY_BYTES))
+            synchronise(w, name, self.axis)
 
     def schedule(self, model: str, label: str) -> Schedule:
         n, half = self.nproc, self.nproc // 2

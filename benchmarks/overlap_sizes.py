@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from executor.calibrate import DTYPE, OVERLAP_GEMM, TINY_BYTES  # noqa: E402
+from executor.microbenchmark_ops import synchronise  # noqa: E402
 from local_microbenchmark import parse_args, run_microbenchmark  # noqa: E402
 from twin.builders.program import ProgramWriter  # noqa: E402
 from twin.ir import Collective, Elementwise, Gemm, GroupAxis, Program, Schedule, StepInfo  # noqa: E402
@@ -58,19 +59,14 @@ def overlap_schedule(nproc: int) -> Schedule:
     axis = f"g{nproc}"
     w = ProgramWriter()
 
-    def sync(name: str) -> None:
-        op = w.collective(name, axis, Collective("all_reduce", axis, 4, DTYPE))
-        w.wait(op)
-        w.compute(f"{name}.done", Elementwise(TINY_BYTES))
-
     for nbytes in SIZES:
         count, shape = gemms_under(nbytes)
         for rep in range(REPEATS):
-            sync(f"{nbytes}.sync-alone.{rep}")
+            synchronise(w, f"{nbytes}.sync-alone.{rep}", axis)
             alone = w.collective(f"{nbytes}.alone.{rep}", axis, Collective("all_reduce", axis, nbytes, DTYPE))
             w.wait(alone)
             w.compute(f"{nbytes}.alone.{rep}.done", Elementwise(TINY_BYTES))
-            sync(f"{nbytes}.sync-during.{rep}")
+            synchronise(w, f"{nbytes}.sync-during.{rep}", axis)
             during = w.collective(f"{nbytes}.during.{rep}", axis, Collective("all_reduce", axis, nbytes, DTYPE))
             for g in range(count):
                 w.compute(f"{nbytes}.gemm{g}.{rep}", Gemm(*shape, "NN", DTYPE))
@@ -78,12 +74,12 @@ def overlap_schedule(nproc: int) -> Schedule:
             w.compute(f"{nbytes}.during.{rep}.done", Elementwise(TINY_BYTES))
     for nbytes in PAIR_SIZES:
         for rep in range(REPEATS):
-            sync(f"{nbytes}.sync-apart.{rep}")
+            synchronise(w, f"{nbytes}.sync-apart.{rep}", axis)
             for group in ("x", "z"):
                 work = Collective("all_reduce", group, nbytes, DTYPE)
                 w.wait(w.collective(f"{nbytes}.apart-{group}.{rep}", group, work))
                 w.compute(f"{nbytes}.apart-{group}.{rep}.done", Elementwise(TINY_BYTES))
-            sync(f"{nbytes}.sync-together.{rep}")
+            synchronise(w, f"{nbytes}.sync-together.{rep}", axis)
             w.wait(*(w.collective(f"{nbytes}.together-{g}.{rep}", g, Collective("all_reduce", g, nbytes, DTYPE))
                      for g in ("x", "z")))
             w.compute(f"{nbytes}.together.{rep}.done", Elementwise(TINY_BYTES))

@@ -117,6 +117,7 @@ import numpy as np
 from executor.calibrate_collectives import fit_collectives, fit_p2p_latency
 from executor.calibrate_sharing import comm_compute_slowdown, comm_stretch, fit_skew, latency_pace, mover_share
 from executor.calibration_samples import Sample
+from executor.microbenchmark_ops import DTYPE, TINY_BYTES, synchronise
 from executor.weighted_least_squares import (chi2, nnls_weighted, rel_rms, relative_weights,
                                              scale_nonneg)
 from twin.builders.program import ProgramWriter
@@ -133,7 +134,6 @@ COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter")
 REPEATS = 4
 OVERLAP_GEMM = (512, 1024, 1024)
 OVERLAP_BYTES = 64 << 20
-TINY_BYTES = 64  # the compute op that makes the host wait for a collective
 LATENCY_BYTES = 4 << 10  # an all-reduce that is nearly all latency
 LATENCY_GEMMS = (4, (256, 512, 512))  # (how many, which shape) run while it is in flight
 LEAD_GEMM = (512, 512, 512)  # the compute op before each collective: ranks arrive with a step's skew
@@ -143,7 +143,6 @@ P2P_TAG = "calibration"
 # Half the ranks run BESIDE_GEMMS GEMMs while the other half waits, then while it runs BESIDE_ALL_REDUCES all-reduces
 # of BESIDE_BYTES in pairs, back to back (they outlast the GEMMs): what a rank moving bytes takes of the cores
 BESIDE_GEMMS, BESIDE_ALL_REDUCES, BESIDE_BYTES = 4, 200, 64 << 10
-DTYPE = "bf16"
 
 
 def group_sizes(nproc: int) -> list[int]:
@@ -160,9 +159,7 @@ def calibration_schedule(nproc: int, repeats: int = REPEATS) -> tuple[Schedule, 
 
     def sync(name: str) -> None:
         if everyone:
-            op = w.collective(name, everyone, Collective("all_reduce", everyone, 4, DTYPE))
-            w.wait(op)
-            w.compute(f"{name}.done", Elementwise(TINY_BYTES))
+            synchronise(w, name, everyone)
 
     sync("sync.gemm")
     for rep in range(repeats):

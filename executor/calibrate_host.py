@@ -39,7 +39,7 @@ def calibrate_host(nproc: int, output: str, out_dir: str, opts, repeats: int = R
         start = time.perf_counter()
         run_local(schedule, path, nproc, launch_dir, opts, wall_limit_s)
         measured = load_measured(launch_dir, schedule)
-        per_launch.append(collect(list(measured.steps), what, [schedule.program_of()[r] for r in range(nproc)]))
+        per_launch.append(collect(list(measured.steps), what, schedule.program_of()))
         if on_launch is not None:
             on_launch(k, time.perf_counter() - start)
     samples = combine_launches(per_launch)

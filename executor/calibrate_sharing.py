@@ -103,6 +103,6 @@ def fit_skew(leads: list[Sample], syncs: list[Sample], lead_shape: tuple[int, in
         return Lag()
     lead, sync = np.array(pairs).T
     slope, intercept = np.polyfit(lead, sync, 1) if np.ptp(lead) > 0 else (0.0, float(np.mean(sync)))
-    alone = _mean({"alone": list(synchronised)}, "alone")
+    alone = float(np.mean([s.time_s for s in synchronised])) if synchronised else None
     floor = max(float(intercept) - alone, 0.0) if alone is not None else 0.0
     return Lag(max(float(slope), 0.0), lead_of.get(lead_shape, 0.0), floor, float(lead.min()) if floor else 0.0)

@@ -8,6 +8,7 @@ of the measurement, not of the model the fit targets.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +26,7 @@ class Sample:
 
 
 def collect(steps: list[list[tuple[np.ndarray, np.ndarray]]], what: dict[int, tuple[str, dict]],
-            program_of: list[int] | None = None) -> list[Sample]:
+            program_of: Mapping[int, int] | None = None) -> list[Sample]:
     """Mean and its standard error over repeats, steps and ranks of each microbenchmark.
 
     `steps[r][s]` is rank r's (start, end) arrays of step s. The mean, not

@@ -28,7 +28,7 @@ from twin.sim.phases import compute_duty, moving_duty, simulate_scattered
 def test_a_rank_gets_the_expected_share_over_the_others_it_meets(duty, factor, crowded):
     cores = NodeCores(2, 4, skew=0.2, others_duty=duty)
     assert cores.factor() == pytest.approx(factor)
-    assert cores.lag_rate() == pytest.approx(0.2 * crowded)
+    assert cores.crowding() == pytest.approx(crowded)
     cores.busy = 4  # the simulated ranks in step do not change it
     assert cores.factor() == pytest.approx(factor)
 
@@ -38,13 +38,13 @@ def test_in_step_the_lag_runs_only_while_the_ranks_hold_every_core():
     half a core each holds them too (load 2); no rank computing, nothing lags."""
     cores = NodeCores(2, 4, skew=0.2, mover_share=0.5)
     cores.busy = 1
-    assert cores.lag_rate() == 0.0
+    assert cores.crowding() == 0.0
     cores.movers = 2
-    assert cores.lag_rate() == pytest.approx(0.2)
+    assert cores.crowding() == 1.0
     cores.busy, cores.movers = 2, 0
-    assert cores.lag_rate() == pytest.approx(0.2)
+    assert cores.crowding() == 1.0
     cores.busy, cores.movers = 0, 4
-    assert cores.lag_rate() == 0.0
+    assert cores.crowding() == 0.0
 
 
 @pytest.mark.parametrize("duty", [-0.1, 1.5])

@@ -121,10 +121,6 @@ class NodeCores:
             return self._scattered[1]
         return 1.0 if self.oversubscribed() else 0.0
 
-    def lag_rate(self) -> float:
-        """Seconds of lag a computing rank gathers per second beyond the floor: `skew` x crowding()."""
-        return self.skew * self.crowding()
-
     def lag_after(self, crowded_s: float) -> float:
         """The last rank's lag after `crowded_s` seconds of oversubscribed compute (timeslice_lag_s)."""
         return timeslice_lag_s(crowded_s, self.skew, self.lag_floor, self.lag_floor_after)
@@ -150,13 +146,20 @@ class NodeCores:
         no compute of their own: the running units re-arm where their rate or crowding changes."""
         before, comm_before = (self.factor(), self.crowding()), self.comm_factor()
         self.busy += delta
+        self.move(movers, source, before)
+        if (self.comm_factor() != comm_before or self.latency_pace is not None) and self.on_comm_change is not None:
+            self.on_comm_change()
+
+    def move(self, movers: int, source: "ComputeUnit", before: tuple[float, float] | None = None) -> None:
+        """`movers` ranks start (+) or stop (-) moving bytes beside no compute of their own; the running units
+        whose rate or crowding that changes (from `before`, the state before a change in progress) re-arm. The
+        transfers' pace does not depend on it: nothing to re-pace."""
+        before = before or (self.factor(), self.crowding())
         self.movers += movers
         if (self.factor(), self.crowding()) != before:
             for unit in self.units:
                 if unit is not source:
                     unit.rate_changed()
-        if (self.comm_factor() != comm_before or self.latency_pace is not None) and self.on_comm_change is not None:
-            self.on_comm_change()
 
 
 class ComputeUnit:
@@ -246,7 +249,7 @@ class ComputeUnit:
         self.transfers += delta
         if not self.computing and (self.transfers > 0) != was_moving:
             for cores, ranks in self.shares:
-                cores.change(0, self, ranks if delta > 0 else -ranks)
+                cores.move(ranks if delta > 0 else -ranks, self)
         for cores, _ in self.shares:
             if cores.on_comm_change is not None:
                 cores.on_comm_change()
