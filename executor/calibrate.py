@@ -44,7 +44,11 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   noisy to decide a discrete choice of tiles by (on this project's 2-core
   host, weighted so, 4-rank launches of one calibration chose tiles from 1x1
   to 32x32, and two calibrations' GEMM rates were 21% apart where the
-  measured GEMM times were within 4%; docs/fit.md); the element-wise
+  measured GEMM times were within 4%; docs/fit.md); at each grid point a
+  layout's GEMM rate is its samples' mean time over modelled work
+  (`mean_ratio`: least squares on relative errors falls short of their mean
+  time by about their scatter squared, 7.5% of a 4-rank calibration's GEMM
+  time there; docs/fit.md); the element-wise
   bandwidth (hbm_bw, efficiency 1) by least squares;
   layout efficiencies as each layout's fitted rate over the best one's;
   attention_efficiency as the median attention rate over R;
@@ -118,7 +122,7 @@ from executor.calibrate_collectives import fit_collectives, fit_p2p_latency
 from executor.calibrate_sharing import comm_compute_slowdown, comm_stretch, fit_skew, latency_pace, mover_share
 from executor.calibration_samples import Sample
 from executor.microbenchmark_ops import DTYPE, TINY_BYTES, synchronise
-from executor.weighted_least_squares import (chi2, nnls_weighted, rel_rms, relative_weights,
+from executor.weighted_least_squares import (chi2, mean_ratio, nnls_weighted, rel_rms, relative_weights,
                                              scale_nonneg)
 from twin.builders.program import ProgramWriter
 from twin.ir import P2P, Attention, Collective, Elementwise, Gemm, GroupAxis, Op, Program, Schedule, StepInfo
@@ -365,7 +369,7 @@ def fit(samples: list[Sample], oversubscribed: bool = False, cores: float | None
             inv_rates, pred = {}, np.empty_like(g_t)
             for lay in ("NN", "NT", "TN"):
                 sel = g_lay == lay
-                inv_rates[lay] = scale_nonneg(work[sel], g_t[sel] - o, g_w[sel]) or 1e-30
+                inv_rates[lay] = mean_ratio(work[sel], g_t[sel] - o) or 1e-30
                 pred[sel] = np.maximum(work[sel] * inv_rates[lay], mem[sel]) + o
             chi = chi2(pred, g_t, g_w)
             if g_best is None or chi < g_best[0]:

@@ -247,9 +247,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
           + ", ".join(f"{k} +{f.kind_latency_s.get(k, 0) * 1e6:.0f} us x{v:.2f} bandwidth" for k, v in f.kind_bw_fraction.items()))
     if f.p2p_latency_s is not None:
         print(f"  point-to-point: latency {f.p2p_latency_s * 1e6:.0f} us (one message, not a ring's base and hop)")
-    print("  the simulator on this file vs the microbenchmarks (median |error|):")
+    print("  the simulator on this file vs the microbenchmarks (median |error|; error of their summed time):")
     for kind, row in doc["simulator_vs_measured"].items():
-        print(f"    {kind:<16}{100 * row['median_abs_error']:6.1f}%  ({row['samples']} points)")
+        print(f"    {kind:<16}{100 * row['median_abs_error']:6.1f}%  {100 * row['total_time_error']:+6.1f}%  "
+              f"({row['samples']} points)")
     for k, launch_dir in enumerate(launch_dirs(out, args.launches)):
         if _load_note(launch_dir):
             print(_load_note(launch_dir) + (f" (launch {k + 1})" if args.launches > 1 else ""))

@@ -2,7 +2,8 @@
 is built from, apart from the models it fits.
 
 Two weightings: by each mean's standard error, floored at REL_FLOOR of the mean (the collectives'), and by the
-mean alone, so every microbenchmark counts alike in relative terms (the compute fit's).
+mean alone, so every microbenchmark counts alike in relative terms (the compute fit's); and a scale that is the
+samples' mean ratio to their modelled work (`mean_ratio`, the GEMM rate's), which their scatter does not bias.
 """
 
 from __future__ import annotations
@@ -46,6 +47,15 @@ def scale_nonneg(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
     """x >= 0 minimising sum w (a x - y)^2."""
     den = float(np.sum(w * a * a))
     return max(float(np.sum(w * a * y)) / den, 0.0) if den > 0 else 0.0
+
+
+def mean_ratio(a: np.ndarray, y: np.ndarray) -> float:
+    """x >= 0 with a x equal to y on average, every sample's y / a counting alike: the time per unit of modelled
+    work whose mean the samples' scatter does not bias. Least squares on relative errors (weights 1 / y^2) does
+    not give that: it is E[r] / E[r^2] for r = a / y, short of the mean time by about r's squared coefficient of
+    variation (a 4-rank calibration's GEMMs on this project's 2-core host scatter by a quarter, and their fit fell
+    7.5% short of their time; docs/fit.md)."""
+    return max(float(np.mean(y / a)), 0.0) if len(a) else 0.0
 
 
 def nnls_weighted(columns: list[np.ndarray], t: np.ndarray, w: np.ndarray) -> np.ndarray:
