@@ -47,8 +47,8 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   measured GEMM times were within 4%; docs/fit.md); at each grid point a
   layout's GEMM rate is its samples' mean time over modelled work
   (`mean_ratio`: least squares on relative errors falls short of their mean
-  time by about their scatter squared, 7.5% of a 4-rank calibration's GEMM
-  time there; docs/fit.md); the element-wise
+  time by about twice their scatter squared, 7.5% of a 4-rank calibration's
+  GEMM time there; docs/fit.md); the element-wise
   bandwidth (hbm_bw, efficiency 1) by least squares;
   layout efficiencies as each layout's fitted rate over the best one's;
   attention_efficiency as the median attention rate over R;

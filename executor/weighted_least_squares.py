@@ -52,9 +52,9 @@ def scale_nonneg(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
 def mean_ratio(a: np.ndarray, y: np.ndarray) -> float:
     """x >= 0 with a x equal to y on average, every sample's y / a counting alike: the time per unit of modelled
     work whose mean the samples' scatter does not bias. Least squares on relative errors (weights 1 / y^2) does
-    not give that: it is E[r] / E[r^2] for r = a / y, short of the mean time by about r's squared coefficient of
-    variation (a 4-rank calibration's GEMMs on this project's 2-core host scatter by a quarter, and their fit fell
-    7.5% short of their time; docs/fit.md)."""
+    not give that: it is E[r] / E[r^2] for r = a / y, short of the mean time by about twice r's squared
+    coefficient of variation (a 4-rank calibration's GEMMs on this project's 2-core host scatter by a quarter, and
+    their fit fell 7.5% short of their time; docs/fit.md)."""
     return max(float(np.mean(y / a)), 0.0) if len(a) else 0.0
 
 

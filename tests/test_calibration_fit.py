@@ -210,8 +210,8 @@ def test_the_compute_fit_weighs_every_microbenchmark_alike_whatever_its_scatter(
 
 def test_the_gemm_rate_keeps_the_microbenchmarks_mean_time_whatever_their_scatter(tmp_path):
     """Time-sliced ranks scatter a GEMM's time by a quarter about its mean; least squares on relative errors
-    then fits a rate too fast by about the scatter's square (it gives E[r] / E[r^2] for the rates r: 13.5% here,
-    7.5% of a 4-rank calibration's GEMM time on this project's host), so every step built from it is short. The
+    then fits a rate too fast by about twice the scatter's square (it gives E[r] / E[r^2] for the rates r: 13.5%
+    here, 7.5% of a 4-rank calibration's GEMM time on this project's host), so every step built from it is short. The
     rate is the mean of time over modelled work instead: the samples' mean, whatever their scatter."""
     from executor import calibrate as cal
     from executor.machinefile import write_machine
@@ -231,6 +231,7 @@ def test_the_gemm_rate_keeps_the_microbenchmarks_mean_time_whatever_their_scatte
     assert abs(doc["simulator_vs_measured"]["gemm"]["total_time_error"]) < 0.05
     # what least squares on relative errors makes of the NN samples with the scatter against without it: a time
     # per flop over 10% short
+
     def relative_fit(samples):
         nn = [s for s in samples if s.kind == "gemm" and s.params["layout"] == "NN"]
         work = np.array([2 * s.params["m"] * s.params["n"] * s.params["k"] for s in nn], float)
