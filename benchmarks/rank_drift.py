@@ -152,11 +152,18 @@ def rows_of_folders(ap: argparse.ArgumentParser, folders: list[str], machine_fil
     return doc
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def folders_parser(doc: str) -> argparse.ArgumentParser:
+    """The parser of a benchmark that reads fit_local's folders (`doc`: its module docstring): --out, repeatable,
+    and --json; a benchmark adds its own options before parsing."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--out", action="append", help="benchmarks/fit_local.py's folder (repeatable; default "
                     "out/fit_local)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = folders_parser(__doc__)
     args = ap.parse_args(argv)
     doc = rows_of_folders(ap, args.out or ["out/fit_local"], ("local-4.toml",), plan_row)
     if args.json:

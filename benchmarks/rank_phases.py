@@ -27,7 +27,6 @@ out-of-compute` charges it on all the rank's time out of compute instead
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -39,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from executor.measured import load_measured  # noqa: E402
-from rank_drift import COMPUTE, others_computing, rows_of_folders  # noqa: E402
+from rank_drift import COMPUTE, folders_parser, others_computing, rows_of_folders  # noqa: E402
 from twin.ir import op_class  # noqa: E402
 from twin.ir_io import load_schedule  # noqa: E402
 from twin.sim.phases import simulate_scattered  # noqa: E402
@@ -74,16 +73,13 @@ def summary_of(rows: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", action="append", help="benchmarks/fit_local.py's folder (repeatable; default "
-                    "out/fit_local)")
+    ap = folders_parser(__doc__)
     ap.add_argument("--comm-share", type=float, default=0.0,
                     help="the share of a core a rank takes in a collective (default 0; "
                          "benchmarks/compute_beside_comm.py measures it; when: --share-while)")
     ap.add_argument("--share-while", choices=("moving", "out-of-compute"), default="moving",
                     help="when a rank holds --comm-share of a core: while it moves bytes in a collective (default) "
                          "or all its time out of compute (the forty-fourth session's bound)")
-    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args(argv)
     share_while = args.share_while.replace("-", "_")
     if not 0.0 <= args.comm_share <= 1.0:

@@ -1,5 +1,5 @@
-"""The benchmarks' own logic (fit_local.py, launch_noise.py, step_intercepts.py, rank_drift.py, rank_phases.py), without
-executing or simulating."""
+"""The benchmarks' own logic (fit_local.py, launch_noise.py, step_intercepts.py, rank_drift.py, rank_phases.py,
+class_errors.py), without executing or simulating."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import fit_local  # noqa: E402
+from class_errors import main as class_errors  # noqa: E402
+from class_errors import summed_errors  # noqa: E402
 from fit_local import median_launches  # noqa: E402
 from helpers import SMALL_SPEC  # noqa: E402
 from launch_noise import main as launch_noise  # noqa: E402
@@ -319,6 +321,21 @@ def test_rank_drift_names_the_folder_when_a_schedule_cannot_be_read(tmp_path, ca
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"--out {tmp_path}:" in err and "gone.json" in err
+
+
+def test_class_errors_sums_each_class_over_the_plans_before_dividing():
+    """A folder's error per op class is its time summed over the plans, simulated over measured: a long class
+    weighs more than a short one, a class one plan lacks is summed over the plans that have it."""
+    rows = [{"plan": "a", "step": (0.9, 1.0), "classes": {"gemm": (0.6, 0.5), "all_gather": (0.1, 0.4)}},
+            {"plan": "b", "step": (2.0, 2.0), "classes": {"gemm": (1.0, 1.5)}}]
+    assert summed_errors(rows) == pytest.approx({"step": 2.9 / 3.0 - 1, "gemm": 1.6 / 2.0 - 1, "all_gather": -0.75})
+
+
+def test_class_errors_refuses_a_folder_without_held_out_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        class_errors(["--out", str(tmp_path)])
+    assert stop.value.code == 2
+    assert "held-out-runs.json is missing" in capsys.readouterr().err
 
 
 def test_fit_local_names_the_cpu_its_measurements_were_taken_on(tmp_path):
