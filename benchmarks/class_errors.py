@@ -20,7 +20,6 @@ weights over Z.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -28,10 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from executor.compare import compare  # noqa: E402
-from executor.measured import load_measured  # noqa: E402
-from rank_drift import folders_parser, rows_of_folders  # noqa: E402
+from rank_drift import folders_parser, held_out_run, rows_of_folders  # noqa: E402
 from topologies.machine import Machine  # noqa: E402
-from twin.ir_io import load_schedule  # noqa: E402
 from twin.sim.engine import simulate  # noqa: E402
 
 MACHINE_FILES = ("local-4-fitted.toml", "local-4.toml")
@@ -39,10 +36,9 @@ MACHINE_FILES = ("local-4-fitted.toml", "local-4.toml")
 
 def plan_classes(summary: dict, machine: Machine) -> dict:
     """One held-out plan: its step and each op class's (simulated, measured) seconds on the critical rank."""
-    schedule_path = summary["schedule"]
-    schedule = load_schedule(schedule_path)
-    c = compare(schedule, simulate(schedule, machine), load_measured(os.path.splitext(schedule_path)[0], schedule))
-    return {"plan": os.path.splitext(os.path.basename(schedule_path))[0],
+    plan, schedule, measured = held_out_run(summary)
+    c = compare(schedule, simulate(schedule, machine), measured)
+    return {"plan": plan,
             "step": (c.simulated_step_s, c.measured_step_s),
             "classes": {r.op_class: (r.simulated_s, r.measured_s) for r in c.rows}}
 

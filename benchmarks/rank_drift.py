@@ -31,6 +31,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -104,16 +105,30 @@ def gemm_rate(schedule: Schedule, program: int, seconds: np.ndarray) -> float:
     return flops / float(sum(seconds[op.id] for op in ops))
 
 
+class HeldOutRun(NamedTuple):
+    """A held-out run fit_local saved: its plan's name, its schedule and what the executor measured."""
+
+    plan: str
+    schedule: Schedule
+    measured: Measured
+
+
+def held_out_run(summary: dict) -> HeldOutRun:
+    """The run a `twin run --json` summary names: the schedule it ran, and the run folder beside it (fit_local
+    saves OUT/NAME.json and OUT/NAME/)."""
+    stem = os.path.splitext(summary["schedule"])[0]
+    schedule = load_schedule(summary["schedule"])
+    return HeldOutRun(os.path.basename(stem), schedule, load_measured(stem, schedule))
+
+
 def plan_row(summary: dict, machine: Machine) -> dict:
-    schedule_path = summary["schedule"]
-    schedule = load_schedule(schedule_path)
-    measured = load_measured(os.path.splitext(schedule_path)[0], schedule)
+    plan, schedule, measured = held_out_run(summary)
     calibrated = machine.device.empirical_gemm_flop_per_s
     reduced, full = simulate(schedule, machine), simulate(schedule, machine, full=True)
     critical = max(reduced.timelines, key=lambda t: float(np.nanmax(t.end_s)))
     per_rank_measured = [measured.steps[r][measured.median_step] for r in range(schedule.world_size)]
     return {
-        "plan": os.path.splitext(os.path.basename(schedule_path))[0],
+        "plan": plan,
         "collective_start_spread_ms": 1e3 * collective_spread_s(schedule, measured, edge=0),
         "collective_end_spread_ms": 1e3 * collective_spread_s(schedule, measured),
         "others_computing_measured": others_computing(schedule, per_rank_measured),

@@ -28,7 +28,6 @@ out-of-compute` charges it on all the rank's time out of compute instead
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -37,16 +36,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from executor.measured import load_measured  # noqa: E402
-from rank_drift import COMPUTE, folders_parser, others_computing, rows_of_folders  # noqa: E402
+from rank_drift import COMPUTE, folders_parser, held_out_run, others_computing, rows_of_folders  # noqa: E402
 from twin.ir import op_class  # noqa: E402
-from twin.ir_io import load_schedule  # noqa: E402
 from twin.sim.phases import simulate_scattered  # noqa: E402
 
 
 def plan_row(summary: dict, machine, comm_share: float = 0.0, share_while: str = "moving") -> dict:
-    schedule = load_schedule(summary["schedule"])
-    measured = load_measured(os.path.splitext(summary["schedule"])[0], schedule)
+    plan, schedule, measured = held_out_run(summary)
     step = measured.step_time_s
     ops = schedule.programs[measured.ranks[0]["program"]].ops
     computing_s = sum(float(measured.op_mean_s[0][op.id]) for op in ops if op_class(op.work) in COMPUTE)
@@ -54,7 +50,7 @@ def plan_row(summary: dict, machine, comm_share: float = 0.0, share_while: str =
     bounds = simulate_scattered(schedule, machine, comm_share, share_while=share_while)
     in_step, scattered = bounds.in_step.step_time_s, bounds.run.step_time_s
     return {
-        "plan": os.path.splitext(os.path.basename(summary["schedule"]))[0],
+        "plan": plan,
         "others_computing_measured": others_computing(schedule, per_rank),
         "others_if_independent": (schedule.world_size - 1) * computing_s / step,
         "duty_scattered": bounds.duty,
