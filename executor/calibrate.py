@@ -11,8 +11,9 @@ small all-reduce over all ranks so the ranks enter it together:
 - element-wise: copies moving ELEMENTWISE_BYTES bytes;
 - attention: forward and backward of ATTENTION_SHAPES (causal);
 - collectives: all_reduce, all_gather, reduce_scatter over groups of 2, 4, ...
-  up to nproc consecutive ranks, COLLECTIVE_BYTES each, each one waited for
-  (a blocking collective, as most of a step's are);
+  up to nproc consecutive ranks, COLLECTIVE_BYTES each, each one after a
+  synchronisation (COLLECTIVES_AFTER) and waited for (a blocking collective,
+  as most of a step's are);
 - point-to-point: a send of each P2P_BYTES from the first rank of every
   pair of the 2-rank groups to the second, after a synchronisation so that
   both arrive together (the schedule's second program, the pairs' second
@@ -36,24 +37,18 @@ Each op is repeated; its time is the mean over repeats, steps and ranks
 The fit (`fit`) targets exactly the formulas of twin.sim.compute and
 twin.sim.collectives for a one-node machine whose "devices" are the ranks:
 
-- kernel_overhead_s, GEMM rate R, tile sizes, k_half (compute_units = 1: one
-  process is one stream of kernels, no waves) by a grid search minimising the
-  RMS relative error of element-wise, GEMM and attention times together,
-  every time weighted alike (`relative_weights`): not by its standard error, which
-  with more ranks than cores comes from a few launches' scatter and is too
-  noisy to decide a discrete choice of tiles by (on this project's 2-core
-  host, weighted so, 4-rank launches of one calibration chose tiles from 1x1
-  to 32x32, and two calibrations' GEMM rates were 21% apart where the
-  measured GEMM times were within 4%; docs/fit.md); at each grid point a
-  layout's GEMM rate is its samples' mean time over modelled work
-  (`mean_ratio`: least squares on relative errors falls short of their mean
-  time by about twice their scatter squared, 7.5% of a 4-rank calibration's
-  GEMM time there; docs/fit.md); the element-wise
-  bandwidth (hbm_bw, efficiency 1) by least squares;
-  layout efficiencies as each layout's fitted rate over the best one's;
-  attention_efficiency as the median attention rate over R;
-- attention: a fixed time per call plus flops at attention_efficiency x R
-  (both non-negative, weighted least squares);
+- kernel_overhead_s, GEMM rate R, tile sizes, k_half (compute_units = 1: one process is one stream of
+  kernels, no waves) by a grid search minimising the RMS relative error of element-wise, GEMM and attention
+  times together, every time weighted alike (`relative_weights`): not by its standard error, which with more
+  ranks than cores comes from a few launches' scatter and is too noisy to decide a discrete choice of tiles
+  by (on this project's 2-core host, weighted so, 4-rank launches of one calibration chose tiles from 1x1
+  to 32x32, and two calibrations' GEMM rates were 21% apart where the measured GEMM times were within 4%;
+  docs/fit.md); at each grid point a layout's GEMM rate is its samples' mean time over modelled work
+  (`mean_ratio`: least squares on relative errors falls short of their mean time by about twice their
+  scatter squared, 7.5% of a 4-rank calibration's GEMM time there; docs/fit.md); the element-wise
+  bandwidth (hbm_bw, efficiency 1) by least squares; layout efficiencies as each layout's fitted rate
+  over the best one's;
+- attention: a fixed time per call plus flops at attention_efficiency x R (both non-negative, weighted LSQ);
 - the collective model on one node is ring latency + bytes x traffic / B,
   latency = base + steps x hop (NCCL's tuning model with one protocol,
   "simple"), with a base and a bandwidth per kind (gloo's kinds differ: its
@@ -91,10 +86,10 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   latency microbenchmark alone): the lag that does not grow with the
   compute, 2-5 ms there, reached at timeslice_lag_after_s, the shortest
   GEMM measured (linearly from 0 below it: benchmarks/collective_after.py
-  finds no lag after a 1 MB copy). On a host with at least as many ranks
-  as cores each collective above has the lag of its lead GEMM taken out
-  (`lead_skew_s`), since the simulator adds it to the transfer after
-  (twin.sim.compute_unit.NodeCores);
+  finds no lag after a 1 MB copy); the simulator adds it to the transfer
+  after compute (twin.sim.compute_unit.NodeCores). A calibration saved
+  before 2026-12-07 ran a LEAD_GEMM before each collective: where ranks >=
+  cores its lag is taken out of each (`lead_skew_s`);
 - comm_core_share: the share of a core a rank moving bytes takes from the
   ranks computing beside it, from the core-share GEMMs' time beside the
   all-reduces over their time beside waiting ranks (0.67-0.83 with 4 ranks on
@@ -103,11 +98,9 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   or fewer than 4k ranks ran.
 
 The last six come from executor.calibrate_sharing: ratios of two microbenchmarks each, and the lag's
-line over four GEMM sizes beside the synchronised all-reduce.
-executor.machinefile writes the machine file (each number "measured on
-<host> by twin calibrate on <date>") and, beside it, NAME.calibration.json
-with every measurement, the fitted value and what the simulator's own models
-predict from the written file, so the file can be audited;
+line over four GEMM sizes beside the synchronised all-reduce. executor.machinefile writes the machine file
+(each number "measured on <host> by twin calibrate on <date>") and, beside it, NAME.calibration.json with
+every measurement, the fitted value and what the simulator predicts from the written file (an audit);
 executor.calibrate_host runs the three on this host.
 """
 
@@ -140,7 +133,11 @@ OVERLAP_GEMM = (512, 1024, 1024)
 OVERLAP_BYTES = 64 << 20
 LATENCY_BYTES = 4 << 10  # an all-reduce that is nearly all latency
 LATENCY_GEMMS = (4, (256, 512, 512))  # (how many, which shape) run while it is in flight
-LEAD_GEMM = (512, 512, 512)  # the compute op before each collective: ranks arrive with a step's skew
+LEAD_GEMM = (512, 512, 512)  # the first SKEW_LEADS; a calibration before 2026-12-07 ran one before each collective
+# What precedes each collective microbenchmark: a synchronisation, so that its time holds no time-slicing lag.
+# Until 2026-12-07 it was a LEAD_GEMM whose lag (2-4 ms with 4 ranks on 2 cores) the fit took out of every
+# collective, and the two estimates traded off launch by launch (docs/fit.md); samples without "after" are such.
+COLLECTIVES_AFTER = "sync"
 SKEW_LEADS = [LEAD_GEMM, (1024, 512, 512), (1024, 1024, 512), (1024, 1024, 1024)]  # 1:2:4:8 in work
 P2P_BYTES = [1 << 10, 16 << 10, 64 << 10, 256 << 10]  # a pipeline's activations on a small host: 64-128 KB
 P2P_TAG = "calibration"
@@ -186,11 +183,12 @@ def calibration_schedule(nproc: int, repeats: int = REPEATS) -> tuple[Schedule, 
         sync(f"sync.{axis}")
         for rep in range(repeats):
             for kind, nbytes in itertools.product(COLLECTIVE_KINDS, COLLECTIVE_BYTES):
-                w.compute(f"{kind}.{axis}.{nbytes}.r{rep}.before", Gemm(*LEAD_GEMM, "NN", DTYPE))
+                sync(f"{kind}.{axis}.{nbytes}.r{rep}.before")  # together: no lag to take out (COLLECTIVES_AFTER)
                 op = w.collective(f"{kind}.{axis}.{nbytes}.r{rep}", axis, Collective(kind, axis, nbytes, DTYPE))
                 w.wait(op)
                 w.compute(f"{kind}.{axis}.{nbytes}.r{rep}.done", Elementwise(TINY_BYTES))
-                what[op] = ("collective", {"kind": kind, "group_size": size, "nbytes": nbytes})
+                what[op] = ("collective", {"kind": kind, "group_size": size, "nbytes": nbytes,
+                                           "after": COLLECTIVES_AFTER})
     if 2 in sizes:
         for rep in range(repeats):
             for nbytes in P2P_BYTES:
@@ -390,9 +388,11 @@ def fit(samples: list[Sample], oversubscribed: bool = False, cores: float | None
     _, o, bw, rate, (tm, tn, kh), layouts, a_eff, a_over, errors = best
 
     lag = fit_skew(by.get("skew_lead", []), by.get("skew_sync", []), LEAD_GEMM, by.get("latency_comm_alone", []))
-    lead_skew = lag.after(lag.lead_s) if oversubscribed else 0.0
+    led = [s.params.get("after", "gemm") == "gemm" for s in by.get("collective", [])]  # an older calibration's
+    lead_skew = lag.after(lag.lead_s) if oversubscribed and any(led) else 0.0
     # (a sample shorter than the lag is noise: it keeps a twentieth of itself)
-    collectives = [replace(s, time_s=max(s.time_s - lead_skew, 0.05 * s.time_s)) for s in by.get("collective", [])]
+    collectives = [replace(s, time_s=max(s.time_s - lead_skew, 0.05 * s.time_s)) if behind else s
+                   for s, behind in zip(by.get("collective", []), led)]
     port_bw, base, hop, kind_latency, kind_fraction = fit_collectives(collectives, errors)
     return Fit(float(o), float(bw), float(rate), tm, tn, float(kh), layouts, a_eff, comm_compute_slowdown(by),
                float(port_bw), float(base), float(hop), errors, a_over, kind_latency, kind_fraction, lag.skew,

@@ -194,6 +194,8 @@ def _report_numerics(args: argparse.Namespace, out: str, where: str, wall: float
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.refit is not None:
+        return _refit(args)
     _require_torch("calibrate")
     import time
 
@@ -204,12 +206,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     from executor.calibrate import calibration_schedule
     from executor.calibrate_host import calibrate_host, launch_dirs
-    if args.output is None:  # the default goes to out/, never into the repository
-        os.makedirs(DEFAULT_DIR, exist_ok=True)
-        args.output = os.path.join(DEFAULT_DIR, "local.toml")
-    beside = os.path.join(os.path.dirname(os.path.abspath(args.output)),
-                          os.path.basename(args.output).removesuffix(".toml") + ".calibration.json")
-    check_outputs({"--output": args.output, "its measurements": beside}, formats={"--output": ("toml",)})
+    from executor.calibration_report import fit_lines
+    _check_calibration_output(args)
     out = args.out or os.path.join(DEFAULT_DIR, "calibrate")
     n_ops = len(calibration_schedule(args.nproc, args.repeats)[0].programs[0].ops)
     print(f"calibrating {args.nproc} ranks on this host: {n_ops} microbenchmark ops x {args.steps} step(s)"
@@ -226,34 +224,41 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(json.dumps({"machine_file": args.output, "launches": args.launches, "fit": doc["fit"],
                           "simulator_vs_measured": doc["simulator_vs_measured"]}, indent=2))
         return 0
-    f = fitted
     print(f"wrote {args.output} ({measured.dtype}, {args.nproc} ranks, {wall:.0f} s) and the measurements beside it:")
-    print(f"  GEMM {f.gemm_flop_per_s / 1e9:.1f} GF/s per rank (tiles {f.gemm_tile_m}x{f.gemm_tile_n}, k_half {f.gemm_k_half:g}; "
-          f"layouts NN {f.layout_efficiency['NN']:.2f} NT {f.layout_efficiency['NT']:.2f} TN {f.layout_efficiency['TN']:.2f})")
-    print(f"  copy {f.hbm_bw_bytes_per_s / 1e9:.2f} GB/s, kernel overhead {f.kernel_overhead_s * 1e6:.1f} us, "
-          f"attention efficiency {f.attention_efficiency:.2f} + {f.attention_overhead_s * 1e6:.0f} us per call, comm/compute slowdown {f.comm_compute_slowdown:.2f}")
-    print(f"  a collective while every rank computes: x{f.comm_stretch_under_compute:.2f} its time alone"
-          + (f"; a small one's latency at {f.comm_latency_pace_under_compute:.2f} of its pace alone"
-             if f.comm_latency_pace_under_compute is not None else ""))
-    print(f"  time-slicing: the last rank lags {100 * f.timeslice_skew:.1f}% of the compute before a synchronisation"
-          + (f" plus {f.timeslice_lag_s * 1e6:.0f} us after {f.timeslice_lag_after_s * 1e6:.0f} us of it"
-             if f.timeslice_lag_s else "")
-          + (f" (taken out of each collective: {f.lead_skew_s * 1e6:.0f} us)" if f.lead_skew_s else
-             " (unused: fewer ranks than cores)" if f.timeslice_skew else ""))
-    if f.comm_core_share is not None:
-        print(f"  a rank moving bytes takes {f.comm_core_share:.2f} of a core from the ranks computing beside it")
-    print(f"  collectives: {f.port_bw_bytes_per_s / 1e9:.3f} GB/s per rank, latency {f.base_latency_s * 1e6:.0f} us + "
-          f"{f.hop_latency_s * 1e6:.0f} us per ring step; per kind "
-          + ", ".join(f"{k} +{f.kind_latency_s.get(k, 0) * 1e6:.0f} us x{v:.2f} bandwidth" for k, v in f.kind_bw_fraction.items()))
-    if f.p2p_latency_s is not None:
-        print(f"  point-to-point: latency {f.p2p_latency_s * 1e6:.0f} us (one message, not a ring's base and hop)")
-    print("  the simulator on this file vs the microbenchmarks (median |error|; error of their summed time):")
-    for kind, row in doc["simulator_vs_measured"].items():
-        print(f"    {kind:<16}{100 * row['median_abs_error']:6.1f}%  {100 * row['total_time_error']:+6.1f}%  "
-              f"({row['samples']} points)")
+    print("\n".join(fit_lines(fitted, doc)))
     for k, launch_dir in enumerate(launch_dirs(out, args.launches)):
         if _load_note(launch_dir):
             print(_load_note(launch_dir) + (f" (launch {k + 1})" if args.launches > 1 else ""))
+    return 0
+
+
+def _check_calibration_output(args: argparse.Namespace) -> None:
+    """Default --output (out/local.toml: never into the repository), checked writable with its measurements'
+    file beside it."""
+    if args.output is None:
+        os.makedirs(DEFAULT_DIR, exist_ok=True)
+        args.output = os.path.join(DEFAULT_DIR, "local.toml")
+    beside = os.path.join(os.path.dirname(os.path.abspath(args.output)),
+                          os.path.basename(args.output).removesuffix(".toml") + ".calibration.json")
+    check_outputs({"--output": args.output, "its measurements": beside}, formats={"--output": ("toml",)})
+
+
+def _refit(args: argparse.Namespace) -> int:
+    """--refit: a saved calibration's measurements fitted again by this version, nothing measured (no torch)."""
+    from executor.calibrate_host import load_saved, refit_document
+    from executor.calibration_report import fit_lines
+
+    saved = load_saved(args.refit)  # a one-line error before anything is written
+    _check_calibration_output(args)
+    fitted, doc = refit_document(saved, args.output)
+    if args.json:
+        print(json.dumps({"machine_file": args.output, "refit": args.refit, "fit": doc["fit"],
+                          "simulator_vs_measured": doc["simulator_vs_measured"]}, indent=2))
+        return 0
+    host = doc["host"]
+    print(f"wrote {args.output}: the measurements of {args.refit} ({doc['dtype']}, {host['nproc']} ranks, "
+          f"{doc['date']}) fitted again by this version, nothing measured:")
+    print("\n".join(fit_lines(fitted, doc)))
     return 0
 
 
@@ -345,6 +350,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="launch the microbenchmarks this many times and fit the median of the launches' times, so one "
                    "launch in an odd moment of a shared host does not decide the file (default 1)")
     p.add_argument("--json", action="store_true", help="print the fit as JSON")
+    p.add_argument("--refit", metavar="NAME.calibration.json",
+                   help="measure nothing: fit the measurements a calibration saved (the JSON beside its machine "
+                   "file) again with this version's fit and write --output; after an upgrade, or to audit a file "
+                   "(--nproc and the measuring options are then the saved run's)")
     _add_exec_options(p, steps=3, warmup=1)
     p.set_defaults(func=cmd_calibrate)
 

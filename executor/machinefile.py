@@ -104,7 +104,7 @@ def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local")
         f"comm_stretch_under_compute = {num(f.comm_stretch_under_compute, 'a 64 MB all-reduce of every rank while every rank runs GEMMs / the same all-reduce alone (at least 1): the collectives above run this many times longer while computing ranks hold every core')}",
         *([f"comm_latency_pace_under_compute = {num(f.comm_latency_pace_under_compute, 'of a 4 KB all-reduce of every rank issued before every rank runs GEMMs and waited for after: its time alone that went by during the GEMMs per second of them (0: it waited for them to end); the simulator moves a transfer bytes first and lets its latency go at this pace while its ranks compute and computing ranks hold every core')}"]
           if f.comm_latency_pace_under_compute is not None else []),
-        f"timeslice_skew = {num(f.timeslice_skew, 'slope of a 4-byte all-reduce of every rank over the GEMM before it (4 sizes): the last rank lags the mean by this per second of compute while the ranks hold every core; with at least as many ranks as cores the collectives above have that lag behind their lead GEMM taken out')}",
+        f"timeslice_skew = {num(f.timeslice_skew, 'slope of a 4-byte all-reduce of every rank over the GEMM before it (4 sizes): the last rank lags the mean by this per second of compute while the ranks hold every core; ' + ('the collectives above have that lag behind their lead GEMM taken out' if f.lead_skew_s else 'the collectives above ran after a synchronisation, without it'))}",
         *([f"timeslice_lag_us = {num(f.timeslice_lag_s * 1e6, 'the same line at no GEMM less a 4 KB all-reduce of every rank right after a synchronisation: the lag that does not grow with the compute, once ranks holding every core have computed timeslice_lag_after_us')}",
            f"timeslice_lag_after_us = {num(f.timeslice_lag_after_s * 1e6, 'the shortest GEMM before the all-reduce (linearly from no lag below it)')}"]
           if f.timeslice_lag_s > 0 else []),
@@ -209,9 +209,10 @@ def check_with_simulator(machine_path: str, samples: list[Sample], lead_skew_s: 
 
 
 def write_machine(path: str, f: Fit, samples: list[Sample], host: dict, dtype: str, date: str | None = None,
-                  launch_samples: list[list[Sample]] | None = None) -> dict:
+                  launch_samples: list[list[Sample]] | None = None, spread: dict | None = None) -> dict:
     """Write the machine file and NAME.calibration.json beside it; return the JSON document. `launch_samples`:
-    each launch's samples where `samples` combine several (kept so that they can be combined again)."""
+    each launch's samples where `samples` combine several (kept so that they can be combined again); `spread`:
+    each number's range over the launches fitted alone (executor.calibrate_host.launch_spread)."""
     date = date or datetime.date.today().isoformat()
     name = os.path.basename(path).removesuffix(".toml")
     text = machine_toml(f, host, date, dtype, name)
@@ -230,8 +231,13 @@ def write_machine(path: str, f: Fit, samples: list[Sample], host: dict, dtype: s
                          "total_time_error": float(total)}
     doc = {"host": host, "date": date, "dtype": dtype, "fit": asdict(f), "simulator_vs_measured": summary,
            "samples": [asdict(s) for s in samples], "predictions": checks}
+    if spread:
+        doc["launch_spread"] = spread
     if launch_samples:
         doc["launch_samples"] = [[asdict(s) for s in launch] for launch in launch_samples]
-    with open(os.path.join(os.path.dirname(os.path.abspath(path)), f"{name}.calibration.json"), "w") as out:
+    beside = os.path.join(os.path.dirname(os.path.abspath(path)), f"{name}.calibration.json")
+    tmp = f"{beside}.tmp{os.getpid()}"  # whole or not at all: `twin calibrate --refit` may read and write one file
+    with open(tmp, "w") as out:
         json.dump(doc, out, indent=1)
+    os.replace(tmp, beside)
     return doc

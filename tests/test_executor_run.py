@@ -350,6 +350,7 @@ def test_calibrate_writes_a_machine_the_simulator_loads(tmp_path):
     assert {"gemm", "elementwise", "attention", "all_reduce"} <= set(doc["simulator_vs_measured"])
     saved = json.loads((tmp_path / "here.calibration.json").read_text())
     assert launched == [1, 2] and len(saved["launch_samples"]) == 2  # each launch kept, the median fitted
+    assert {"GEMM", "hop latency", "lag per second of compute"} <= set(saved["launch_spread"])  # each alone
     def keys(samples):
         return {json.dumps([s["kind"], s["params"]], sort_keys=True) for s in samples}
     # One sample per microbenchmark any launch measured; a launch may lack an overlap GEMM that never ran

@@ -445,3 +445,21 @@ def test_collective_after_times_each_collective_in_its_condition(capsys):
     with pytest.raises(SystemExit) as exit_:
         collective_after(["--nproc", "3"])
     assert exit_.value.code == 2 and "--nproc" in capsys.readouterr().err
+
+
+def test_calibration_drift_sets_each_launchs_file_beside_the_median_one():
+    from calibration_drift import launch_range
+
+    doc = {"rounds": 2, "errors": [[4.0, 10.0], [12.0, 6.0], [14.0, 16.0], [8.0, 9.0]]}
+    assert launch_range(doc) == (7.0, 15.0, 8.5)  # launches' means over the rounds; the median file's apart
+
+
+def test_calibration_drift_refuses_a_folder_without_rounds_in_one_line(tmp_path, capsys):
+    from calibration_drift import main as calibration_drift
+
+    (tmp_path / "launch-1" / "4-tiny-gdata4").mkdir(parents=True)
+    (tmp_path / "launch-1" / "4-tiny-gdata4" / "summary.json").write_text("{}")
+    with pytest.raises(SystemExit) as e:
+        calibration_drift(["--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and "1 round(s)" in err[-1] and "--launches 3" in err[-1]
