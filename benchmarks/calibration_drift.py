@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from executor.calibrate_host import refit_saved  # noqa: E402
-from fit_local import twin_json  # noqa: E402
+from fit_local import carry_fit, twin_json  # noqa: E402
 from rank_drift import folders_parser  # noqa: E402
 
 
@@ -44,21 +44,18 @@ def round_runs(folder: Path) -> list[list[dict]]:
     return rounds
 
 
-def launch_files(folder: Path, work: str) -> list[str]:
-    """One 4-rank machine file per calibration launch, carrying what fit_local's fit learned (where it learned
-    anything), in `work`."""
+def launch_files(folder: Path, fit: dict | None, work: str) -> list[str]:
+    """One 4-rank machine file per calibration launch, in `work`, carrying what fit_local's fit learned (`fit`:
+    OUT/results.json's; None where it learned nothing)."""
     saved = folder / "local-4.calibration.json"
     count = len(json.loads(saved.read_text()).get("launch_samples") or [])
-    results = json.loads((folder / "results.json").read_text())
-    carried = ",".join(p["path"] for p in (results.get("fit") or {}).get("parameters", []))
     files = []
     for launch in range(count):
         path = os.path.join(work, f"local-4-L{launch + 1}.toml")
         refit_saved(str(saved), path, launches=[launch])
-        if carried:
+        if fit is not None:
             fitted = path.replace(".toml", "-fitted.toml")
-            twin_json("fit", "--machine", path, "--from", str(folder / "local-2-fitted.toml"), "--params", carried,
-                      "-o", fitted, "--json")
+            carry_fit(fit, path, str(folder / "local-2-fitted.toml"), fitted)
             path = fitted
         files.append(path)
     return files
@@ -72,10 +69,10 @@ def drift(folder: Path) -> dict:
     if len(rounds) < 2 or not has_results:
         raise ValueError(f"{folder} has {len(rounds)} round(s) of held-out runs and {'a' if has_results else 'no'} "
                          f"results.json; run benchmarks/fit_local.py --launches 3 --out {folder} first")
-    results = json.loads((folder / "results.json").read_text())
-    median = folder / ("local-4-fitted.toml" if results.get("fit") else "local-4.toml")
+    fit = json.loads((folder / "results.json").read_text()).get("fit")
+    median = folder / ("local-4-fitted.toml" if fit else "local-4.toml")
     with tempfile.TemporaryDirectory() as work:
-        files = launch_files(folder, work) + [str(median)]
+        files = launch_files(folder, fit, work) + [str(median)]
         errors = []
         for k, summaries in enumerate(rounds):
             runs = os.path.join(work, f"round-{k + 1}.json")

@@ -140,12 +140,18 @@ def fit_and_carry(files: dict[int, str], runs: str,
     fitted = {n: path.replace(".toml", "-fitted.toml") for n, path in files.items()}
     fit, left_out = fit_refusing_less(files[2], runs, PARAMS, fitted[2], what_if)
     if fit is not None:
-        carried = ",".join(p["path"] for p in fit["parameters"])
-        twin_json("fit", "--machine", files[4], "--from", fitted[2], "--params", carried, "-o", fitted[4], *what_if,
-                  "--json")
+        carry_fit(fit, files[4], fitted[2], fitted[4], what_if)
     else:
         fitted[4] = files[4]  # nothing to carry: the second column is the microbenchmarks' again
     return fit, left_out, fitted
+
+
+def carry_fit(fit: dict, machine: str, fitted_from: str, output: str, what_if: tuple[str, ...] = ()) -> None:
+    """What the fit on the 1-2 rank runs learned (`fit`: `twin fit --json`'s, written to `fitted_from`) carried
+    to `machine`, a file of other ranks whose rates come from its own microbenchmarks: `output`."""
+    carried = ",".join(p["path"] for p in fit["parameters"])
+    twin_json("fit", "--machine", machine, "--from", fitted_from, "--params", carried, "-o", output, *what_if,
+              "--json")
 
 
 def print_fit(fit: dict | None, left_out: list[str]) -> None:

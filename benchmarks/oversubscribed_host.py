@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from executor.calibrate_host import refit_saved  # noqa: E402
-from fit_local import twin_json  # noqa: E402
+from fit_local import carry_fit, twin_json  # noqa: E402
 
 # (the lag, the stretch, the latency's pace)
 VARIANTS = {"neither": (False, False, False), "the lag": (True, False, False), "the stretch": (False, True, False),
@@ -54,9 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         fits[name] = refit_saved(os.path.join(o, "local-4.calibration.json"), path, lag, stretch, latency=latency)
         files[name] = [path]
         if carried is not None:
-            twin_json("fit", "--machine", path, "--from", os.path.join(o, "local-2-fitted.toml"), "--params",
-                      ",".join(p["path"] for p in carried["parameters"]), "-o", path.replace(".toml", "-fitted.toml"),
-                      "--json")
+            carry_fit(carried, path, os.path.join(o, "local-2-fitted.toml"), path.replace(".toml", "-fitted.toml"))
             files[name].append(path.replace(".toml", "-fitted.toml"))
     every = [path for paths in files.values() for path in paths]
     table = twin_json("validate", "--runs", os.path.join(o, "held-out-runs.json"),
