@@ -10,16 +10,14 @@ small all-reduce over all ranks so the ranks enter it together:
 - GEMM: every (m, n, k) of GEMM_SHAPES in each layout NN, NT, TN;
 - element-wise: copies moving ELEMENTWISE_BYTES bytes;
 - attention: forward and backward of ATTENTION_SHAPES (causal);
-- collectives: all_reduce, all_gather, reduce_scatter over groups of 2, 4, ...
-  up to nproc consecutive ranks, COLLECTIVE_BYTES each, each one after a
-  synchronisation (COLLECTIVES_AFTER) and waited for (a blocking collective,
-  as most of a step's are);
-- point-to-point: a send of each P2P_BYTES from the first rank of every
-  pair of the 2-rank groups to the second, after a synchronisation so that
-  both arrive together (the schedule's second program, the pairs' second
-  ranks, receives where the first sends; nothing else differs);
-- time-slicing: GEMMs of SKEW_LEADS' sizes, each followed by a 4-byte
-  all-reduce of every rank (a synchronisation);
+- collectives: all_reduce, all_gather, reduce_scatter over groups of 2, 4, ... up to nproc
+  consecutive ranks, COLLECTIVE_BYTES each, each one after a synchronisation
+  (COLLECTIVES_AFTER) and waited for (a blocking collective, as most of a step's are);
+- point-to-point: a send of each P2P_BYTES from the first rank of every pair of the 2-rank
+  groups to the second, after a synchronisation so that both arrive together (the
+  schedule's second program, the pairs' second ranks, receives where the first sends);
+- time-slicing: GEMMs of SKEW_LEADS' sizes, then phases of SKEW_LONG of the
+  largest, each followed by a 4-byte all-reduce of every rank (a synchronisation);
 - overlap: a large all-reduce alone, a GEMM alone, then the same GEMM
   while the same all-reduce runs;
 - latency under compute: a small all-reduce of every rank alone, then
@@ -86,8 +84,11 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   latency microbenchmark alone): the lag that does not grow with the
   compute, 2-5 ms there, reached at timeslice_lag_after_s, the shortest
   GEMM measured (linearly from 0 below it: benchmarks/collective_after.py
-  finds no lag after a 1 MB copy); the simulator adds it to the transfer
-  after compute (twin.sim.compute_unit.NodeCores). A calibration saved
+  finds no lag after a 1 MB copy); the line's range timeslice_lag_span_s, the
+  longest, past which timeslice_skew_beyond_span is the slope of the longer
+  phases' all-reduces from the line's value there (0.01-0.2; None in a
+  calibration without them: held); the simulator adds the lag to the
+  transfer after compute (twin.sim.compute_unit.NodeCores). A calibration saved
   before 2026-12-07 ran a LEAD_GEMM before each collective: where ranks >=
   cores its lag is taken out of each (`lead_skew_s`);
 - comm_core_share: the share of a core a rank moving bytes takes from the
@@ -112,7 +113,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from executor.calibrate_collectives import fit_collectives, fit_p2p_latency
-from executor.calibrate_sharing import comm_compute_slowdown, comm_stretch, fit_skew, latency_pace, mover_share
+from executor.calibrate_sharing import (LEAD_GEMM, SKEW_LEADS, SKEW_LONG, comm_compute_slowdown, comm_stretch, fit_skew,
+                                        lag_section, latency_pace, mover_share)
 from executor.calibration_samples import Sample
 from executor.microbenchmark_ops import DTYPE, TINY_BYTES, synchronise
 from executor.weighted_least_squares import (chi2, mean_ratio, nnls_weighted, rel_rms, relative_weights,
@@ -133,12 +135,10 @@ OVERLAP_GEMM = (512, 1024, 1024)
 OVERLAP_BYTES = 64 << 20
 LATENCY_BYTES = 4 << 10  # an all-reduce that is nearly all latency
 LATENCY_GEMMS = (4, (256, 512, 512))  # (how many, which shape) run while it is in flight
-LEAD_GEMM = (512, 512, 512)  # the first SKEW_LEADS; a calibration before 2026-12-07 ran one before each collective
 # What precedes each collective microbenchmark: a synchronisation, so that its time holds no time-slicing lag.
 # Until 2026-12-07 it was a LEAD_GEMM whose lag (2-4 ms with 4 ranks on 2 cores) the fit took out of every
 # collective, and the two estimates traded off launch by launch (docs/fit.md); samples without "after" are such.
 COLLECTIVES_AFTER = "sync"
-SKEW_LEADS = [LEAD_GEMM, (1024, 512, 512), (1024, 1024, 512), (1024, 1024, 1024)]  # 1:2:4:8 in work
 P2P_BYTES = [1 << 10, 16 << 10, 64 << 10, 256 << 10]  # a pipeline's activations on a small host: 64-128 KB
 P2P_TAG = "calibration"
 # Half the ranks run BESIDE_GEMMS GEMMs while the other half waits, then while it runs BESIDE_ALL_REDUCES all-reduces
@@ -200,13 +200,7 @@ def calibration_schedule(nproc: int, repeats: int = REPEATS) -> tuple[Schedule, 
                 what[op] = ("p2p", {"nbytes": nbytes})
     if everyone:
         sync("sync.skew")
-        for rep in range(repeats):
-            for m, n, k in SKEW_LEADS:
-                lead = w.compute(f"skew.{m}x{n}x{k}.r{rep}.lead", Gemm(m, n, k, "NN", DTYPE))
-                op = w.collective(f"skew.{m}x{n}x{k}.r{rep}", everyone, Collective("all_reduce", everyone, 4, DTYPE))
-                w.wait(op)
-                w.compute(f"skew.{m}x{n}x{k}.r{rep}.done", Elementwise(TINY_BYTES))
-                what[lead], what[op] = ("skew_lead", {"m": m, "n": n, "k": k}), ("skew_sync", {"m": m, "n": n, "k": k})
+        lag_section(w, what, everyone, repeats)
         m, n, k = OVERLAP_GEMM
         sync("sync.overlap")
         alone = w.collective("overlap.all_reduce.alone", everyone, Collective("all_reduce", everyone, OVERLAP_BYTES,
@@ -317,6 +311,8 @@ class Fit:
     timeslice_lag_s: float = 0.0  # the last rank's lag at a synchronisation beyond the skew's, after compute ...
     timeslice_lag_after_s: float = 0.0  # ... this long (linearly from 0 below it)
     comm_core_share: float | None = None  # of a core, a rank moving bytes beside others' compute; None: not measured
+    timeslice_lag_span_s: float = 0.0  # the longest phase the line above was fitted on; 0: not measured ...
+    timeslice_skew_beyond_span: float | None = None  # ... and the lag's growth per second of a phase past it
 
 
 TILES = (1, 8, 16, 32, 64, 128, 256)
@@ -387,7 +383,8 @@ def fit(samples: list[Sample], oversubscribed: bool = False, cores: float | None
         raise ValueError("calibration: the element-wise times leave no room for any bandwidth; measurements look broken")
     _, o, bw, rate, (tm, tn, kh), layouts, a_eff, a_over, errors = best
 
-    lag = fit_skew(by.get("skew_lead", []), by.get("skew_sync", []), LEAD_GEMM, by.get("latency_comm_alone", []))
+    lag = fit_skew(by.get("skew_lead", []), by.get("skew_sync", []), LEAD_GEMM, by.get("latency_comm_alone", []),
+                   by.get("skew_long_gemm", []), by.get("skew_long_sync", []))
     led = [s.params.get("after", "gemm") == "gemm" for s in by.get("collective", [])]  # an older calibration's
     lead_skew = lag.after(lag.lead_s) if oversubscribed and any(led) else 0.0
     # (a sample shorter than the lag is noise: it keeps a twentieth of itself)
@@ -397,4 +394,4 @@ def fit(samples: list[Sample], oversubscribed: bool = False, cores: float | None
     return Fit(float(o), float(bw), float(rate), tm, tn, float(kh), layouts, a_eff, comm_compute_slowdown(by),
                float(port_bw), float(base), float(hop), errors, a_over, kind_latency, kind_fraction, lag.skew,
                lead_skew, comm_stretch(by), latency_pace(by), fit_p2p_latency(by.get("p2p", []), port_bw, errors),
-               lag.floor_s, lag.floor_after_s, mover_share(by, cores))
+               lag.floor_s, lag.floor_after_s, mover_share(by, cores), lag.span_s, lag.beyond)

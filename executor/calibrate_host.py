@@ -129,6 +129,8 @@ def refit_document(doc: dict, output: str, lag: bool = True, stretch: bool = Tru
     fitted = replace(fitted, timeslice_skew=fitted.timeslice_skew if lag else 0.0,
                      timeslice_lag_s=fitted.timeslice_lag_s if lag else 0.0,
                      timeslice_lag_after_s=fitted.timeslice_lag_after_s if lag else 0.0,
+                     timeslice_lag_span_s=fitted.timeslice_lag_span_s if lag else 0.0,
+                     timeslice_skew_beyond_span=fitted.timeslice_skew_beyond_span if lag else None,
                      comm_stretch_under_compute=fitted.comm_stretch_under_compute if stretch else 1.0,
                      comm_latency_pace_under_compute=fitted.comm_latency_pace_under_compute if latency else None)
     several = per_launch is not None and len(per_launch) > 1

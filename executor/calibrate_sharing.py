@@ -14,10 +14,14 @@ samples by kind (`by`) and says what it is without its measurements.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import inf
 
 import numpy as np
 
 from executor.calibration_samples import Sample
+from executor.microbenchmark_ops import DTYPE, TINY_BYTES
+from twin.builders.program import ProgramWriter
+from twin.ir import Collective, Elementwise, Gemm
 from twin.sim.compute_unit import timeslice_lag_s
 
 
@@ -74,35 +78,74 @@ def mover_share(by: dict[str, list[Sample]], cores: float | None) -> float | Non
     return float(np.clip(core_share(moving / idle, computing, cores), 0.0, 1.0))
 
 
+LEAD_GEMM = (512, 512, 512)  # the first SKEW_LEADS; a calibration before 2026-12-07 ran one before each collective
+SKEW_LEADS = [LEAD_GEMM, (1024, 512, 512), (1024, 1024, 512), (1024, 1024, 1024)]  # 1:2:4:8 in work
+SKEW_LONG = (2, 4, 8)  # phases of this many of the largest SKEW_LEADS: how the lag grows beyond the line's range
+
+
+def lag_section(w: ProgramWriter, what: dict, everyone: str, repeats: int) -> None:
+    """The calibration's time-slicing section (its ranks enter it together): each SKEW_LEADS GEMM, then each
+    phase of SKEW_LONG of the largest, each phase followed by a 4-byte all-reduce of every rank (a
+    synchronisation) that the next phase waits for; the GEMMs and the all-reduces timed into `what`."""
+    def phase(name: str, shape: tuple[int, int, int], gemms: int, kinds: tuple[str, str], params: dict) -> None:
+        for i in range(gemms):
+            what[w.compute(f"{name}.lead{i}" if gemms > 1 else f"{name}.lead", Gemm(*shape, "NN", DTYPE))] = (
+                kinds[0], params)
+        op = w.collective(name, everyone, Collective("all_reduce", everyone, 4, DTYPE))
+        w.wait(op)
+        w.compute(f"{name}.done", Elementwise(TINY_BYTES))
+        what[op] = (kinds[1], params)
+
+    for rep in range(repeats):
+        for m, n, k in SKEW_LEADS:
+            phase(f"skew.{m}x{n}x{k}.r{rep}", (m, n, k), 1, ("skew_lead", "skew_sync"), {"m": m, "n": n, "k": k})
+        for gemms in SKEW_LONG:
+            phase(f"skew.long{gemms}.r{rep}", SKEW_LEADS[-1], gemms, ("skew_long_gemm", "skew_long_sync"),
+                  {"gemms": gemms})
+
+
 @dataclass(frozen=True)
 class Lag:
     """How far the last rank reaches a synchronisation behind the mean after a phase of compute on an
     oversubscribed host: `floor_s` once the phase is `floor_after_s` long (linearly from 0 below it), plus
-    `skew` per second of the phase. `lead_s`: the lead GEMM's time before each collective microbenchmark."""
+    `skew` per second of the phase, measured on phases up to `span_s` long (0: none), and `beyond` per second
+    of a longer phase past it. `lead_s`: the lead GEMM's time before each collective microbenchmark."""
 
     skew: float = 0.0
     lead_s: float = 0.0
     floor_s: float = 0.0
     floor_after_s: float = 0.0
+    span_s: float = 0.0
+    beyond: float | None = None  # None: no longer phases measured (held at the span)
 
     def after(self, compute_s: float) -> float:
         """The lag after `compute_s` of compute, as the simulator takes it (twin.sim.compute_unit)."""
-        return timeslice_lag_s(compute_s, self.skew, self.floor_s, self.floor_after_s)
+        return timeslice_lag_s(compute_s, self.skew, self.floor_s, self.floor_after_s, self.span_s or inf,
+                               self.beyond or 0.0)
 
 
 def fit_skew(leads: list[Sample], syncs: list[Sample], lead_shape: tuple[int, int, int],
-             synchronised: list[Sample] = ()) -> Lag:
+             synchronised: list[Sample] = (), long_gemms: list[Sample] = (), long_syncs: list[Sample] = ()) -> Lag:
     """The lag (Lag) from the synchronising all-reduces after GEMMs of several sizes: `skew` their time's
     least-squares slope over the GEMM's, the floor the line's value at no GEMM less the time of a small
     all-reduce of every rank right after a synchronisation (`synchronised`: the latency microbenchmark alone,
-    where the last rank has nothing to lag behind), reached at the shortest GEMM measured. Nothing without the
-    measurements (one rank, or an older schedule); never below 0."""
+    where the last rank has nothing to lag behind), reached at the shortest GEMM measured, its span the longest.
+    Beyond the span, from the all-reduces after the long phases (`long_gemms`: one GEMM's mean time in each,
+    `long_syncs`), the slope of a line from the first line's value at the span (least squares; None without
+    them: the simulator then holds the lag at the span's). Nothing without the measurements (one rank, or an
+    older schedule); never below 0."""
     lead_of = {(s.params["m"], s.params["n"], s.params["k"]): s.time_s for s in leads}
     pairs = [(lead_of[key], s.time_s) for s in syncs if (key := (s.params["m"], s.params["n"], s.params["k"])) in lead_of]
     if len(pairs) < 2:
         return Lag()
     lead, sync = np.array(pairs).T
     slope, intercept = np.polyfit(lead, sync, 1) if np.ptp(lead) > 0 else (0.0, float(np.mean(sync)))
+    slope, span = max(float(slope), 0.0), float(lead.max())
     alone = float(np.mean([s.time_s for s in synchronised])) if synchronised else None
     floor = max(float(intercept) - alone, 0.0) if alone is not None else 0.0
-    return Lag(max(float(slope), 0.0), lead_of.get(lead_shape, 0.0), floor, float(lead.min()) if floor else 0.0)
+    gemm_of = {s.params["gemms"]: s.time_s for s in long_gemms}
+    longer = np.array([(s.params["gemms"] * gemm_of[s.params["gemms"]] - span, s.time_s - intercept - slope * span)
+                       for s in long_syncs if s.params["gemms"] in gemm_of]).reshape(-1, 2)
+    past, rise = longer[longer[:, 0] > 0].T
+    beyond = max(float(past @ rise / (past @ past)), 0.0) if len(past) else None
+    return Lag(slope, lead_of.get(lead_shape, 0.0), floor, float(lead.min()) if floor else 0.0, span, beyond)

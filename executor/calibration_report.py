@@ -49,6 +49,9 @@ def fit_lines(f: Fit, doc: dict) -> list[str]:
              "synchronisation"
              + (f" plus {f.timeslice_lag_s * 1e6:.0f} us after {f.timeslice_lag_after_s * 1e6:.0f} us of it"
                 if f.timeslice_lag_s else "")
+             + (f", {100 * f.timeslice_skew_beyond_span:.1f}% past {f.timeslice_lag_span_s * 1e3:.1f} ms of it"
+                if f.timeslice_lag_span_s and f.timeslice_skew_beyond_span is not None
+                else f", held past {f.timeslice_lag_span_s * 1e3:.1f} ms of it" if f.timeslice_lag_span_s else "")
              + (f" (taken out of each collective, each after a GEMM: {f.lead_skew_s * 1e6:.0f} us)" if f.lead_skew_s
                 else " (unused: fewer ranks than cores)" if f.timeslice_skew and not oversubscribed(doc["host"])
                 else "")]

@@ -108,6 +108,11 @@ def machine_toml(f: Fit, host: dict, date: str, dtype: str, name: str = "local")
         *([f"timeslice_lag_us = {num(f.timeslice_lag_s * 1e6, 'the same line at no GEMM less a 4 KB all-reduce of every rank right after a synchronisation: the lag that does not grow with the compute, once ranks holding every core have computed timeslice_lag_after_us')}",
            f"timeslice_lag_after_us = {num(f.timeslice_lag_after_s * 1e6, 'the shortest GEMM before the all-reduce (linearly from no lag below it)')}"]
           if f.timeslice_lag_s > 0 else []),
+        *([f"timeslice_lag_span_us = {num(f.timeslice_lag_span_s * 1e6, 'the longest GEMM before the all-reduce: the range of the line above, which the simulator does not extrapolate')}",
+           f"timeslice_skew_beyond_span = {num(f.timeslice_skew_beyond_span, 'from the line at timeslice_lag_span_us, the least-squares slope of the all-reduce after phases of 2, 4 and 8 of that GEMM over their compute: the lag per second of a longer phase past the span')}"
+           if f.timeslice_skew_beyond_span is not None else
+           f"timeslice_skew_beyond_span = {est(0.0, 'not measured (a calibration saved before 2026-12-07 ran no longer phases): the lag is held at its value at timeslice_lag_span_us')}"]
+          if f.timeslice_lag_span_s > 0 and (f.timeslice_skew > 0 or f.timeslice_lag_s > 0) else []),
         (f"comm_core_share = {num(f.comm_core_share, 'half the ranks GEMMs while the other half runs 64 KB all-reduces in pairs, back to back, over the same GEMMs while it waits: the share of a core each rank moving bytes takes from the computing ranks (the simulator counts it in their load while it computes nothing)')}"
          if f.comm_core_share is not None else
          f"comm_core_share = {est(0.0, 'not measured (it needs 4k ranks, half of them holding every core): a rank moving bytes is taken to leave the computing ranks their cores')}"),

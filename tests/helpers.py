@@ -105,10 +105,12 @@ def _write(tmp_path: Path, name: str, node: str, slowdown: float, overhead_us: f
 def quad_machine(tmp_path: Path, link_gb: float = 10.0, slowdown: float = 0.2, overhead_us: float = 5.0,
                  shared_cores: float = 0.0, timeslice_skew: float | None = None, comm_stretch: float | None = None,
                  latency_pace: float | None = None, timeslice_lag_us: float | None = None,
-                 timeslice_lag_after_us: float | None = None, comm_core_share: float | None = None):
+                 timeslice_lag_after_us: float | None = None, comm_core_share: float | None = None,
+                 timeslice_lag_span_us: float | None = None, timeslice_skew_beyond_span: float | None = None):
     """4 GPUs per node, every pair joined by one equal link of `link_gb` GB/s per direction; 1 NIC. With
     `shared_cores`, the 4 devices are ranks sharing that many cores (a CPU host), lagging by
-    `timeslice_skew` (plus `timeslice_lag_us` after `timeslice_lag_after_us` of compute) and their transfers
+    `timeslice_skew` (plus `timeslice_lag_us` after `timeslice_lag_after_us` of compute; past
+    `timeslice_lag_span_us` of it `timeslice_skew_beyond_span` per second instead) and their transfers
     `comm_stretch` times longer when more of them compute than there are cores, a transfer's latency at
     `latency_pace` while its own ranks compute, a rank moving bytes beside no compute of its own taking
     `comm_core_share` of a core."""
@@ -125,7 +127,8 @@ def quad_machine(tmp_path: Path, link_gb: float = 10.0, slowdown: float = 0.2, o
     if latency_pace is not None:
         cores += f'comm_latency_pace_under_compute = {{ value = {latency_pace}, estimate = "test" }}\n'
     for key, value in (("timeslice_lag_us", timeslice_lag_us), ("timeslice_lag_after_us", timeslice_lag_after_us),
-                       ("comm_core_share", comm_core_share)):
+                       ("comm_core_share", comm_core_share), ("timeslice_lag_span_us", timeslice_lag_span_us),
+                       ("timeslice_skew_beyond_span", timeslice_skew_beyond_span)):
         if value is not None:
             cores += f'{key} = {{ value = {value}, estimate = "test" }}\n'
     node = f"""

@@ -69,6 +69,12 @@ def synthetic_samples(truth: dict, nproc: int = 4):
             out.append(Sample("skew_lead", {"m": m, "n": n, "k": k}, lead, 0.01 * lead, 10))
             sync = truth["sync_base"] + truth["skew"] * lead
             out.append(Sample("skew_sync", {"m": m, "n": n, "k": k}, sync, 0.01 * sync, 10))
+    if "beyond" in truth:  # phases of several of the largest: past it, the lag grows at its own slope
+        span = gemm_s(*cal.SKEW_LEADS[-1])
+        for gemms in cal.SKEW_LONG:
+            out.append(Sample("skew_long_gemm", {"gemms": gemms}, span, 0.01 * span, 10))
+            sync = truth["sync_base"] + truth["skew"] * span + truth["beyond"] * (gemms - 1) * span
+            out.append(Sample("skew_long_sync", {"gemms": gemms}, sync, 0.01 * sync, 10))
     out.append(Sample("overlap_alone", {}, 1.0, 0.0, 3))
     out.append(Sample("overlap_during", {}, 1.25, 0.0, 3))
     if "stretch" in truth:  # the large all-reduce alone, and while every rank computes
@@ -296,6 +302,32 @@ def test_the_lag_that_does_not_grow_with_the_compute_is_the_lines_intercept_over
     assert (unsynchronised.timeslice_lag_s, unsynchronised.timeslice_lag_after_s) == (0.0, 0.0)
 
 
+@pytest.mark.parametrize("beyond", [0.05, None])
+def test_past_the_lines_span_the_lag_grows_at_the_slope_the_longer_phases_measure(tmp_path, beyond):
+    """The line is fitted on single GEMMs up to the largest; the all-reduces after phases of 2, 4 and 8 of it lie
+    on a line of slope 0.05 from the first's value there: the fit gives the span and that slope, the file and
+    the simulator's node carry both. Without the longer phases (a calibration saved before them) the slope is
+    not measured: the file says so and holds the lag at the span."""
+    from executor import calibrate as cal
+    from executor.machinefile import write_machine
+
+    truth = known_parameters(skew=0.25, sync_base=400e-6, **({"beyond": beyond} if beyond is not None else {}))
+    samples = synthetic_samples(truth)
+    span = max(s.time_s for s in samples if s.kind == "skew_lead")
+    f = cal.fit(samples, oversubscribed=True)
+    assert f.timeslice_skew == pytest.approx(0.25, rel=1e-6)
+    assert f.timeslice_lag_span_s == pytest.approx(span)
+    assert f.timeslice_skew_beyond_span == (pytest.approx(beyond, rel=1e-6) if beyond is not None else None)
+    path = tmp_path / "span.toml"
+    host = {"cpu": "test CPU", "logical_cpus": 2, "memory_bytes": 16e9, "nproc": 4, "hostname": "h"}
+    write_machine(str(path), f, samples, host, "float32", date="2026-01-01")
+    node = load_machine(str(path)).node
+    assert (node.timeslice_lag_span_s, node.timeslice_skew_beyond_span) == pytest.approx((span, beyond or 0.0),
+                                                                                          rel=1e-5)
+    (line,) = [x for x in path.read_text().splitlines() if x.startswith("timeslice_skew_beyond_span")]
+    assert ("estimate" in line and "not measured" in line) == (beyond is None)
+
+
 @pytest.mark.parametrize("cores, moving_ms, share", [(2, 16.0, 0.6), (2, 9.0, 0.0), (4, 16.0, None)])
 def test_the_share_of_a_core_a_rank_moving_bytes_takes_is_measured_beside_half_the_ranks_computing(
         tmp_path, cores, moving_ms, share):
@@ -408,6 +440,14 @@ def test_calibration_schedule_is_a_valid_schedule():
             "overlap_comm_alone", "skew_lead", "skew_sync", "latency_comm_alone", "latency_comm", "latency_gemm"} <= kinds
     per_kind = [sum(k == kind for k, _ in what.values()) for kind in ("skew_lead", "skew_sync")]
     assert per_kind == [4, 4]  # a lead GEMM and its synchronisation per SKEW_LEADS size, once each (repeats=1)
+    # and phases of 2, 4 and 8 of the largest, each GEMM timed, each phase followed by its synchronisation
+    from executor.calibrate import SKEW_LEADS, SKEW_LONG
+    long_gemms = [p["gemms"] for k, p in what.values() if k == "skew_long_gemm"]
+    assert sorted(long_gemms) == sorted(g for g in SKEW_LONG for _ in range(g))
+    assert sorted(p["gemms"] for k, p in what.values() if k == "skew_long_sync") == sorted(SKEW_LONG)
+    ops = {op.id: op for op in s.programs[0].ops}
+    assert {(ops[i].work.m, ops[i].work.n, ops[i].work.k) for i, (k, _) in what.items() if k == "skew_long_gemm"} == {
+        SKEW_LEADS[-1]}
     layouts = {p["layout"] for k, p in what.values() if k == "gemm"}
     assert layouts == {"NN", "NT", "TN"}
     assert {p["group_size"] for k, p in what.values() if k == "collective"} == {2, 4}

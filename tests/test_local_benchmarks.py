@@ -1,5 +1,5 @@
 """The benchmarks' own logic (fit_local.py, launch_noise.py, step_intercepts.py, rank_drift.py, rank_phases.py,
-class_errors.py), without executing or simulating."""
+class_errors.py, lag_growth.py), without executing or simulating."""
 
 from __future__ import annotations
 
@@ -463,3 +463,39 @@ def test_calibration_drift_refuses_a_folder_without_rounds_in_one_line(tmp_path,
         calibration_drift(["--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and "1 round(s)" in err[-1] and "--launches 3" in err[-1]
+
+
+def test_lag_growth_times_each_phase_and_sets_the_line_through_calibrates_range_beside_it(capsys):
+    """benchmarks/lag_growth.py: one program that passes the IR's checks, each phase of PHASES GEMMs of the
+    largest calibrated shape after a synchronisation and followed by a timed 4-byte all-reduce; from made-up
+    timestamps where each GEMM takes 10 ms and the all-reduce 1 ms plus a tenth of the phase up to 20 ms of it
+    and nothing more after, the summary reads each phase's compute back, puts the line through the first two
+    phases (1 ms + 0.1 x the compute) beside it, and the longer phases fall under that line; an odd rank count is
+    refused."""
+    from lag_growth import CALIBRATED, PHASES, REPEATS, growth_schedule, main as lag_growth, summarize
+
+    from executor.calibrate import SKEW_LEADS
+    from twin.ir_validate import validate_schedule
+
+    schedule, timed = growth_schedule(4)
+    validate_schedule(schedule)
+    ops = schedule.programs[0].ops
+    gemms = [i for i, (kind, _) in timed.items() if kind == "gemm"]
+    assert len(gemms) == REPEATS * sum(PHASES)
+    assert {(ops[i].work.m, ops[i].work.n, ops[i].work.k) for i in gemms} == {SKEW_LEADS[-1]}
+    for i, (kind, phase) in timed.items():
+        if kind == "sync":
+            assert (ops[i].work.kind, ops[i].work.nbytes) == ("all_reduce", 4)
+            assert sum(1 for j in ops[i].deps if timed.get(j, ("", 0))[0] == "gemm") == 1  # after its phase's last
+    start, end = np.zeros(len(ops)), np.zeros(len(ops))
+    for i, (kind, phase) in timed.items():
+        end[i] = 0.010 if kind == "gemm" else 0.001 + 0.1 * min(phase * 0.010, 0.020)
+    rows = summarize(timed, [[(start, end)]] * 4)
+    assert [r["gemms"] for r in rows] == list(PHASES)
+    assert [r["compute_s"] for r in rows] == pytest.approx([0.010 * g for g in PHASES])
+    assert [r["line_s"] for r in rows] == pytest.approx([0.001 + 0.1 * 0.010 * g for g in PHASES])
+    assert all(r["sync_mean_s"] == pytest.approx(r["line_s"]) for r in rows[:CALIBRATED])
+    assert all(r["sync_mean_s"] < r["line_s"] for r in rows[CALIBRATED:])
+    with pytest.raises(SystemExit) as exit_:
+        lag_growth(["--nproc", "3"])
+    assert exit_.value.code == 2 and "--nproc" in capsys.readouterr().err

@@ -86,6 +86,41 @@ def test_the_lag_that_does_not_grow_with_the_compute_builds_up_to_its_floor(tmp_
         assert floors.step_time_s - lags.step_time_s == pytest.approx(0.1 * gemm_s * ramp, rel=1e-6, abs=1e-12)
 
 
+def test_ranks_drift_on_through_an_asynchronous_transfer_until_one_is_waited_for(tmp_path):
+    """node.timeslice_skew 0.25, four ranks on two cores: a GEMM, an all-reduce issued beside the next GEMM
+    (nothing waits for it), that GEMM, a second all-reduce, which the third GEMM waits for, then a third
+    all-reduce after it. The first transfer does not bring the ranks back in step, so the last rank issues the
+    second half a GEMM late (a quarter of each GEMM since the start), the wait for it does, and the third is a
+    quarter of a GEMM late: the step is 0.75 of a GEMM longer than in step, where lags taken at each issue and
+    from zero again would give 0.5."""
+    lagged, in_step = _lagged_and_in_step(tmp_path)
+    ops = [_gemm(0), all_reduce(1, 4, deps=(0,)), _gemm(2, deps=(0,)), all_reduce(3, 4, deps=(1, 2)),
+           _gemm(4, deps=(2, 3)), all_reduce(5, 4, deps=(4,))]
+    sched = schedule(4, {"x": ((0, 1, 2, 3),)}, [((0, 1, 2, 3), ops)])
+    gemm_s = _gemm_alone_s()
+    for full in (False, True):
+        lags, steps = simulate(sched, lagged, full=full), simulate(sched, in_step, full=full)
+        waited = lags.timelines[0].start_s[4] - steps.timelines[0].start_s[4]
+        assert waited == pytest.approx(0.5 * gemm_s, rel=1e-6)
+        assert lags.step_time_s - steps.step_time_s == pytest.approx(0.75 * gemm_s, rel=1e-6)
+
+
+@pytest.mark.parametrize("beyond, lag_gemms", [(None, 0.125), (0.05, 0.125 + 0.05 * 0.5)])
+def test_past_its_calibrated_span_the_lag_grows_at_its_own_slope(tmp_path, beyond, lag_gemms):
+    """node.timeslice_lag_span_us half a GEMM: a GEMM of four ranks on two cores before an all-reduce lags
+    0.25 x 0.5 GEMMs on the line, and past the span node.timeslice_skew_beyond_span per second of the other
+    half (nothing where it is not given: the lag is held), not 0.25 x 1."""
+    gemm_s = _gemm_alone_s()
+    (tmp_path / "span").mkdir()
+    spanned = quad_machine(tmp_path / "span", shared_cores=2, timeslice_skew=0.25,
+                           timeslice_lag_span_us=0.5 * gemm_s * 1e6, timeslice_skew_beyond_span=beyond)
+    _, in_step = _lagged_and_in_step(tmp_path)
+    sched = schedule(4, {"x": ((0, 1, 2, 3),)}, [((0, 1, 2, 3), [_gemm(0), all_reduce(1, 4, deps=(0,))])])
+    for full in (False, True):
+        spans, steps = simulate(sched, spanned, full=full), simulate(sched, in_step, full=full)
+        assert spans.step_time_s - steps.step_time_s == pytest.approx(lag_gemms * gemm_s, rel=1e-6)
+
+
 def test_a_lag_is_hidden_where_compute_goes_on_beside_the_transfer(tmp_path):
     """All four ranks compute a GEMM, start a small all-reduce and compute a second GEMM beside it: the
     all-reduce starts a quarter of a GEMM late and still ends inside the second GEMM, so the step does not
@@ -337,7 +372,9 @@ def test_shared_cores_must_be_positive(tmp_path):
 
 _FIELD_OF = {"timeslice_skew": "timeslice_skew", "comm_stretch": "comm_stretch_under_compute",
              "latency_pace": "comm_latency_pace_under_compute", "timeslice_lag_us": "timeslice_lag_us",
-             "timeslice_lag_after_us": "timeslice_lag_after_us", "comm_core_share": "comm_core_share"}  # arg -> key
+             "timeslice_lag_after_us": "timeslice_lag_after_us", "comm_core_share": "comm_core_share",
+             "timeslice_lag_span_us": "timeslice_lag_span_us",
+             "timeslice_skew_beyond_span": "timeslice_skew_beyond_span"}  # arg -> key
 
 
 @pytest.mark.parametrize("cores, argument, value, says", [
@@ -348,7 +385,10 @@ _FIELD_OF = {"timeslice_skew": "timeslice_skew", "comm_stretch": "comm_stretch_u
     (0, "latency_pace", 0.0, "add node.shared_cores"), (2, "timeslice_lag_us", -1, "must be >= 0"),
     (0, "timeslice_lag_us", 100, "add node.shared_cores"),
     (0, "timeslice_lag_after_us", 100, "add node.shared_cores"), (2, "comm_core_share", 1.2, r"in \[0, 1\]"),
-    (0, "comm_core_share", 0.5, "add node.shared_cores")])
+    (0, "comm_core_share", 0.5, "add node.shared_cores"), (2, "timeslice_lag_span_us", 0, "must be > 0"),
+    (0, "timeslice_lag_span_us", 100, "add node.shared_cores"),
+    (2, "timeslice_skew_beyond_span", 0.1, "needs node.timeslice_lag_span_us"),
+    (2, "timeslice_skew_beyond_span", 11, "above the physical limit")])
 def test_the_oversubscribed_hosts_numbers_are_checked(tmp_path, cores, argument, value, says):
     from topologies.errors import InputError
     with pytest.raises(InputError, match=f"{_FIELD_OF[argument]}.*{says}"):

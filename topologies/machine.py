@@ -23,6 +23,7 @@ importable from here as well, as they always were.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 
@@ -207,6 +208,10 @@ def _node(f: Fields) -> NodeSpec:
     skew = f.number("timeslice_skew", "nonneg") if f.has("timeslice_skew") else 0.0
     lag = f.number("timeslice_lag_us", "nonneg") * US if f.has("timeslice_lag_us") else 0.0
     lag_after = f.number("timeslice_lag_after_us", "nonneg") * US if f.has("timeslice_lag_after_us") else 0.0
+    lag_span = f.number("timeslice_lag_span_us", "positive") * US if f.has("timeslice_lag_span_us") else math.inf
+    beyond = f.number("timeslice_skew_beyond_span", "nonneg") if f.has("timeslice_skew_beyond_span") else 0.0
+    if beyond and lag_span == math.inf:
+        f.fail("timeslice_skew_beyond_span", "needs node.timeslice_lag_span_us, where the growth it gives begins")
     core_share = f.number("comm_core_share", "share") if f.has("comm_core_share") else 0.0
     stretch = f.number("comm_stretch_under_compute") if f.has("comm_stretch_under_compute") else 1.0
     if stretch < 1:
@@ -215,7 +220,9 @@ def _node(f: Fields) -> NodeSpec:
                     else None)
     for key, value, alone in (("timeslice_skew", skew, 0.0), ("comm_stretch_under_compute", stretch, 1.0),
                               ("comm_latency_pace_under_compute", latency_pace, None), ("timeslice_lag_us", lag, 0.0),
-                              ("timeslice_lag_after_us", lag_after, 0.0), ("comm_core_share", core_share, 0.0)):
+                              ("timeslice_lag_after_us", lag_after, 0.0), ("comm_core_share", core_share, 0.0),
+                              ("timeslice_lag_span_us", lag_span, math.inf),
+                              ("timeslice_skew_beyond_span", beyond, 0.0)):
         if value != alone and not shared_cores:
             f.fail(key, "applies only to ranks that share cores; add node.shared_cores or remove it")
     ef = f.table("link_efficiency")
@@ -229,7 +236,7 @@ def _node(f: Fields) -> NodeSpec:
         _check_connected(f, n, links)
     f.finish()
     return NodeSpec(n, tuple(links), tuple(nics), eff, switch, shared_cores, skew, stretch, latency_pace, lag,
-                    lag_after, core_share)
+                    lag_after, core_share, lag_span, beyond)
 
 
 def _switch(f: Fields) -> NodeSwitch:

@@ -61,6 +61,7 @@ _UNIT_LIMITS = (
 # lag of more than ten times the compute before it, or a collective slowed a hundredfold, is a broken
 # measurement, not a host.
 _KEY_LIMITS = {"gpus_per_node": (1024, "1,024 devices"), "timeslice_skew": (10.0, "10 (a lag ten times the compute)"),
+               "timeslice_skew_beyond_span": (10.0, "10 (a lag ten times the compute)"),
                "comm_stretch_under_compute": (100.0, "100 (a collective a hundred times slower)")}
 # Counts, ratios and sizes without a unit (compute units, tiles, groups, nodes, GEMM dimensions).
 _COUNT_LIMIT = (1e7, "10,000,000")

@@ -19,6 +19,7 @@ such a field would be parsed and settable but change nothing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -164,6 +165,11 @@ class NodeSpec:
     # nothing (gloo's threads copy and reduce on the cores; a rank that waits for the others takes none), from
     # the ranks computing beside it; twin calibrate measures it (executor.calibrate_sharing.mover_share).
     comm_core_share: float = 0.0
+    # With shared cores: the longest phase of compute the lag's line above was fitted on (inf, not measured: the
+    # line goes on), and how fast the lag grows per second of a longer phase past it (twin calibrate measures it
+    # on longer phases; 0: held at the span's; twin.sim.compute_unit.timeslice_lag_s).
+    timeslice_lag_span_s: float = math.inf
+    timeslice_skew_beyond_span: float = 0.0
 
     @property
     def network_link_efficiency(self) -> float:

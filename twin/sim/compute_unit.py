@@ -17,15 +17,20 @@ from typing import Callable
 import simpy
 
 
-def timeslice_lag_s(crowded_s: float, skew: float, floor_s: float = 0.0, floor_after_s: float = 0.0) -> float:
+def timeslice_lag_s(crowded_s: float, skew: float, floor_s: float = 0.0, floor_after_s: float = 0.0,
+                    span_s: float = inf, beyond: float = 0.0) -> float:
     """How far the last rank reaches a synchronisation behind the mean after `crowded_s` seconds of compute
     whose ranks held every core: `skew` per second, plus `floor_s` (the part that does not grow with the compute)
     once they reach `floor_after_s`, linearly from 0 below it; none without such compute. twin calibrate
-    measures the three (executor.calibrate_sharing.fit_skew)."""
+    measures the three (executor.calibrate_sharing.fit_skew) on phases up to `span_s` long, and past it the
+    lag grows `beyond` per second, which it measures on longer phases: the line is not extrapolated
+    (benchmarks/lag_growth.py measures the lag growing slower than the line past its range)."""
     if crowded_s <= 0:
         return 0.0
+    past = max(crowded_s - span_s, 0.0)
+    crowded_s = min(crowded_s, span_s)
     ramp = min(1.0, crowded_s / floor_after_s) if floor_after_s > 0 else 1.0
-    return skew * crowded_s + floor_s * ramp
+    return skew * crowded_s + floor_s * ramp + beyond * past
 
 
 class NodeCores:
@@ -49,12 +54,15 @@ class NodeCores:
     over the GEMM before it; 2 ranks on 2 cores lag too, 0.13 s per second on this project's host). The
     ranks compute at their fair share meanwhile (a rank's own GEMMs measure so), and the time is lost only
     where ranks wait for the last: each unit counts the seconds it computes while load >= cores
-    (ComputeUnit.crowded_s), and its last rank issues its next
-    transfer `lag_after` of them later (twin.sim.engine): `skew` per second, plus `lag_floor` (node.
-    timeslice_lag_s, the lag that does not grow with the compute) once they reach `lag_floor_after`,
-    linearly from 0 below it. The transfer waits for it unless other members arrive later still, and
-    compute beside the transfer may hide it. With load < cores a core is free for the other threads and
-    nothing lags.
+    (ComputeUnit.crowded_s) since a transfer last realigned its ranks (a stream of theirs waited for one to
+    end), and its last rank issues each transfer `lag_after` of them later (twin.sim.engine): `skew` per
+    second, plus `lag_floor` (node.timeslice_lag_s, the lag that does not grow with the compute) once they
+    reach `lag_floor_after`, linearly from 0 below it, and past `lag_span` (node.timeslice_lag_span_s, the
+    line's calibrated range) `lag_beyond` per second (node.timeslice_skew_beyond_span). An asynchronous
+    transfer issued beside compute does not realign the ranks: they drift on through a layer's overlapped
+    weight gathers until one is waited for. The transfer waits for the lag unless other members arrive later
+    still, and compute beside the transfer may hide it. With load < cores a core is free for the other
+    threads and nothing lags.
 
     Communication the same way: a calibrated latency and link bandwidth are what each rank's transfers got
     with every rank of the node in one collective at once and none computing, so while ranks are in
@@ -85,12 +93,14 @@ class NodeCores:
 
     def __init__(self, cores: float, ranks: int, skew: float = 0.0, comm_stretch: float = 1.0,
                  latency_pace: float | None = None, others_duty: float | None = None, lag_floor: float = 0.0,
-                 lag_floor_after: float = 0.0, mover_share: float = 0.0) -> None:
+                 lag_floor_after: float = 0.0, mover_share: float = 0.0, lag_span: float = inf,
+                 lag_beyond: float = 0.0) -> None:
         self.cores, self.busy, self.communicating = cores, 0, 0
         self.movers, self.mover_share = 0, mover_share
         self.calibrated_share = min(1.0, cores / ranks)
         self.skew, self.comm_stretch, self.latency_pace = skew, comm_stretch, latency_pace
         self.lag_floor, self.lag_floor_after = lag_floor, lag_floor_after
+        self.lag_span, self.lag_beyond = lag_span, lag_beyond
         self.units: list[ComputeUnit] = []
         self.on_comm_change: Callable[[], None] | None = None
         self._scattered: tuple[float, float] | None = None  # (factor, crowding) with independent phases
@@ -123,7 +133,8 @@ class NodeCores:
 
     def lag_after(self, crowded_s: float) -> float:
         """The last rank's lag after `crowded_s` seconds of oversubscribed compute (timeslice_lag_s)."""
-        return timeslice_lag_s(crowded_s, self.skew, self.lag_floor, self.lag_floor_after)
+        return timeslice_lag_s(crowded_s, self.skew, self.lag_floor, self.lag_floor_after, self.lag_span,
+                               self.lag_beyond)
 
     def oversubscribed(self) -> bool:
         """Whether ranks compute and the ranks' demand holds every core: the OS time-slices them with each other
@@ -181,7 +192,7 @@ class ComputeUnit:
         self.comm_active = 0
         self.transfers = 0  # its transfers in flight, from when their last member issued them (comm_changed)
         self.computing = False  # in run(): what a transfer's latency pace asks of its ranks
-        self.crowded_s = 0.0  # its oversubscribed compute since its ranks last issued a transfer (NodeCores)
+        self.crowded_s = 0.0  # its oversubscribed compute since a transfer last realigned its ranks (NodeCores)
         self._running: simpy.Process | None = None
 
     def rate(self) -> float:
@@ -234,11 +245,16 @@ class ComputeUnit:
             except simpy.Interrupt:
                 run.advance(rate, self.env.now)
 
-    def take_lag(self) -> float:
-        """The lag its last rank has gathered since its ranks last issued a transfer (NodeCores.lag_after); from
-        zero again."""
-        crowded, self.crowded_s = self.crowded_s, 0.0
-        return self.home.lag_after(crowded) if self.home is not None else 0.0
+    def lag(self) -> float:
+        """How far behind the mean its last rank issues a transfer now: the lag gathered over its oversubscribed
+        compute since a transfer last realigned its ranks (NodeCores.lag_after, `realigned`)."""
+        return self.home.lag_after(self.crowded_s) if self.home is not None else 0.0
+
+    def realigned(self) -> None:
+        """Its ranks are back in step: a stream of theirs waited for a transfer to end, which every member's
+        last rank had issued. An asynchronous transfer issued beside compute realigns nothing: the ranks drift
+        on through it (twin.sim.engine)."""
+        self.crowded_s = 0.0
 
     def comm_changed(self, delta: int, slows: bool = True) -> None:
         """A transfer of this rank starts (+1) or ends (-1). `slows`: whether it slows compute from now on

@@ -63,7 +63,7 @@ class Rendezvous:
     arrived: int
     done: simpy.Event
     members: list[tuple[int, int]]  # (class, op id) of each arrival so far
-    ready_s: float  # when the last rank of each arrival so far has issued it (time-slicing's lag, ComputeUnit.take_lag)
+    ready_s: float  # when the last rank of each arrival so far has issued it (time-slicing's lag, ComputeUnit.lag)
 
 
 @dataclass(frozen=True)
@@ -141,9 +141,10 @@ class Simulator:
         def communicate(call: CommCall, member: tuple[int, int]):
             """A stream's communication op: it waits for the call's other members; the last to arrive runs the
             transfer in its own process (a process per transfer cost an event and a generator more). On a host
-            whose ranks share cores a class's last rank issues it the class's time-slicing lag later; a lag
-            that ends while the class waits for others costs nothing."""
-            ready_s = env.now + units[member[0]].take_lag() if shared else env.now
+            whose ranks share cores a class's last rank issues it the class's time-slicing lag later (gathered
+            since a transfer last realigned the class: _stream); a lag that ends while the class waits for
+            others costs nothing."""
+            ready_s = env.now + units[member[0]].lag() if shared else env.now
             rv = rendezvous.get(call.key)
             if rv is None:
                 if call.expected == 1:  # nobody to wait for, nobody waiting
@@ -231,7 +232,7 @@ class Simulator:
         cores: dict[int, NodeCores] = defaultdict(lambda: NodeCores(
             node.shared_cores, node.gpus_per_node, node.timeslice_skew, node.comm_stretch_under_compute,
             node.comm_latency_pace_under_compute, self.others_duty, node.timeslice_lag_s, node.timeslice_lag_after_s,
-            node.comm_core_share))
+            node.comm_core_share, node.timeslice_lag_span_s, node.timeslice_skew_beyond_span))
         ranks_on: list[dict[int, int]] = [defaultdict(int) for _ in sym.representatives]
         for rank, cls in sym.class_of.items():
             ranks_on[cls][node_of(self.gpu_of[rank])] += 1
@@ -246,6 +247,7 @@ class Simulator:
     def _stream(self, env, cls, ops, done, starts, ends, unit, calls, communicate, host, durations):
         runs = _compute_runs(ops, done, calls, fuse=self.fuse and (host is None or not unit.shares))
         runs.reverse()  # a stack: a run the host has not issued to its end goes back on it, cut (below)
+        computes = any(o.id not in calls for o in ops)  # a transfer on this stream blocks the rank's compute
         while runs:
             run = runs.pop()
             op = run[0]
@@ -253,6 +255,8 @@ class Simulator:
                 event = done[dep]
                 if event is not None and not event.processed:
                     yield event
+                    if computes and dep in calls:  # its ranks waited for a transfer: back in step
+                        unit.realigned()
             if host is not None:
                 while np.isnan(host.issue_s[op.id]):
                     yield host.progressed()
@@ -267,6 +271,8 @@ class Simulator:
             starts[op.id] = env.now
             if op.id in calls:
                 yield from communicate(calls[op.id], (cls, op.id))
+                if computes:  # a blocking transfer: the ranks go on together
+                    unit.realigned()
             elif len(run) == 1:
                 yield from unit.run(durations[op.id])
             elif host is not None:
