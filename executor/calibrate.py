@@ -86,7 +86,7 @@ twin.sim.collectives for a one-node machine whose "devices" are the ranks:
   GEMM measured (linearly from 0 below it: benchmarks/collective_after.py
   finds no lag after a 1 MB copy); the line's range timeslice_lag_span_s, the
   longest, past which timeslice_skew_beyond_span is the slope of the longer
-  phases' all-reduces from the line's value there (0.01-0.2; None in a
+  phases' all-reduces from the line's value there (0.001-0.2 here; None in a
   calibration without them: held); the simulator adds the lag to the
   transfer after compute (twin.sim.compute_unit.NodeCores). A calibration saved
   before 2026-12-07 ran a LEAD_GEMM before each collective: where ranks >=
