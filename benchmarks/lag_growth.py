@@ -31,7 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from executor.calibrate import DTYPE, SKEW_LEADS  # noqa: E402
+from executor.calibrate_sharing import SKEW_LEADS  # noqa: E402
+from executor.microbenchmark_ops import DTYPE  # noqa: E402
 from executor.microbenchmark_ops import synchronise  # noqa: E402
 from local_microbenchmark import parse_args, run_microbenchmark  # noqa: E402
 from twin.builders.program import ProgramWriter  # noqa: E402

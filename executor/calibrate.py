@@ -16,8 +16,8 @@ small all-reduce over all ranks so the ranks enter it together:
 - point-to-point: a send of each P2P_BYTES from the first rank of every pair of the 2-rank
   groups to the second, after a synchronisation so that both arrive together (the
   schedule's second program, the pairs' second ranks, receives where the first sends);
-- time-slicing: GEMMs of SKEW_LEADS' sizes, then phases of SKEW_LONG of the
-  largest, each followed by a 4-byte all-reduce of every rank (a synchronisation);
+- time-slicing (executor.calibrate_sharing.lag_section): GEMMs of SKEW_LEADS' sizes, then
+  phases of SKEW_LONG of the largest, each followed by a 4-byte all-reduce of every rank;
 - overlap: a large all-reduce alone, a GEMM alone, then the same GEMM
   while the same all-reduce runs;
 - latency under compute: a small all-reduce of every rank alone, then
@@ -113,8 +113,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from executor.calibrate_collectives import fit_collectives, fit_p2p_latency
-from executor.calibrate_sharing import (LEAD_GEMM, SKEW_LEADS, SKEW_LONG, comm_compute_slowdown, comm_stretch, fit_skew,
-                                        lag_section, latency_pace, mover_share)
+from executor.calibrate_sharing import (LEAD_GEMM, comm_compute_slowdown, comm_stretch, fit_skew, lag_section,
+                                        latency_pace, mover_share)
 from executor.calibration_samples import Sample
 from executor.microbenchmark_ops import DTYPE, TINY_BYTES, synchronise
 from executor.weighted_least_squares import (chi2, mean_ratio, nnls_weighted, rel_rms, relative_weights,

@@ -24,6 +24,7 @@ from twin.plan import parse_plan
 def synthetic_samples(truth: dict, nproc: int = 4):
     """Microbenchmark times made with twin.sim's own formulas from known parameters."""
     from executor import calibrate as cal
+    from executor import calibrate_sharing as sharing
     from executor.calibration_samples import Sample
     from twin.sim.compute import REFERENCE_GEMM_DIM as D
 
@@ -64,14 +65,14 @@ def synthetic_samples(truth: dict, nproc: int = 4):
                 t += truth.get("skew", 0.0) * gemm_s(*cal.LEAD_GEMM) + truth.get("lag_floor", 0.0)
                 out.append(Sample("collective", {"kind": kind, "group_size": size, "nbytes": nbytes}, t, 0.01 * t, 10))
     if "skew" in truth:
-        for m, n, k in cal.SKEW_LEADS:
+        for m, n, k in sharing.SKEW_LEADS:
             lead = gemm_s(m, n, k)
             out.append(Sample("skew_lead", {"m": m, "n": n, "k": k}, lead, 0.01 * lead, 10))
             sync = truth["sync_base"] + truth["skew"] * lead
             out.append(Sample("skew_sync", {"m": m, "n": n, "k": k}, sync, 0.01 * sync, 10))
     if "beyond" in truth:  # phases of several of the largest: past it, the lag grows at its own slope
-        span = gemm_s(*cal.SKEW_LEADS[-1])
-        for gemms in cal.SKEW_LONG:
+        span = gemm_s(*sharing.SKEW_LEADS[-1])
+        for gemms in sharing.SKEW_LONG:
             out.append(Sample("skew_long_gemm", {"gemms": gemms}, span, 0.01 * span, 10))
             sync = truth["sync_base"] + truth["skew"] * span + truth["beyond"] * (gemms - 1) * span
             out.append(Sample("skew_long_sync", {"gemms": gemms}, sync, 0.01 * sync, 10))
@@ -441,7 +442,7 @@ def test_calibration_schedule_is_a_valid_schedule():
     per_kind = [sum(k == kind for k, _ in what.values()) for kind in ("skew_lead", "skew_sync")]
     assert per_kind == [4, 4]  # a lead GEMM and its synchronisation per SKEW_LEADS size, once each (repeats=1)
     # and phases of 2, 4 and 8 of the largest, each GEMM timed, each phase followed by its synchronisation
-    from executor.calibrate import SKEW_LEADS, SKEW_LONG
+    from executor.calibrate_sharing import SKEW_LEADS, SKEW_LONG
     long_gemms = [p["gemms"] for k, p in what.values() if k == "skew_long_gemm"]
     assert sorted(long_gemms) == sorted(g for g in SKEW_LONG for _ in range(g))
     assert sorted(p["gemms"] for k, p in what.values() if k == "skew_long_sync") == sorted(SKEW_LONG)

@@ -474,7 +474,7 @@ def test_lag_growth_times_each_phase_and_sets_the_line_through_calibrates_range_
     refused."""
     from lag_growth import CALIBRATED, PHASES, REPEATS, growth_schedule, main as lag_growth, summarize
 
-    from executor.calibrate import SKEW_LEADS
+    from executor.calibrate_sharing import SKEW_LEADS
     from twin.ir_validate import validate_schedule
 
     schedule, timed = growth_schedule(4)
