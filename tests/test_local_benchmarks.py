@@ -1,10 +1,11 @@
 """The benchmarks' own logic (fit_local.py, launch_noise.py, step_intercepts.py, rank_drift.py, rank_phases.py,
-class_errors.py, lag_growth.py), without executing or simulating."""
+class_errors.py, lag_growth.py, error_floor.py), without executing or simulating."""
 
 from __future__ import annotations
 
 import json
 import sys
+import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import fit_local  # noqa: E402
 from class_errors import main as class_errors  # noqa: E402
 from class_errors import summed_errors  # noqa: E402
+import error_floor as error_floor_module  # noqa: E402
+from error_floor import floors, launch_scatter, measured_numbers  # noqa: E402
+from error_floor import main as error_floor  # noqa: E402
 from fit_local import median_launches  # noqa: E402
 from helpers import SMALL_SPEC  # noqa: E402
 from launch_noise import main as launch_noise  # noqa: E402
@@ -499,3 +503,108 @@ def test_lag_growth_times_each_phase_and_sets_the_line_through_calibrates_range_
     with pytest.raises(SystemExit) as exit_:
         lag_growth(["--nproc", "3"])
     assert exit_.value.code == 2 and "--nproc" in capsys.readouterr().err
+
+
+def _fit_local_folder(folder: Path, rows: dict[str, tuple[float, float]], launches: dict[str, list[float]] = {}) -> str:
+    """A fit_local folder as error_floor reads it: results.json's held-out rows ({plan: (measured s, error %)} on
+    the fitted file) and each plan's launches' summaries."""
+    folder.mkdir()
+    table = [{"what": f"{plan}.json on 4 ranks", "measured_s": measured,
+              "error_pct": {f"{folder}/local-4.toml": 99.0, f"{folder}/local-4-fitted.toml": error}}
+             for plan, (measured, error) in rows.items()]
+    (folder / "results.json").write_text(json.dumps({"held_out": {"rows": table}}))
+    for plan, steps in launches.items():
+        for r, step in enumerate(steps, 1):
+            (folder / f"launch-{r}" / plan).mkdir(parents=True)
+            (folder / f"launch-{r}" / plan / "summary.json").write_text(json.dumps({"step_time_s": step}))
+    return str(folder)
+
+
+def test_error_floor_takes_out_each_plans_bias_learned_from_the_other_folders():
+    """A plan 10% slow in every folder has no error left once its bias is taken out; a plan whose error moves
+    keeps the part the other folders do not predict. The no-model column predicts each plan by its geometric
+    mean over the other folders: a plan measured alike everywhere scores 0."""
+    tables = {"a": {"p": (1.0, 10.0), "q": (2.0, 0.0)},
+              "b": {"p": (1.0, 10.0), "q": (4.0, 6.0)},
+              "c": {"p": (1.0, 10.0), "q": (1.0, -6.0), "only_here": (5.0, 50.0)}}
+    doc = floors(tables)
+    assert doc["plans"] == ["p", "q"]
+    assert doc["plan_bias_pct"] == pytest.approx({"p": 10.0, "q": 0.0})
+    a = doc["folders"]["a"]
+    assert a["twin"] == pytest.approx((0.10 + 0.0) / 2)
+    assert a["twin_without_plan_bias"] == pytest.approx((0.0 + 0.0) / 2)  # q's other folders: +6 and -6
+    assert doc["folders"]["b"]["twin_without_plan_bias"] == pytest.approx((0.0 + 0.09) / 2)  # 6 - (0 - 6) / 2
+    assert a["no_model"] == pytest.approx((0.0 + (2.0 - 2.0) / 2.0) / 2)  # sqrt(4 x 1) = 2: q repeats
+    assert doc["folders"]["b"]["no_model"] == pytest.approx((0.0 + abs(2 ** 0.5 / 4.0 - 1)) / 2)
+
+
+def test_error_floor_reads_the_launches_scatter_about_their_median(tmp_path):
+    folder = Path(_fit_local_folder(tmp_path / "f", {"p": (1.0, 0.0)}, {"p": [0.9, 1.0, 1.2]}))
+    assert launch_scatter(folder, ["p"]) == pytest.approx((0.1 + 0.0 + 0.2) / 3)
+    assert launch_scatter(folder, ["p", "missing"]) is None
+
+
+def test_error_floor_prints_a_row_per_folder_and_the_plans_biases(tmp_path, capsys):
+    outs = [_fit_local_folder(tmp_path / name, {"p": (1.0, e), "q": (2.0, -e)}, {"p": [1.0, 1.1]})
+            for name, e in (("a", 4.0), ("b", 6.0), ("c", 8.0))]
+    assert error_floor([arg for out in outs for arg in ("--out", out)]) == 0
+    text = capsys.readouterr().out
+    assert all(out in text for out in outs)
+    assert "p" in text and "+6.0%" in text and "-6.0%" in text
+    assert error_floor([arg for out in outs for arg in ("--out", out)] + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["folders"][outs[0]]["twin"] == pytest.approx(0.04)
+    assert doc["folders"][outs[0]]["launch_scatter"] is None  # q has no launches there
+
+
+@pytest.mark.parametrize("count, field", [(2, "three or more"), (3, "no results.json")])
+def test_error_floor_refuses_too_few_or_unmeasured_folders_in_one_line(count, field, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        error_floor([arg for i in range(count) for arg in ("--out", str(tmp_path / f"f{i}"))])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert field in err[-1] and "Traceback" not in "".join(err)
+
+
+def test_error_floor_refuses_folders_without_a_plan_in_common(tmp_path, capsys):
+    outs = [_fit_local_folder(tmp_path / name, {name: (1.0, 0.0)}) for name in "abc"]
+    with pytest.raises(SystemExit) as stop:
+        error_floor([arg for out in outs for arg in ("--out", out)])
+    assert stop.value.code == 2
+    assert "no plan is held out in every folder" in capsys.readouterr().err
+
+
+def test_error_floor_pools_what_calibrate_measured_and_keeps_estimates_and_discrete_choices(tmp_path, monkeypatch):
+    """--pooled sets each measured number of a folder's microbenchmark file to its mean over the other folders'
+    files (the placeholder peak with the GEMM rate); estimates, tiles and the node's shape keep its own."""
+    text = """[device]
+peak_bf16_tflop_per_s = {{ value = {rate}, estimate = "placeholder" }}
+empirical_gemm_bf16_tflop_per_s = {{ value = {rate}, source = "measured" }}
+gemm_tile_m = {{ value = {tile}, source = "measured" }}
+hbm_efficiency = {{ value = 1.0, estimate = "the copy bandwidth already" }}
+[node]
+shared_cores = {{ value = 2, source = "measured" }}
+timeslice_skew = {{ value = {skew}, source = "measured" }}
+[collectives.base_latency_us.ring]
+simple = {{ value = {base}, source = "measured" }}
+"""
+    values = {"a": (0.05, 1, 0.2, 400), "b": (0.06, 8, 0.3, 500), "c": (0.07, 16, 0.4, 600)}
+    for name, (rate, tile, skew, base) in values.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "local-4.toml").write_text(text.format(rate=rate, tile=tile, skew=skew, base=base))
+    a = measured_numbers(tomllib.loads((tmp_path / "a" / "local-4.toml").read_text()))
+    assert a == {"device.empirical_gemm_bf16_tflop_per_s": 0.05, "node.timeslice_skew": 0.2,
+                 "collectives.base_latency_us.ring.simple": 400.0}
+    calls = []
+
+    def fake_twin_json(*argv):
+        calls.append(argv)
+        return {"rows": [{"error_pct": {"m": 10.0 if "--set" in argv else -4.0}}]}
+
+    monkeypatch.setattr(error_floor_module, "twin_json", fake_twin_json)
+    result = error_floor_module.pooled_errors([str(tmp_path / n) for n in "abc"])
+    assert result[str(tmp_path / "a")] == pytest.approx((0.04, 0.10))
+    pooled_a = [arg for arg in calls[1] if "=" in arg]
+    assert sorted(pooled_a) == sorted(["device.empirical_gemm_bf16_tflop_per_s=0.065",
+                                       "device.peak_bf16_tflop_per_s=0.065", "node.timeslice_skew=0.35",
+                                       "collectives.base_latency_us.ring.simple=550"])
