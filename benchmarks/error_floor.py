@@ -25,9 +25,9 @@ results.json and, where there, its launches' summaries (OUT/launch-R/PLAN/summar
 
 Then each plan's mean error over the folders, the per-plan biases the second column takes out. Only plans
 held out in every folder count. Issue 13's host target (<= 5%) is only within reach of a model where the
-third column is well below it; the fiftieth session's reading (docs/fit.md) on nine AMD EPYC folders: the
-twin 8.7%, without its per-plan bias 6.5%, no model 3.9%, the launches' scatter 2.9%; its microbenchmark files
-alone 9.4%, pooled 8.6%.
+third column is well below it; the fiftieth session's reading (docs/fit.md) on ten AMD EPYC folders: the
+twin 9.1%, without its per-plan bias 7.4%, no model 4.1%, the launches' scatter 3.0%; its microbenchmark files
+alone 9.1%, pooled 8.4%.
 """
 
 from __future__ import annotations
