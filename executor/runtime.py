@@ -39,7 +39,7 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -91,11 +91,16 @@ class _Completion:
 
 @dataclass
 class StepRecord:
-    """One step of one rank: host-clock t0 and per-op start/end in seconds after t0."""
+    """One step of one rank: host-clock t0 and per-op start/end in seconds after t0. On CPU, `woke`: for each comm
+    op the host thread blocked on, by op id, the seconds from the op's completion (its future's callback or its
+    waiter thread) to the host's resuming. A blocking op's end is the resume (what the ops after it wait for),
+    so this is the part of it that is the host thread waiting to be scheduled again, on a host whose cores the
+    other ranks' compute holds (fit_local's 4 ranks on 2 cores: benchmarks/wake_ups.py)."""
 
     t0: float
     start: list[float]
     end: list[float]
+    woke: dict[int, float] = field(default_factory=dict)
 
 
 Binder = Callable[[RankOp, object], Callable[[], object] | None]
@@ -301,10 +306,14 @@ class Executor:
                 raise self._fail(w, "waiting for", e) from e
             raise self._fail(i, "issuing", e) from e
         end = list(end)
+        woke = {}
         for w, b in enumerate(blocked):
             if b and end[w] > b:  # the host was blocked on it: it completed, for the program, when the host resumed
+                woke[w] = max(resumed[w] - end[w], 0.0)
                 end[w] = max(end[w], resumed[w])
-        return self._finish(t0, start, end)
+        record = self._finish(t0, start, end)
+        record.woke = woke
+        return record
 
     def _step_gpu(self) -> StepRecord:
         n = len(self.plan)

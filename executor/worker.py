@@ -193,7 +193,8 @@ def _run(args: argparse.Namespace, schedule, rank: int, world: int, local_rank: 
             barrier()
             rec = ex.step()
             if s >= args.warmup:
-                records.append({"t0": rec.t0, "start": rec.start, "end": rec.end})
+                records.append({"t0": rec.t0, "start": rec.start, "end": rec.end,
+                                "woke": {str(op): seconds for op, seconds in rec.woke.items()}})
         if args.profile_steps:
             _profile(ex, barrier, args.profile_steps, target.is_cuda, os.path.join(args.out, f"profile-rank{rank}.json"))
     data = {

@@ -396,3 +396,23 @@ def test_all_gathered_context_parallel_attention_runs_and_numerics_refuse_it(tmp
     rc = main(["run", path, "--nproc", "2", "--check-numerics", "--out", str(tmp_path / "num")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "cpcomm=allgather" in err[0] and "cpcomm=p2p" in err[0]
+
+
+def test_a_blocking_collectives_wake_up_is_recorded_beside_its_end(tmp_path):
+    """On CPU a comm op the host blocked on ends when the host resumes; each step also records, per such op, the
+    seconds from its completion to the resume (StepRecord.woke), which benchmarks/wake_ups.py reads: only comm
+    ops, none negative, and the forward's blocking all-reduces of tp=2 among them."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from wake_ups import wake_ups
+
+    schedule, path = export(tmp_path, "tp=2,mbs=1,oar=0", 2)
+    run_local(schedule, path, 2, str(tmp_path / "run"), WorkerOptions(steps=2, warmup=1), LIMIT_S)
+    ranks = [json.loads((tmp_path / "run" / f"rank{r}.json").read_text()) for r in range(2)]
+    comm = {op.id for op in schedule.programs[0].ops if op.is_comm}
+    for record in ranks:
+        for step in record["steps"]:
+            woke = {int(k): v for k, v in step["woke"].items()}
+            assert woke and set(woke) <= comm and min(woke.values()) >= 0.0
+    row = wake_ups(ranks, "run")
+    assert row["waits_per_step"] >= 1 and 0.0 <= row["mean_s"] <= row["step_s"]

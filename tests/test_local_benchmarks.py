@@ -1,5 +1,5 @@
 """The benchmarks' own logic (fit_local.py, launch_noise.py, step_intercepts.py, rank_drift.py, rank_phases.py,
-class_errors.py, lag_growth.py, error_floor.py), without executing or simulating."""
+class_errors.py, lag_growth.py, error_floor.py, wake_ups.py), without executing or simulating."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ from rank_drift import main as rank_drift  # noqa: E402
 from rank_phases import main as rank_phases  # noqa: E402
 from rank_phases import summary_of  # noqa: E402
 from step_intercepts import _parameters_per_gpu, intercepts  # noqa: E402
+from wake_ups import main as wake_ups_main  # noqa: E402
+from wake_ups import wake_ups  # noqa: E402
 from test_sim import all_reduce, schedule  # noqa: E402
 
 from twin.ir import Elementwise, Gemm, Op  # noqa: E402
@@ -608,3 +610,35 @@ simple = {{ value = {base}, source = "measured" }}
     assert sorted(pooled_a) == sorted(["device.empirical_gemm_bf16_tflop_per_s=0.065",
                                        "device.peak_bf16_tflop_per_s=0.065", "node.timeslice_skew=0.35",
                                        "collectives.base_latency_us.ring.simple=550"])
+
+
+def _rank_file(rank: int, steps: list[dict]) -> dict:
+    return {"rank": rank, "program": 0, "host": "h", "steps": steps}
+
+
+def test_wake_ups_averages_each_ranks_blocking_waits_per_step():
+    """Two ranks, two steps: waits per step and the sum per step are means over (rank, step); mean and p90 over
+    every wake-up; the step is the median of the steps' last ends."""
+    def step(woke: dict, last: float) -> dict:
+        return {"t0": 0.0, "start": [0.0, 0.0], "end": [0.5 * last, last], "woke": woke}
+
+    ranks = [_rank_file(0, [step({"1": 0.001, "3": 0.003}, 0.10), step({"1": 0.002}, 0.12)]),
+             _rank_file(1, [step({}, 0.11), step({"1": 0.004}, 0.13)])]
+    row = wake_ups(ranks, "run")
+    assert row["waits_per_step"] == pytest.approx((2 + 1 + 0 + 1) / 4)
+    assert row["mean_s"] == pytest.approx((0.001 + 0.003 + 0.002 + 0.004) / 4)
+    assert row["summed_per_step_s"] == pytest.approx((0.004 + 0.002 + 0.0 + 0.004) / 4)
+    assert row["p90_s"] == pytest.approx(0.003)  # the 90th percentile, nearest below, of four
+    assert row["step_s"] == pytest.approx(0.115)
+
+
+def test_wake_ups_refuses_runs_of_an_older_executor_and_folders_without_rank_files(tmp_path, capsys):
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "rank0.json").write_text(json.dumps(_rank_file(0, [{"t0": 0.0, "start": [0.0], "end": [0.1]}])))
+    for run, words in ((old, "no 'woke' times"), (tmp_path / "empty", "no rank*.json")):
+        with pytest.raises(SystemExit) as stop:
+            wake_ups_main([str(run)])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert words in err[-1] and "run" in err[-1]
