@@ -9,10 +9,11 @@ ops after it wait for that), and records beside it, per step and op, the seconds
 waiting for a core after the wake-up. Per run, over every rank and measured step: the blocking waits per
 step, their wake-ups' mean and 90th percentile, and the wake-ups summed over a step against the step.
 
-Why: on this project's 2-core host, with 4 ranks, the twin's simulated collectives in the plans that gather
-weights over Z are 2-3 ms a transfer short of what the runs measure after their last member issued them
+Why: on this project's 2-core host, with 4 ranks, the gathers and reduce-scatters of tiny gz=4 take 5.0-5.2
+ms each after their last member issued them where calibrate's latency and bandwidth give 2.1-4.2 ms
 (docs/fit.md, fiftieth session); a woken thread queued behind other ranks' compute would be one such cost,
-which no microbenchmark of calibrate sees (its collectives run with no compute beside them).
+which calibrate's collectives, each timed after a synchronisation, do not include. The fiftieth session's
+reading: 0.1-0.6 ms a wake-up, 0.5-5% of a step summed, alike in the plans the twin gets right and wrong.
 """
 
 from __future__ import annotations
