@@ -13,7 +13,7 @@ Why: on this project's 2-core host, with 4 ranks, the gathers and reduce-scatter
 ms each after their last member issued them where calibrate's latency and bandwidth give 2.1-4.2 ms
 (docs/fit.md, fiftieth session); a woken thread queued behind other ranks' compute would be one such cost,
 which calibrate's collectives, each timed after a synchronisation, do not include. The fiftieth session's
-reading: 0.1-0.6 ms a wake-up, 0.5-5% of a step summed, alike in the plans the twin gets right and wrong.
+reading: 0.1-0.6 ms a wake-up, 0.2-5% of a step summed, alike in the plans the twin gets right and wrong.
 """
 
 from __future__ import annotations
