@@ -11,6 +11,7 @@ import json
 import math
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from dataclasses import fields, replace
@@ -30,6 +31,9 @@ from twin.plan import parse_plan  # noqa: E402
 from twin.report import Summary  # noqa: E402
 
 from executor.launch import WorkerOptions, buffer_bytes, run_local  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from wake_ups import wake_ups  # noqa: E402
 
 LIMIT_S = 120  # per launch
 REPO = Path(__file__).resolve().parents[1]
@@ -402,10 +406,6 @@ def test_a_blocking_collectives_wake_up_is_recorded_beside_its_end(tmp_path):
     """On CPU a comm op the host blocked on ends when the host resumes; each step also records, per such op, the
     seconds from its completion to the resume (StepRecord.woke), which benchmarks/wake_ups.py reads: only comm
     ops, none negative, and the forward's blocking all-reduces of tp=2 among them."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from wake_ups import wake_ups
-
     schedule, path = export(tmp_path, "tp=2,mbs=1,oar=0", 2)
     run_local(schedule, path, 2, str(tmp_path / "run"), WorkerOptions(steps=2, warmup=1), LIMIT_S)
     ranks = [json.loads((tmp_path / "run" / f"rank{r}.json").read_text()) for r in range(2)]
