@@ -24,7 +24,7 @@ from topologies import load_machine  # noqa: E402
 from twin.build import build_step  # noqa: E402
 from twin.cli import main  # noqa: E402
 from twin.errors import TwinError  # noqa: E402
-from twin.ir import Attention  # noqa: E402
+from twin.ir import Attention, Collective  # noqa: E402
 from twin.ir_io import load_schedule, save_schedule  # noqa: E402
 from twin.model import ModelSpec, get_model  # noqa: E402
 from twin.plan import parse_plan  # noqa: E402
@@ -33,6 +33,7 @@ from twin.report import Summary  # noqa: E402
 from executor.launch import WorkerOptions, buffer_bytes, run_local  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from collective_split import PARTS, main as collective_split  # noqa: E402
 from wake_ups import wake_ups  # noqa: E402
 
 LIMIT_S = 120  # per launch
@@ -416,3 +417,29 @@ def test_a_blocking_collectives_wake_up_is_recorded_beside_its_end(tmp_path):
             assert woke and set(woke) <= comm and min(woke.values()) >= 0.0
     row = wake_ups(ranks, "run")
     assert row["waits_per_step"] >= 1 and 0.0 <= row["mean_s"] <= row["step_s"]
+
+
+def test_collective_split_reads_a_real_runs_waits_and_transfers_beside_the_simulated_ones(tmp_path, capsys):
+    """benchmarks/collective_split.py on a fit_local-shaped folder holding one real 2-rank gloo run of tp=2: a
+    measured and a simulated wait (the last member's issue behind the mean) and transfer for every collective
+    of the program, none negative, and the sums by axis, kind and pass adding up to them."""
+    machine = Path(__file__).resolve().parents[1] / "topologies" / "local.toml"
+    (tmp_path / "local-4.toml").write_text(machine.read_text())
+    schedule, path = export(tmp_path, "tp=2,mbs=1", 2, name="4-tiny-tp2.json")
+    run_local(schedule, path, 2, str(tmp_path / "4-tiny-tp2"), WorkerOptions(steps=2, warmup=1), LIMIT_S)
+    (tmp_path / "held-out-runs.json").write_text(json.dumps([{"schedule": path}]))
+    assert collective_split(["--out", str(tmp_path), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)[str(tmp_path)]
+    collectives = [op for op in schedule.programs[0].ops if isinstance(op.work, Collective)]
+    assert row["plan"] == "4-tiny-tp2" and [o["op"] for o in row["ops"]] == [op.id for op in collectives]
+    assert all(o[part] >= 0 for o in row["ops"] for part in PARTS)
+    for key in PARTS:
+        assert sum(k[key] for k in row["kinds"]) == pytest.approx(sum(o[key] for o in row["ops"]))
+    assert sum(k["ops"] for k in row["kinds"]) == len(collectives)
+    assert collective_split(["--out", str(tmp_path), "--lags", "--json"]) == 0
+    lags = json.loads(capsys.readouterr().out)["lags"]  # the pairs' waits by the compute before them
+    assert lags and {r["members"] for r in lags} == {2} and all(r["calibrated_s"] >= 0 for r in lags)
+    assert sum(r["points"] for r in lags) == len(collectives) * 2  # each collective in each measured step
+    with pytest.raises(SystemExit) as stop:  # a --plan no held-out plan's name contains: one line, exit 2
+        collective_split(["--out", str(tmp_path), "--plan", "gz9"])
+    assert stop.value.code == 2 and "--plan gz9" in capsys.readouterr().err

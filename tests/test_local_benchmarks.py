@@ -1,5 +1,5 @@
 """The benchmarks' own logic (fit_local.py, launch_noise.py, step_intercepts.py, rank_drift.py, rank_phases.py,
-class_errors.py, lag_growth.py, error_floor.py, wake_ups.py), without executing or simulating."""
+class_errors.py, lag_growth.py, error_floor.py, wake_ups.py, collective_split.py), without executing or simulating."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ from rank_drift import main as rank_drift  # noqa: E402
 from rank_phases import main as rank_phases  # noqa: E402
 from rank_phases import summary_of  # noqa: E402
 from step_intercepts import _parameters_per_gpu, intercepts  # noqa: E402
+from collective_split import PARTS, by_kind, lag_points, lags_by_compute, measured_split  # noqa: E402
+from collective_split import main as collective_split  # noqa: E402
 from wake_ups import main as wake_ups_main  # noqa: E402
 from wake_ups import wake_ups  # noqa: E402
 from test_sim import all_reduce, schedule  # noqa: E402
@@ -643,3 +645,76 @@ def test_wake_ups_refuses_runs_of_an_older_executor_and_folders_without_rank_fil
         assert stop.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert words in err[-1] and "run" in err[-1]
+
+
+def test_collective_split_measures_the_wait_for_the_last_member_and_the_transfer_after_it():
+    """Step 1: in pair (0, 1) rank 1 issues the pairs' all-reduce 0.2 s after rank 0 (the last 0.1 s behind the
+    mean), in (2, 3) together; of the all-four all-reduce rank 3 issues 0.4 s after the others (0.3 behind the
+    mean). Step 2: all together. Per op, the mean over the (instance, step) pairs: waits 0.1 / 4 and 0.3 / 2.
+    Each transfer ends 1 s after its last member's issue, but the all-four one, on a stream of its own, never
+    waits for the pairs': 1 s each."""
+    sched = _drift_schedule()
+
+    def step(pair_issues, all_issues):
+        last_pair = {r: max(pair_issues[q] for q in ((0, 1) if r < 2 else (2, 3))) for r in range(4)}
+        return [(np.array([0.0, 0.5, pair_issues[r], all_issues[r]]),
+                 np.array([0.4, 0.6, last_pair[r] + 1.0, max(all_issues) + 1.0])) for r in range(4)]
+
+    steps = [step([2.0, 2.2, 2.0, 2.0], [3.0, 3.0, 3.0, 3.4]), step([2.0] * 4, [3.0] * 4)]
+    measured = SimpleNamespace(steps=tuple(tuple(s[r] for s in steps) for r in range(4)))
+    split = measured_split(sched, measured)
+    assert split == {(0, 2): pytest.approx((0.1 / 4, 1.0)), (0, 3): pytest.approx((0.3 / 2, 1.0))}
+
+
+def test_collective_split_counts_a_transfer_from_the_end_of_the_one_before_it_on_its_stream():
+    """Two all-reduces of all four on one stream, issued together at 0 and 0.1 s: the first ends at 1 s, so the
+    second's transfer runs from 1 s to its end at 1.5 s (0.5 s), not from its issue. Where the first's recorded
+    end (the host's resume from a wait) comes after the second's, the second counts from its own first end."""
+    ops = [all_reduce(0, 1e6, group="w", stream="comm:w"), all_reduce(1, 1e6, group="w", stream="comm:w")]
+    sched = schedule(4, {"w": ((0, 1, 2, 3),)}, [((0, 1, 2, 3), ops)])
+    for first_end, transfer in ((1.0, 0.5), (2.0, 0.0)):
+        measured = SimpleNamespace(steps=tuple(((np.array([0.0, 0.1]), np.array([first_end, 1.5])),)
+                                               for _ in range(4)))
+        assert measured_split(sched, measured)[(0, 1)] == pytest.approx((0.0, transfer))
+
+
+def test_collective_split_sums_the_parts_by_axis_kind_and_pass():
+    """An all-reduce on x and one on w, untagged (no pass): a row each, the larger measured total first; no
+    collectives, no rows."""
+    sched = _drift_schedule()
+    rows = by_kind(sched, {(0, 2): (0.01, 0.02), (0, 3): (0.05, 0.0)}, {(0, 2): (0.02, 0.03), (0, 3): (0.0, 0.1)})
+    assert [(r["axis"], r["kind"], r["pass"], r["ops"]) for r in rows] == [("w", "all_reduce", "", 1),
+                                                                        ("x", "all_reduce", "", 1)]
+    assert [rows[1][part] for part in PARTS] == [0.01, 0.02, 0.02, 0.03]
+    assert by_kind(sched, {}, {}) == []
+
+
+def test_collective_split_sets_each_wait_beside_the_compute_before_it():
+    """The drift schedule, one step: every rank runs its GEMM (op 0, 1 ms; rank 3 from 1 to 4 ms) and its add
+    (op 1, 0.5 ms) before the pairs' all-reduce, which ends at 6 ms; the all-four one follows with no compute.
+    Pair (0, 1) computed 1.5 ms each and issued together (lag 0); pair (2, 3) 1.5 and 3.5 ms, issued at 2.5 and
+    4.5 ms (lag 1 ms behind the mean); the all-four one after its members' pair transfer: no compute since, and
+    its issues at 7, 7, 7 and 9 ms, lag 1.5 ms. Binned: the pairs' points by their mean compute."""
+    sched = _drift_schedule()
+    ms = 1e-3
+
+    def rank(gemm, add, issue, issue_all):
+        return np.array([gemm[0], add[0], issue, issue_all]) * ms, np.array([gemm[1], add[1], 6.0, 10.0]) * ms
+
+    step = [rank((0, 1), (1, 1.5), 2.5, 7.0), rank((0, 1), (1, 1.5), 2.5, 7.0),
+            rank((0, 1), (1, 1.5), 2.5, 7.0), rank((1, 4), (4, 4.5), 4.5, 9.0)]
+    measured = SimpleNamespace(steps=tuple((s,) for s in step))
+    points = sorted(lag_points(sched, measured))
+    expected = [(2, 1.5 * ms, 0.0), (2, 2.5 * ms, 1.0 * ms), (4, 0.0, 1.5 * ms)]
+    assert [p[0] for p in points] == [e[0] for e in expected]
+    assert [v for p in points for v in p[1:]] == pytest.approx([v for e in expected for v in e[1:]], abs=1e-12)
+    rows = lags_by_compute([p + (0.0,) for p in points])
+    assert [(r["members"], r["points"]) for r in rows] == [(2, 1), (2, 1), (4, 1)]  # 0.5-2 ms, 2-5 ms; 0-0.5 ms
+    assert rows[2]["lag_mean_s"] == pytest.approx(1.5 * ms)
+
+
+def test_collective_split_refuses_a_folder_without_held_out_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        collective_split(["--out", str(tmp_path)])
+    assert stop.value.code == 2
+    assert "held-out-runs.json is missing" in capsys.readouterr().err

@@ -105,6 +105,29 @@ def test_ranks_drift_on_through_an_asynchronous_transfer_until_one_is_waited_for
         assert lags.step_time_s - steps.step_time_s == pytest.approx(0.75 * gemm_s, rel=1e-6)
 
 
+def test_a_transfers_begin_is_recorded_after_its_lag_and_its_last_member(tmp_path):
+    """SimRun.transfer_begin_s, which benchmarks/partner_waits.py sets beside the measured waits: in the
+    drifting ranks' step above the all-reduces begin a quarter, a half and a quarter of a GEMM after their
+    ops start (the lag), and at their start without it; where two classes meet, each member's begin is the
+    same moment, when the later class arrived (ranks 2 and 3, after a 20 GB all-reduce of their own)."""
+    lagged, in_step = _lagged_and_in_step(tmp_path)
+    ops = [_gemm(0), all_reduce(1, 4, deps=(0,)), _gemm(2, deps=(0,)), all_reduce(3, 4, deps=(1, 2)),
+           _gemm(4, deps=(2, 3)), all_reduce(5, 4, deps=(4,))]
+    sched = schedule(4, {"x": ((0, 1, 2, 3),)}, [((0, 1, 2, 3), ops)])
+    gemm_s = _gemm_alone_s()
+    for machine, lags in ((lagged, (0.25, 0.5, 0.25)), (in_step, (0.0, 0.0, 0.0))):
+        run = simulate(sched, machine)
+        waited = [run.transfer_begin_s[(0, i)] - run.timelines[0].start_s[i] for i in (1, 3, 5)]
+        assert waited == pytest.approx([lag * gemm_s for lag in lags], rel=1e-6, abs=1e-12)
+    two = schedule(4, {"x": ((0, 1, 2, 3),), "p": ((0, 1), (2, 3))},
+                   [((0, 1), [_gemm(0), all_reduce(1, 4, deps=(0,))]),
+                    ((2, 3), [all_reduce(0, 20e9, group="p", stream="comm:p"), all_reduce(1, 4, deps=(0,))])])
+    run = simulate(two, in_step)
+    begins = {run.transfer_begin_s[(c, 1)] for c in range(len(run.timelines))}
+    assert len({t.start_s[1] for t in run.timelines}) == 2  # the two classes reach it at different times
+    assert begins == {max(t.start_s[1] for t in run.timelines)}
+
+
 @pytest.mark.parametrize("beyond, lag_gemms", [(None, 0.125), (0.05, 0.125 + 0.05 * 0.5)])
 def test_past_its_calibrated_span_the_lag_grows_at_its_own_slope(tmp_path, beyond, lag_gemms):
     """node.timeslice_lag_span_us half a GEMM: a GEMM of four ranks on two cores before an all-reduce lags

@@ -92,6 +92,10 @@ class SimRun:
     # What each communication op did (latency, phases, their bottleneck levels): twin.fit.paths splits a
     # communication op's time on the critical path by the links that set it.
     flow_types: FlowTypes | None = None
+    # (class, op id) of each communication op -> when its transfer began: its last member had issued it and, on a
+    # host whose ranks share cores, that rank's time-slicing lag had passed (ComputeUnit.lag). From the op's start
+    # to here a rank waits for the others: benchmarks/collective_split.py sets it beside the measured waits.
+    transfer_begin_s: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
 class Simulator:
@@ -134,6 +138,7 @@ class Simulator:
                 cores.on_comm_change = network.repace
         rendezvous: dict[tuple, Rendezvous] = {}
         started_by: dict[tuple[int, int], tuple[int, int]] = {}
+        began: dict[tuple[int, int], float] = {}
         written: list[tuple] = []  # per class: rank, program, starts, ends, host
         durations: dict[int, list[float]] = {}  # by program: its ops' times alone
         timelines = []
@@ -149,7 +154,7 @@ class Simulator:
             if rv is None:
                 if call.expected == 1:  # nobody to wait for, nobody waiting
                     started_by[member] = member
-                    yield from transfer(call.members, call.type_id, call.nbytes, None, ready_s)
+                    yield from transfer(call.members, call.type_id, call.nbytes, None, ready_s, (member,))
                     return
                 rv = rendezvous[call.key] = Rendezvous(call.expected, 0, env.event(), [], ready_s)
             rv.arrived += 1
@@ -159,17 +164,20 @@ class Simulator:
                 del rendezvous[call.key]
                 for m in rv.members:
                     started_by[m] = member
-                yield from transfer(call.members, call.type_id, call.nbytes, rv.done, rv.ready_s)
+                yield from transfer(call.members, call.type_id, call.nbytes, rv.done, rv.ready_s, rv.members)
             else:
                 yield rv.done
 
-        def transfer(members, type_id, nbytes, done, ready_s):
+        def transfer(members, type_id, nbytes, done, ready_s, arrivals):
             """A collective or point-to-point transfer, from `ready_s` on (its members' last rank has issued it):
             latency, then its phases as flows; on a host whose ranks share cores, at the pace their cores allow,
             re-rated as it changes, and where the latency's pace under compute is measured, the bytes first:
-            they move while the ranks compute, the latency waits (twin.sim.compute_unit.NodeCores)."""
+            they move while the ranks compute, the latency waits (twin.sim.compute_unit.NodeCores). `arrivals`:
+            the (class, op id) of each member's op, whose begin it records."""
             if ready_s > env.now:
                 yield env.timeout(ready_s - env.now)
+            for arrival in arrivals:
+                began[arrival] = env.now
             for c in members:
                 units[c].comm_changed(+1, slows=not shared)
             latency, phases = flow_types.cost(type_id)
@@ -218,7 +226,7 @@ class Simulator:
         step = max(float(np.nanmax(t.end_s)) if len(t.end_s) else 0.0 for t in timelines)
         return SimRun(
             self.schedule, self.machine, sym, tuple(timelines), step, time.perf_counter() - wall, self.full, started_by,
-            flow_types
+            flow_types, began
         )
 
     def _compute_units(self, env: simpy.Environment) -> list[ComputeUnit]:
