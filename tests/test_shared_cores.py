@@ -106,7 +106,7 @@ def test_ranks_drift_on_through_an_asynchronous_transfer_until_one_is_waited_for
 
 
 def test_a_transfers_begin_is_recorded_after_its_lag_and_its_last_member(tmp_path):
-    """SimRun.transfer_begin_s, which benchmarks/partner_waits.py sets beside the measured waits: in the
+    """SimRun.transfer_begin_s, which benchmarks/collective_split.py sets beside the measured waits: in the
     drifting ranks' step above the all-reduces begin a quarter, a half and a quarter of a GEMM after their
     ops start (the lag), and at their start without it; where two classes meet, each member's begin is the
     same moment, when the later class arrived (ranks 2 and 3, after a 20 GB all-reduce of their own)."""
