@@ -55,28 +55,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from executor.measured import Measured  # noqa: E402
-from rank_drift import COMPUTE, folders_parser, held_out_run, rows_of_folders  # noqa: E402
+from rank_drift import COMPUTE, collectives_of, folders_parser, held_out_run, rows_of_folders  # noqa: E402
 from topologies.machine import Machine  # noqa: E402
-from twin.ir import Collective, Op, Schedule, op_class  # noqa: E402
+from twin.ir import Schedule, op_class  # noqa: E402
 from twin.sim.compute_unit import timeslice_lag_s  # noqa: E402
 from twin.sim.engine import SimRun, simulate  # noqa: E402
 
 # bins of the compute before a collective (seconds), for --lags
 COMPUTE_BINS_S = (0.0, 0.0005, 0.002, 0.005, 0.01, 0.02, 0.05, math.inf)
-
-
-def _collectives(schedule: Schedule) -> list[tuple[int, Op, list[tuple[int, ...]]]]:
-    """(program, op, the op's instances) of each collective whose instances' members all run its program."""
-    program_of = schedule.program_of()
-    instances = {axis.name: axis.instances for axis in schedule.groups}
-    found = []
-    for index, program in enumerate(schedule.programs):
-        for op in program.ops:
-            if isinstance(op.work, Collective):
-                own = [m for m in instances.get(op.work.group, ()) if all(program_of[r] == index for r in m)]
-                if own:
-                    found.append((index, op, own))
-    return found
 
 
 def _previous_on_stream(ops) -> dict[int, int | None]:
@@ -96,7 +82,7 @@ def measured_split(schedule: Schedule, measured: Measured) -> dict[tuple[int, in
     last member's, or this one's first end if later) to the members' mean end."""
     split = {}
     previous_of = [_previous_on_stream(program.ops) for program in schedule.programs]
-    for program, op, members_of in _collectives(schedule):
+    for program, op, members_of in collectives_of(schedule):
         previous = previous_of[program][op.id]
         waits, transfers = [], []
         for step in zip(*measured.steps):  # per step: (start, end) per rank
@@ -122,7 +108,7 @@ def simulated_split(run: SimRun) -> dict[tuple[int, int], tuple[float, float]]:
     for rank, program in schedule.program_of().items():
         ranks_of[program].append(rank)
     split = {}
-    for program, op, _ in _collectives(schedule):
+    for program, op, _ in collectives_of(schedule):
         waits, transfers = [], []
         for rank in ranks_of[program]:
             cls = sym.class_of[rank]
@@ -176,7 +162,7 @@ def lag_points(schedule: Schedule, measured: Measured) -> list[tuple[int, float,
     ops = schedule.programs[0].ops
     is_compute = np.array([op_class(op.work) in COMPUTE for op in ops])
     comm = np.array([op.work.comm for op in ops])
-    points, collectives = [], _collectives(schedule)
+    points, collectives = [], collectives_of(schedule)
     for step in zip(*measured.steps):
         before = [_compute_before(st, en, is_compute) for st, en in step]
         comm_ends = [np.sort(en[comm]) for _, en in step]
@@ -277,12 +263,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="the measured waits of all the folders' plans by the compute before them, beside "
                          "twin calibrate's line (one table)")
     args = ap.parse_args(argv)
-    rows = rows_of_folders(ap, args.out or ["out/fit_local"], ("local-4-fitted.toml", "local-4.toml"),
-                           plan_lags if args.lags else plan_row)
-    if args.plan:
-        rows = {folder: [r for r in plan_rows if args.plan in r["plan"]] for folder, plan_rows in rows.items()}
-        if not any(rows.values()):
-            ap.error(f"--plan {args.plan}: no held-out plan's name contains it")
+    row = plan_lags if args.lags else plan_row
+
+    def kept(summary: dict, machine: Machine) -> dict | None:  # --plan: skip the others before reading them
+        return row(summary, machine) if not args.plan or args.plan in Path(summary["schedule"]).stem else None
+
+    rows = rows_of_folders(ap, args.out or ["out/fit_local"], ("local-4-fitted.toml", "local-4.toml"), kept)
+    rows = {folder: [r for r in plan_rows if r is not None] for folder, plan_rows in rows.items()}
+    if args.plan and not any(rows.values()):
+        ap.error(f"--plan {args.plan}: no held-out plan's name contains it")
     if args.lags:
         binned = lags_by_compute([p for plan_rows in rows.values() for r in plan_rows for p in r["points"]])
         if args.json:

@@ -40,28 +40,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from executor.measured import Measured, load_measured  # noqa: E402
 from topologies.machine import Machine, load_machine  # noqa: E402
 from twin.errors import TwinError  # noqa: E402
-from twin.ir import Collective, Gemm, Schedule, op_class  # noqa: E402
+from twin.ir import Collective, Gemm, Op, Schedule, op_class  # noqa: E402
 from twin.ir_io import load_schedule  # noqa: E402
 from twin.sim.engine import SimRun, simulate  # noqa: E402
 
 COMPUTE = {"gemm", "elementwise", "attention"}
 
 
+def collectives_of(schedule: Schedule) -> list[tuple[int, Op, list[tuple[int, ...]]]]:
+    """(program, op, instances) of each collective and those of its axis's instances whose members all run its
+    program (their op ids then name the same call); a collective with none is left out."""
+    program_of = schedule.program_of()
+    instances = {axis.name: axis.instances for axis in schedule.groups}
+    found = []
+    for index, program in enumerate(schedule.programs):
+        for op in program.ops:
+            if isinstance(op.work, Collective):
+                own = [m for m in instances.get(op.work.group, ()) if all(program_of[r] == index for r in m)]
+                if own:
+                    found.append((index, op, own))
+    return found
+
+
 def collective_spread_s(schedule: Schedule, measured: Measured, edge: int = 1) -> float:
     """Mean over the collectives of every measured step of (latest - earliest) end (`edge` 1; 0: start, how far
-    apart the members reach it) among one instance's members, where they all run one program (their op ids
-    then name the same call). NaN without such a collective."""
-    program_of = schedule.program_of()
+    apart the members reach it) among one instance's members, where they all run one program (collectives_of).
+    NaN without such a collective."""
+    collectives = collectives_of(schedule)
     spreads = []
-    for index, program in enumerate(schedule.programs):
-        axes = {axis.name: [m for m in axis.instances if all(program_of[r] == index for r in m)]
-                for axis in schedule.groups}
-        ops = [op for op in program.ops if isinstance(op.work, Collective)]
-        for step in zip(*measured.steps):  # per step: (start, end) per rank
-            for op in ops:
-                for members in axes.get(op.work.group, ()):
-                    ends = [step[r][edge][op.id] for r in members]
-                    spreads.append(max(ends) - min(ends))
+    for step in zip(*measured.steps):  # per step: (start, end) per rank
+        for _, op, members_of in collectives:
+            for members in members_of:
+                ends = [step[r][edge][op.id] for r in members]
+                spreads.append(max(ends) - min(ends))
     return float(np.mean(spreads)) if spreads else float("nan")
 
 

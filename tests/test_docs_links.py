@@ -10,6 +10,7 @@ spaces made hyphens, and a repeated heading numbered -1, -2, ...
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,9 @@ def anchor(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower()).replace(" ", "-")
 
 
-def anchors(page: Path) -> set[str]:
-    """The anchors of a Markdown page's headings, outside fenced code."""
+@lru_cache(maxsize=None)
+def anchors(page: Path) -> frozenset[str]:
+    """The anchors of a Markdown page's headings, outside fenced code (read once per page)."""
     found: set[str] = set()
     seen: dict[str, int] = {}
     fenced = False
@@ -38,7 +40,7 @@ def anchors(page: Path) -> set[str]:
             name = anchor(match.group(1))
             found.add(name if name not in seen else f"{name}-{seen[name]}")
             seen[name] = seen.get(name, 0) + 1
-    return found
+    return frozenset(found)
 
 
 def broken_links(page: Path) -> list[str]:
